@@ -1,0 +1,62 @@
+"""The ``kvdoctor`` command line.
+
+Each subcommand lives in its own module and is imported only when it runs, so ``kvdoctor --help``
+stays fast (bench/startup.py measures it) and ``diagnose`` never imports Textual.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# name -> (module:attribute of the click command, one-line help shown by ``kvdoctor --help``)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "diagnose": ("kvdoctor.diagnose:diagnose_command", "Find why a vLLM GPU is out of memory or idle, with the flag that fixes it."),
+    "plan": ("kvdoctor.plan:plan_command", "Plan KV-cache capacity for a model, GPU and vLLM flags (agrees with vLLM to the block)."),
+    "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
+    "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group that imports a subcommand's module only when that subcommand is used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target[0].split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help from the table above: listing commands imports none of them.
+        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvdoctor")
+def cli() -> None:
+    """kvdoctor: why is this vLLM GPU out of memory (or idle), and which exact flag fixes it?
+
+    Reads nvidia-smi / NVML, vLLM's /metrics and log, the launch command and the model's
+    config.json, live or from a support bundle, and prints findings with computed fixes.
+    """
+
+
+def main() -> None:
+    """Console-script entry point (exit codes: spec/report.md)."""
+    try:
+        cli.main(prog_name="kvdoctor", standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Unit helpers shared by the parsers: sizes as printed by nvidia-smi, PyTorch and vLLM.
+
+All sizes become integer bytes. Binary units (KiB, MiB, GiB, TiB) are powers of 1024; vLLM's
+"GB" in V0 "Loading model weights took 7.5123 GB" is really GiB (it divides by 2**30), so "GB"
+here means 2**30 unless ``decimal=True``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+TiB = 1024**4
+
+_UNITS = {
+    "b": 1,
+    "byte": 1,
+    "bytes": 1,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": TiB,
+    "kb": KiB,
+    "mb": MiB,
+    "gb": GiB,
+    "tb": TiB,
+    "k": KiB,
+    "m": MiB,
+    "g": GiB,
+    "t": TiB,
+}
+_DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_RE = re.compile(r"^\s*(-?[\d.]+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str, *, default_unit: str = "b", decimal: bool = False) -> int:
+    """Parse "20.00 MiB", "15.78 GiB", "0 bytes", "40960MiB", "8 GB" into bytes (int, rounded).
+
+    ``default_unit`` applies when the text has no unit ("40960" with default_unit="mib").
+    Raises ValueError on text that is not a number with a known unit.
+    """
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    num = float(m.group(1))
+    unit = (m.group(2) or default_unit).lower()
+    if decimal and unit in _DECIMAL:
+        mult = _DECIMAL[unit]
+    elif unit in _UNITS:
+        mult = _UNITS[unit]
+    else:
+        raise ValueError(f"unknown size unit {m.group(2)!r} in {text!r}")
+    return int(round(num * mult))
+
+
+def gib(nbytes: float | None) -> float | None:
+    """Bytes → GiB (float), None stays None."""
+    return None if nbytes is None else nbytes / GiB
+
+
+def fmt_bytes(nbytes: float | None) -> str:
+    """Human display: "73.39 GiB", "512.00 MiB", "N/A" for None."""
+    if nbytes is None:
+        return "N/A"
+    n = float(nbytes)
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def floor_to(value: float, step: float) -> float:
+    """Round ``value`` down to a multiple of ``step`` (0.01 for gmu), robust to float noise."""
+    q = math.floor(value / step + 1e-9)
+    return round(q * step, 10)
+
+
+def ceil_to(value: float, step: float) -> float:
+    """Round ``value`` up to a multiple of ``step``."""
+    q = math.ceil(value / step - 1e-9)
+    return round(q * step, 10)
