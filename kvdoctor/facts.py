@@ -75,6 +75,8 @@ class GpuProcess:
     #: "C" compute, "G" graphics, "C+G"; None when unknown.
     type: str | None = None
     gpu_uuid: str | None = None
+    #: PCI bus id of its GPU ("00000000:07:00.0"), from ``--query-compute-apps=gpu_bus_id,…``.
+    gpu_bus_id: str | None = None
 
 
 @dataclass
