@@ -1,0 +1,212 @@
+"""Built-in catalogues: GPUs (memory as nvidia-smi reports it, fp8 support) and popular models.
+
+GPU memory is ``memory.total`` as nvidia-smi / NVML ``nvmlDeviceGetMemoryInfo`` report it (what
+vLLM's ``torch.cuda.mem_get_info`` total sees), in bytes: e.g. A100 80GB = 81920 MiB, H100 80GB
+HBM3 = 81559 MiB, H200 = 143771 MiB. ``fp8`` means vLLM can store an fp8 KV cache with native
+kernels (compute capability ≥ 8.9: Ada, Hopper, Blackwell; MI300 on ROCm).
+
+The model catalogue (``kvdoctor/data/models.json``) holds facts only: the attention and size
+fields of each model's public ``config.json``, so ``kvdoctor plan meta-llama/Llama-3.1-70B``
+works offline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from kvdoctor.units import MiB, parse_size
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model: ``memory_bytes`` (nvidia-smi ``memory.total``, bytes), ``fp8`` (KV cache
+    fp8 supported natively), ``sm`` compute capability as "9.0" ("gfx942" for MI300X)."""
+
+    name: str
+    memory_bytes: int
+    fp8: bool
+    sm: str
+
+    @property
+    def sm_major(self) -> int:
+        """Major compute capability (9 for Hopper), 0 when not a CUDA SM string."""
+        m = re.match(r"(\d+)\.", self.sm)
+        return int(m.group(1)) if m else 0
+
+
+def _g(name: str, mib: int, sm: str, fp8: bool | None = None) -> GpuSpec:
+    if fp8 is None:
+        major, minor = (int(x) for x in sm.split("."))
+        fp8 = (major, minor) >= (8, 9)
+    return GpuSpec(name, mib * MiB, fp8, sm)
+
+
+# canonical key -> spec. Keys are matched after normalising (lower case, no "nvidia"/"tesla"/
+# "geforce", separators removed).
+_GPUS: dict[str, GpuSpec] = {
+    "A100-80GB": _g("A100-80GB", 81920, "8.0"),
+    "A100-40GB": _g("A100-40GB", 40960, "8.0"),
+    "A800-80GB": _g("A800-80GB", 81920, "8.0"),
+    "H100-80GB": _g("H100-80GB", 81559, "9.0"),
+    "H100-NVL": _g("H100-NVL", 95830, "9.0"),
+    "H800": _g("H800", 81559, "9.0"),
+    "H200": _g("H200", 143771, "9.0"),
+    "H20": _g("H20", 97871, "9.0"),
+    "GH200": _g("GH200", 97871, "9.0"),
+    "B200": _g("B200", 183359, "10.0"),
+    "L40S": _g("L40S", 46068, "8.9"),
+    "L40": _g("L40", 46068, "8.9"),
+    "L4": _g("L4", 23034, "8.9"),
+    "A10G": _g("A10G", 23028, "8.6"),
+    "A10": _g("A10", 23028, "8.6"),
+    "A40": _g("A40", 46068, "8.6"),
+    "RTX A6000": _g("RTX A6000", 49140, "8.6"),
+    "RTX 6000 Ada": _g("RTX 6000 Ada", 49140, "8.9"),
+    "RTX 4090": _g("RTX 4090", 24564, "8.9"),
+    "RTX 3090": _g("RTX 3090", 24576, "8.6"),
+    "RTX 4060": _g("RTX 4060", 8188, "8.9"),
+    "V100-16GB": _g("V100-16GB", 16160, "7.0"),
+    "V100-32GB": _g("V100-32GB", 32768, "7.0"),
+    "T4": _g("T4", 15360, "7.5"),
+    # ROCm reports 192 GiB HBM3 as 196288 MiB usable.
+    "MI300X": GpuSpec("MI300X", 196288 * MiB, True, "gfx942"),
+}
+
+# Aliases (normalised) -> canonical key; nvidia-smi names included.
+_ALIASES: dict[str, str] = {
+    "a100": "A100-80GB",
+    "a10080gb": "A100-80GB",
+    "a100sxm480gb": "A100-80GB",
+    "a10080gbpcie": "A100-80GB",
+    "a100pcie80gb": "A100-80GB",
+    "a100sxm80gb": "A100-80GB",
+    "a10040gb": "A100-40GB",
+    "a100sxm440gb": "A100-40GB",
+    "a100pcie40gb": "A100-40GB",
+    "a800": "A800-80GB",
+    "a80080gb": "A800-80GB",
+    "a800sxm480gb": "A800-80GB",
+    "h100": "H100-80GB",
+    "h10080gb": "H100-80GB",
+    "h10080gbhbm3": "H100-80GB",
+    "h100sxm580gb": "H100-80GB",
+    "h100pcie": "H100-80GB",
+    "h100nvl": "H100-NVL",
+    "h800": "H800",
+    "h200": "H200",
+    "h200141gb": "H200",
+    "h20": "H20",
+    "gh200": "GH200",
+    "gh200480gb": "GH200",
+    "b200": "B200",
+    "l40s": "L40S",
+    "l40": "L40",
+    "l4": "L4",
+    "a10g": "A10G",
+    "a10": "A10",
+    "a40": "A40",
+    "rtxa6000": "RTX A6000",
+    "a6000": "RTX A6000",
+    "rtx6000ada": "RTX 6000 Ada",
+    "rtx6000adageneration": "RTX 6000 Ada",
+    "rtx4090": "RTX 4090",
+    "4090": "RTX 4090",
+    "rtx3090": "RTX 3090",
+    "rtx4060": "RTX 4060",
+    "v100": "V100-16GB",
+    "v10016gb": "V100-16GB",
+    "v100sxm216gb": "V100-16GB",
+    "v100pcie16gb": "V100-16GB",
+    "v10032gb": "V100-32GB",
+    "v100sxm232gb": "V100-32GB",
+    "v100pcie32gb": "V100-32GB",
+    "t4": "T4",
+    "mi300x": "MI300X",
+    "amdinstinctmi300x": "MI300X",
+}
+
+
+def _norm(name: str) -> str:
+    s = name.lower()
+    s = re.sub(r"\b(nvidia|tesla|geforce|amd|instinct)\b", " ", s)
+    s = s.replace("…", "").replace("...", "")
+    return re.sub(r"[^a-z0-9]", "", s)
+
+
+def gpu_names() -> list[str]:
+    """The canonical GPU names of the catalogue."""
+    return list(_GPUS)
+
+
+def gpu(name: str, memory_bytes: int | None = None) -> GpuSpec:
+    """Look up a GPU by a short name ("A100-80GB", "H100", "RTX 4090") or an nvidia-smi name
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA H800", "NVIDIA RTX 6000 Ada Generation", even the table's
+    truncated "NVIDIA A100-SXM..."). ``memory_bytes`` (nvidia-smi total) disambiguates truncated
+    or memory-less names and, when given, is what the returned spec carries.
+
+    Raises KeyError with the known names when the GPU is not in the catalogue.
+    """
+    n = _norm(name)
+    key = _ALIASES.get(n)
+    if key is None:
+        for canon in _GPUS:
+            if _norm(canon) == n:
+                key = canon
+                break
+    if key is None and n:
+        # Truncated nvidia-smi names ("A100-SXM...") and suffixed ones ("H100 80GB HBM3 PCIe"):
+        # the longest alias that is a prefix, preferring one whose memory matches.
+        cands = [a for a in _ALIASES if n.startswith(a) or (len(n) >= 3 and a.startswith(n))]
+        if memory_bytes is not None and cands:
+            close = [a for a in cands if abs(_GPUS[_ALIASES[a]].memory_bytes - memory_bytes) <= 2048 * MiB]
+            cands = close or cands
+        if cands:
+            key = _ALIASES[max(cands, key=len)]
+    if key is None:
+        raise KeyError(f"unknown GPU {name!r}; known: {', '.join(_GPUS)} (or give --gpu-memory)")
+    spec = _GPUS[key]
+    if memory_bytes is not None and memory_bytes != spec.memory_bytes:
+        spec = GpuSpec(spec.name, memory_bytes, spec.fp8, spec.sm)
+    return spec
+
+
+def parse_gpu_memory(text: str) -> int:
+    """``--gpu-memory 80GiB`` / ``81920MiB`` / ``80G`` → bytes (binary units; "GB" = 2**30, as
+    in :func:`kvdoctor.units.parse_size`; a bare number means GiB). Raises ValueError."""
+    n = parse_size(text, default_unit="gib")
+    if n <= 0:
+        raise ValueError(f"GPU memory must be positive: {text!r}")
+    return n
+
+
+# --------------------------------------------------------------------------- models
+
+
+@lru_cache(maxsize=1)
+def _models() -> dict[str, dict[str, Any]]:
+    text = resources.files("kvdoctor").joinpath("data/models.json").read_text(encoding="utf-8")
+    data: dict[str, dict[str, Any]] = json.loads(text)["models"]
+    return data
+
+
+def model_names() -> list[str]:
+    """The Hugging Face ids in the built-in model catalogue."""
+    return list(_models())
+
+
+def model_config(name: str) -> dict[str, Any] | None:
+    """The catalogue's config.json facts for a model id ("meta-llama/Llama-3.1-70B"), matched
+    case-insensitively, with or without the organisation prefix; None when unknown."""
+    models = _models()
+    if name in models:
+        return dict(models[name])
+    low = name.lower().strip().rstrip("/")
+    for key, cfg in models.items():
+        if key.lower() == low or key.lower().split("/", 1)[-1] == low.split("/", 1)[-1]:
+            return dict(cfg)
+    return None
