@@ -1,0 +1,330 @@
+"""The diagnosis report: one :class:`Report` (schema ``kvdoctor.report/1``), three renderings
+(rich text, JSON, markdown) and the exit code (spec/report.md).
+
+The report only lays out what the sources read and the rules found; it computes no diagnosis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from kvdoctor.facts import Snapshot, SourceStatus
+from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, sort_findings, worst_health
+
+SCHEMA = "kvdoctor.report/1"
+
+#: EngineConfig fields copied into ``engines[].config`` (spec/report.md, plus a few more).
+ENGINE_CONFIG_FIELDS: tuple[str, ...] = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_dtype",
+    "block_size",
+    "enforce_eager",
+    "vllm_version",
+)
+#: keys of ``engines[].kv`` (values from ``engine_kv[engine.id]``; None when unknown).
+ENGINE_KV_FIELDS: tuple[str, ...] = ("num_gpu_blocks", "block_size", "capacity_tokens", "usage")
+
+EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "bold cyan", "ok": "bold green"}
+_STATUS_MARK = {"ok": ("✓", "green"), "missing": ("–", "dim"), "error": ("✗", "red")}
+
+
+@dataclass
+class Report:
+    """Everything ``kvdoctor diagnose`` outputs (spec/report.md JSON schema).
+
+    ``gpus``/``engines`` are plain JSON-ready dicts; ``findings`` are sorted worst first.
+    ``generated_at`` is ISO-8601 UTC with a "Z" suffix.
+    """
+
+    generated_at: str
+    health: Health
+    sources: list[SourceStatus] = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (key order as in spec/report.md)."""
+        return {
+            "schema": self.schema,
+            "generated_at": self.generated_at,
+            "health": self.health,
+            "sources": [
+                {"kind": s.kind, "origin": s.origin, "status": s.status, "detail": s.detail}
+                for s in self.sources
+            ],
+            "gpus": self.gpus,
+            "engines": self.engines,
+            "findings": [f.to_dict() for f in self.findings],
+            "skipped": [s.to_dict() for s in self.skipped],
+        }
+
+
+def _iso_utc(now: datetime | float | None) -> str:
+    if now is None:
+        dt = datetime.now(timezone.utc)
+    elif isinstance(now, (int, float)):
+        dt = datetime.fromtimestamp(now, timezone.utc)
+    else:
+        dt = now if now.tzinfo is not None else now.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_report(
+    snapshot: Snapshot,
+    findings: list[Finding],
+    skipped: list[Skipped],
+    engine_kv: dict[str, dict[str, Any]] | None = None,
+    now: datetime | float | None = None,
+) -> Report:
+    """Assemble a :class:`Report` from a snapshot and the rule engine's output.
+
+    ``gpus`` from ``snapshot.gpus`` (NVML / nvidia-smi facts: bytes, utilisation 0..1),
+    ``engines`` from ``snapshot.engines`` with a subset of their EngineConfig and ``kv`` from
+    ``engine_kv[engine.id]`` ({num_gpu_blocks, block_size, capacity_tokens, usage}, built by
+    ``kvdoctor.derive``). ``now``: datetime or unix seconds (default: the clock). Never raises.
+    """
+    gpus = [
+        {
+            "index": g.index,
+            "uuid": g.uuid,
+            "name": g.name,
+            "memory_total_bytes": g.memory_total_bytes,
+            "memory_used_bytes": g.memory_used_bytes,
+            "utilization_gpu": g.utilization_gpu,
+            "processes": [{"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes} for p in g.processes],
+        }
+        for g in snapshot.gpus
+    ]
+    engines = []
+    for e in snapshot.engines:
+        kv_src = (engine_kv or {}).get(e.id) or {}
+        engines.append(
+            {
+                "id": e.id,
+                "pid": e.pid,
+                "model": e.config.served_model_name or e.config.model,
+                "gpus": list(e.gpus),
+                "config": {name: getattr(e.config, name, None) for name in ENGINE_CONFIG_FIELDS},
+                "kv": {name: kv_src.get(name) for name in ENGINE_KV_FIELDS},
+            }
+        )
+    return Report(
+        generated_at=_iso_utc(now),
+        health=worst_health(findings),
+        sources=list(snapshot.sources),
+        gpus=gpus,
+        engines=engines,
+        findings=sort_findings(findings),
+        skipped=sorted(skipped, key=lambda s: (s.rule, s.engine or "")),
+    )
+
+
+def exit_code(report: Report) -> int:
+    """0 ok/info, 1 warning, 2 critical, 3 when no source could be read (spec/report.md)."""
+    if not any(s.status == "ok" for s in report.sources):
+        return EXIT_UNKNOWN
+    return {"critical": EXIT_CRITICAL, "warning": EXIT_WARNING}.get(report.health, EXIT_OK)
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def _json_safe(value: Any) -> Any:
+    # JSON has no NaN/Infinity; an unknown number is null, like a value never read.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def render_json(report: Report) -> str:
+    """The report as one compact JSON document on one line (no trailing newline)."""
+    return json.dumps(
+        _json_safe(report.to_dict()), separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str
+    )
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def fix_lines(finding: Finding) -> list[str]:
+    """The suggested flags as copy-pasteable lines: "--max-model-len 23648",
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "--enforce-eager"."""
+    out = []
+    for key, value in finding.suggested_flags.items():
+        if key.startswith("-"):
+            out.append(f"{key} {shlex.quote(value)}" if value != "" else key)
+        else:
+            out.append(f"{key}={shlex.quote(value)}")
+    return out
+
+
+def _source_line(s: SourceStatus) -> str:
+    detail = f" — {s.detail}" if s.detail else ""
+    return f"{s.kind} {s.origin}: {s.status}{detail}"
+
+
+def _skipped_text(skipped: list[Skipped]) -> str:
+    parts = []
+    for s in skipped:
+        eng = f"[{s.engine}]" if s.engine else ""
+        parts.append(f"{s.rule}{eng} (no {', '.join(s.missing)})")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _md_cell(text: Any) -> str:
+    return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Report) -> str:
+    """Markdown for an issue tracker: each finding with its fix first, then its summary and a
+    collapsed ``<details>`` evidence table; then the sources table and skipped rules."""
+    n = len(report.findings)
+    lines = [
+        f"## kvdoctor: {report.health.upper()}",
+        "",
+        f"{n} finding{'s' if n != 1 else ''} · generated {report.generated_at} · `{report.schema}`",
+        "",
+    ]
+    for f in report.findings:
+        scope = []
+        if f.engine:
+            scope.append(f"engine `{f.engine}`")
+        if f.gpus:
+            scope.append("GPU " + ", ".join(str(g) for g in f.gpus))
+        lines.append(f"### {f.severity.upper()}: {f.title}")
+        lines.append("")
+        fixes = fix_lines(f)
+        if fixes:
+            lines.append("**Fix:**")
+            lines.append("")
+            lines.append("```")
+            lines.extend(fixes)
+            lines.append("```")
+            lines.append("")
+        lines.append(f.summary)
+        lines.append("")
+        if f.evidence:
+            lines += [
+                "<details><summary>Evidence</summary>",
+                "",
+                "| fact | value | source |",
+                "|---|---|---|",
+            ]
+            lines += [
+                f"| {_md_cell(e.fact)} | {_md_cell(e.value)} | {_md_cell(e.source)} |" for e in f.evidence
+            ]
+            lines += ["", "</details>", ""]
+        meta = [f"`{f.rule}` ({f.family}: {FAMILIES.get(f.family, '')})", *scope, f"`{f.docs}`"]
+        lines.append(" · ".join(meta))
+        lines.append("")
+    if not report.findings:
+        lines += ["No findings.", ""]
+    lines += ["### Sources", "", "| kind | origin | status | detail |", "|---|---|---|---|"]
+    lines += [
+        f"| {_md_cell(s.kind)} | {_md_cell(s.origin)} | {_md_cell(s.status)} | {_md_cell(s.detail)} |"
+        for s in report.sources
+    ]
+    lines.append("")
+    if report.skipped:
+        lines += [f"Skipped rules (missing inputs): {_md_cell(_skipped_text(report.skipped))}", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- rich text
+
+
+def _finding_panel(f: Finding) -> Panel:
+    parts: list[RenderableType] = []
+    fixes = fix_lines(f)
+    if fixes:
+        fix = Text("Fix: ", style="bold green")
+        fix.append(fixes[0], style="bold")
+        for line in fixes[1:]:
+            fix.append("\n     ")
+            fix.append(line, style="bold")
+        parts.append(fix)
+        parts.append(Text(""))
+    parts.append(Text(f.summary))
+    if f.evidence:
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
+        table.add_column("fact")
+        table.add_column("value")
+        table.add_column("source", style="dim")
+        for e in f.evidence:
+            table.add_row(Text(e.fact), Text(e.value), Text(e.source))
+        parts.append(Text(""))
+        parts.append(table)
+    scope = [f.rule]
+    if f.engine:
+        scope.append(f"engine {f.engine}")
+    if f.gpus:
+        scope.append("GPU " + ",".join(str(g) for g in f.gpus))
+    footer = Text(" · ".join(scope) + " · ", style="dim")
+    footer.append(f.docs, style="italic")
+    parts.append(Text(""))
+    parts.append(footer)
+    title = Text(f.severity.upper(), style=_SEVERITY_STYLE.get(f.severity, "bold"))
+    title.append(" " + f.title, style="bold")
+    return Panel(
+        Group(*parts),
+        title=title,
+        title_align="left",
+        border_style=_SEVERITY_STYLE.get(f.severity, "").replace("bold ", ""),
+        expand=True,
+    )
+
+
+def render_text(report: Report, console: Console) -> None:
+    """Print the report with rich: a header (health; one line per source: read, missing or
+    why it failed), one panel per finding worst first with the fix first, then a line of
+    skipped rules. Colour follows the console (none when not a TTY or with NO_COLOR)."""
+    counts: dict[str, int] = {}
+    for f in report.findings:
+        counts[f.severity] = counts.get(f.severity, 0) + 1
+    head = Text("kvdoctor: ", style="bold")
+    head.append(report.health.upper(), style=_SEVERITY_STYLE.get(report.health, "bold"))
+    if report.findings:
+        detail = ", ".join(f"{counts[s]} {s}" for s in ("critical", "warning", "info") if s in counts)
+        head.append(f" — {len(report.findings)} finding{'s' if len(report.findings) != 1 else ''} ({detail})")
+    else:
+        head.append(" — no findings")
+    console.print(head)
+    for s in report.sources:
+        mark, style = _STATUS_MARK.get(s.status, ("?", ""))
+        line = Text(f"  {mark} ", style=style)
+        line.append(_source_line(s), style="dim" if s.status == "missing" else "")
+        console.print(line, overflow="fold")
+    if not report.sources:
+        console.print(Text("  ✗ no source was read", style="red"))
+    console.print()
+    for f in report.findings:
+        console.print(_finding_panel(f))
+    if report.skipped:
+        console.print(Text(f"Skipped rules (missing inputs): {_skipped_text(report.skipped)}", style="dim"))

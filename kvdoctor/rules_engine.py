@@ -1,0 +1,1020 @@
+"""The rule engine: rules as data (``rules/<id>.yaml``), compiled once, evaluated per engine.
+
+A rule file is validated strictly at load (unknown keys, bad family/severity, id ≠ file stem,
+expression syntax, names no context provides) and rejected with ``file:line: reason``
+(:class:`RuleFileError`). Expressions are Python expression syntax evaluated by simpleeval
+(a safe evaluator: no attribute access, no imports, no lambdas) over the variables of a
+:class:`RuleContext` (built by ``kvdoctor.derive``), the rule's ``thresholds`` and its ``let``
+values, with the functions of :data:`FUNCTIONS`. Each expression is parsed once at load and
+evaluated with ``previously_parsed=`` (a few µs each).
+
+Run-time evaluation never raises: a ``let`` that fails (None in arithmetic, ZeroDivision, …)
+becomes None, a failing ``when`` counts as not firing, a failing template field renders "N/A",
+a failing ``fix`` entry is dropped; every such error is kept in :attr:`Evaluation.errors`.
+
+Rule schema: see spec/rules.md and the module's ``_TOP_KEYS``; an example::
+
+    id: max-model-len-exceeds-kv-capacity
+    family: K
+    severity: critical
+    title: The KV cache holds fewer tokens than --max-model-len
+    needs: [config, log]
+    thresholds: {margin_gib: 0.5}
+    let: {cap_tokens: "kv_tokens if kv_tokens is not None else v0_kv_tokens"}
+    when: "cap_tokens is not None and cap_tokens < max_model_len"
+    severity_if: [{when: "oom_seen", severity: critical}]
+    summary: "The KV cache holds {cap_tokens:,} tokens."
+    evidence: [{fact: KV cache capacity, value: "{cap_tokens:,} tokens", source: "vllm.log line {cap_line}"}]
+    fix: {--max-model-len: "max_model_len_for_tokens(cap_tokens, block_size)"}
+    gpus: engine_gpus
+    doc: |
+      ## What ...
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import keyword
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes
+
+from kvdoctor.findings import FAMILIES, SEVERITIES, SEVERITY_ORDER, Evidence, Finding, Skipped, sort_findings
+from kvdoctor.units import GiB, MiB, ceil_to, floor_to, fmt_bytes, gib
+
+# --------------------------------------------------------------------------- functions
+
+
+def mib(nbytes: float | None) -> float | None:
+    """Bytes → MiB (float); None stays None."""
+    return None if nbytes is None else nbytes / MiB
+
+
+def coalesce(*values: Any) -> Any:
+    """The first argument that is not None, else None (``coalesce(kv_tokens, v0_kv_tokens)``)."""
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+#: Functions callable from rule expressions. ``kvdoctor.derive`` adds the KV arithmetic ones
+#: with :func:`register_function` at import time (before rules are loaded with its catalogue).
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "round": round,
+    "int": int,
+    "float": float,
+    "str": str,
+    "len": len,
+    "sum": sum,
+    "any": any,
+    "all": all,
+    "sorted": sorted,
+    "list": list,
+    "floor_to": floor_to,
+    "ceil_to": ceil_to,
+    "gib": gib,
+    "mib": mib,
+    "fmt_bytes": fmt_bytes,
+    "coalesce": coalesce,
+}
+
+#: Constants visible to every expression (a rule may write ``x * GiB``).
+CONSTANTS: dict[str, Any] = {"GiB": GiB, "MiB": MiB}
+
+
+def register_function(name: str, fn: Callable[..., Any]) -> None:
+    """Make ``fn`` callable as ``name(...)`` in rule expressions.
+
+    Raises ValueError when ``name`` is not an identifier or ``fn`` is not callable.
+    """
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"function name {name!r} is not an identifier")
+    if not callable(fn):
+        raise ValueError(f"{name!r}: {fn!r} is not callable")
+    FUNCTIONS[name] = fn
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class RuleFileError(Exception):
+    """A rule file (or rules directory) is invalid.
+
+    ``str(err)`` is one line: ``"rules/foo.yaml:12: unknown name 'kv_tokns' in when"``
+    (``path: reason`` when no line is known). ``line`` is 1-based.
+    """
+
+    def __init__(self, path: str | Path, line: int | None, reason: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.reason = reason
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {reason}")
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+class _LineDict(dict):  # type: ignore[type-arg]
+    """A YAML mapping that remembers the 1-based line of each key and value."""
+
+    line: int = 0
+    key_lines: dict[Any, int]
+    value_lines: dict[Any, int]
+
+
+class _LineList(list):  # type: ignore[type-arg]
+    """A YAML sequence that remembers the 1-based line of each item."""
+
+    line: int = 0
+    lines: list[int]
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, line: int, key: Any) -> None:
+        self.line = line
+        self.key = key
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader whose mappings/sequences carry line numbers and reject duplicate keys."""
+
+
+def _value_line(node: yaml.Node) -> int:
+    line = node.start_mark.line + 1
+    # A block scalar ("|", ">") starts at its indicator; its text begins on the next line.
+    if isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
+        line += 1
+    return line
+
+
+def _construct_map(loader: yaml.SafeLoader, node: yaml.MappingNode) -> _LineDict:
+    loader.flatten_mapping(node)
+    out = _LineDict()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    out.value_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise _DuplicateKey(key_node.start_mark.line + 1, "<unhashable key>") from None
+        if key in out:
+            raise _DuplicateKey(key_node.start_mark.line + 1, key)
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = key_node.start_mark.line + 1
+        out.value_lines[key] = _value_line(value_node)
+    return out
+
+
+def _construct_seq(loader: yaml.SafeLoader, node: yaml.SequenceNode) -> _LineList:
+    out = _LineList(loader.construct_object(n, deep=True) for n in node.value)
+    out.line = node.start_mark.line + 1
+    out.lines = [_value_line(n) for n in node.value]
+    return out
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)  # type: ignore[arg-type]
+_LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)  # type: ignore[arg-type]
+
+
+def load_yaml_with_lines(path: str | Path, display: str | None = None) -> Any:
+    """Read one YAML document safely; mappings are dicts with ``key_lines``/``value_lines``.
+
+    Raises :class:`RuleFileError` (``display`` or ``path`` as the file name) for unreadable
+    files, non-UTF-8 bytes, YAML syntax errors (with line) and duplicate keys.
+    """
+    shown = display or str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise RuleFileError(shown, None, f"cannot read: {err.strerror or err}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise RuleFileError(shown, line, "not UTF-8 text") from None
+    if "\x00" in text:
+        raise RuleFileError(shown, text[: text.index("\x00")].count("\n") + 1, "binary data (NUL byte)")
+    try:
+        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as err:
+        raise RuleFileError(shown, err.line, f"duplicate key {err.key!r}") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        yaml_line = mark.line + 1 if mark is not None else None
+        reason = err.problem or err.context or "invalid YAML"
+        raise RuleFileError(shown, yaml_line, f"YAML syntax error: {reason}") from None
+    except yaml.YAMLError as err:
+        raise RuleFileError(shown, None, f"YAML error: {str(err).splitlines()[0]}") from None
+
+
+# --------------------------------------------------------------------------- expressions
+
+# Node types simpleeval cannot evaluate, or that we refuse (attribute access is off).
+_FORBIDDEN_NODES: dict[type, str] = {
+    ast.Attribute: "attribute access",
+    ast.Lambda: "lambda",
+    ast.NamedExpr: "assignment expression (:=)",
+    ast.SetComp: "set comprehension",
+    ast.Await: "await",
+    ast.Yield: "yield",
+    ast.YieldFrom: "yield",
+    ast.Starred: "starred expression",
+}
+_OPERATOR_BASES = (ast.operator, ast.unaryop, ast.cmpop)
+
+
+@dataclass(frozen=True)
+class Expr:
+    """One compiled expression: ``source`` text, parsed ``node``, where it sits in the rule file
+    (``where`` e.g. "when", "let cap_tokens", ``line``), the free ``names`` it reads and the
+    ``calls`` it makes."""
+
+    source: str
+    node: ast.AST
+    where: str
+    line: int | None
+    names: frozenset[str]
+    calls: frozenset[str]
+
+
+def _parse_expression(src: str) -> ast.Expression:
+    try:
+        return ast.parse(src.strip(), mode="eval")
+    except SyntaxError:
+        if "\n" not in src:
+            raise
+        # A multi-line YAML block: let the expression span lines as if parenthesised.
+        return ast.parse("(\n" + src + "\n)", mode="eval")
+
+
+def compile_expr(src: Any, *, path: str, line: int | None, where: str) -> Expr:
+    """Parse and check one expression (a YAML string, or a bare number/bool constant).
+
+    Raises :class:`RuleFileError` on syntax errors and on constructs the evaluator refuses
+    (attribute access, lambda, walrus, operators simpleeval lacks).
+    """
+    if isinstance(src, bool) or isinstance(src, (int, float)):
+        src = repr(src)
+    if not isinstance(src, str) or not src.strip():
+        raise RuleFileError(path, line, f"{where}: expected an expression string, got {type(src).__name__}")
+    try:
+        tree = _parse_expression(src)
+    except SyntaxError as err:
+        err_line = line + (err.lineno or 1) - 1 if line is not None and "\n" in src.strip() else line
+        raise RuleFileError(path, err_line, f"syntax error in {where}: {err.msg}") from None
+    names: set[str] = set()
+    bound: set[str] = set()
+    calls: set[str] = set()
+    func_nodes: set[int] = set()
+    for node in ast.walk(tree):
+        kind = type(node)
+        if kind in _FORBIDDEN_NODES:
+            raise RuleFileError(path, line, f"{_FORBIDDEN_NODES[kind]} is not allowed in {where}")
+        if isinstance(node, _OPERATOR_BASES) and kind not in DEFAULT_OPERATORS:
+            raise RuleFileError(path, line, f"operator {kind.__name__} is not allowed in {where}")
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name):
+                raise RuleFileError(path, line, f"only named functions can be called in {where}")
+            calls.add(node.func.id)
+            func_nodes.add(id(node.func))
+        elif isinstance(node, ast.comprehension):
+            for target in ast.walk(node.target):
+                if isinstance(target, ast.Name):
+                    bound.add(target.id)
+    # A called name is a function, not a variable read (unless also read bare elsewhere).
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in func_nodes:
+            names.add(node.id)
+    free = names - bound
+    return Expr(src, tree.body, where, line, frozenset(free), frozenset(calls))
+
+
+@dataclass(frozen=True)
+class Template:
+    """A text with ``{expr}`` / ``{expr:fmt}`` fields (``{{``/``}}`` are literal braces).
+
+    ``parts`` alternate literal strings and ``(Expr, format_spec)`` pairs.
+    """
+
+    source: str
+    parts: tuple[str | tuple[Expr, str], ...]
+
+    @property
+    def exprs(self) -> list[Expr]:
+        """The compiled fields, in order."""
+        return [p[0] for p in self.parts if isinstance(p, tuple)]
+
+
+def compile_template(src: Any, *, path: str, line: int | None, where: str) -> Template:
+    """Split a template into literals and compiled fields.
+
+    Raises :class:`RuleFileError` on an unclosed ``{``, a lone ``}``, an empty field, or a
+    field whose expression does not compile.
+    """
+    if isinstance(src, (int, float)) and not isinstance(src, bool):
+        src = str(src)
+    if not isinstance(src, str):
+        raise RuleFileError(path, line, f"{where}: expected text, got {type(src).__name__}")
+    parts: list[str | tuple[Expr, str]] = []
+    buf: list[str] = []
+    i, n = 0, len(src)
+    while i < n:
+        ch = src[i]
+        if ch == "{" and src.startswith("{{", i):
+            buf.append("{")
+            i += 2
+        elif ch == "}" and src.startswith("}}", i):
+            buf.append("}")
+            i += 2
+        elif ch == "}":
+            raise RuleFileError(path, line, f"single '}}' in {where} (write '}}}}' for a literal brace)")
+        elif ch == "{":
+            end, colon = _scan_field(src, i + 1)
+            if end < 0:
+                raise RuleFileError(path, line, f"unclosed '{{' in {where}")
+            body = src[i + 1 : end]
+            expr_src, spec = (body[: colon - i - 1], body[colon - i :]) if colon >= 0 else (body, "")
+            if not expr_src.strip():
+                raise RuleFileError(path, line, f"empty field '{{}}' in {where}")
+            if buf:
+                parts.append("".join(buf))
+                buf = []
+            parts.append((compile_expr(expr_src, path=path, line=line, where=where), spec))
+            i = end + 1
+        else:
+            buf.append(ch)
+            i += 1
+    if buf:
+        parts.append("".join(buf))
+    return Template(src, tuple(parts))
+
+
+def _scan_field(src: str, start: int) -> tuple[int, int]:
+    """From just after ``{``: index of the closing ``}`` and of the first top-level ``:`` (-1)."""
+    depth = 0
+    quote = ""
+    colon = -1
+    i = start
+    while i < len(src):
+        ch = src[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "}":
+            if depth == 0:
+                return i, colon
+            depth -= 1
+        elif ch == ":" and depth == 0 and colon < 0:
+            colon = i
+        i += 1
+    return -1, -1
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True)
+class EvidenceSpec:
+    """One ``evidence`` item: templates for fact/value/source and an optional ``when``."""
+
+    fact: Template
+    value: Template
+    source: Template
+    when: Expr | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A compiled rule (one ``rules/<id>.yaml``). ``thresholds`` hold the effective values
+    (defaults, or user overrides via :meth:`with_thresholds`); ``path`` is the file shown in
+    errors."""
+
+    id: str
+    family: str
+    severity: str
+    title: Template
+    summary: Template
+    evidence: tuple[EvidenceSpec, ...]
+    when: Expr
+    doc: str
+    needs: tuple[str, ...] = ()
+    needs_any: tuple[str, ...] = ()
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    let: tuple[tuple[str, Expr], ...] = ()
+    severity_if: tuple[tuple[Expr, str], ...] = ()
+    fix: tuple[tuple[str, Expr], ...] = ()
+    gpus: Expr | None = None
+    path: str = ""
+    #: 1-based line of each threshold name in the file, for user-config messages.
+    threshold_lines: dict[str, int] = field(default_factory=dict)
+
+    def with_thresholds(self, overrides: dict[str, Any]) -> Rule:
+        """A copy with some thresholds replaced. Raises KeyError for a name the rule lacks and
+        TypeError for a value of another kind (number/text/bool) than the default."""
+        merged = dict(self.thresholds)
+        for name, value in overrides.items():
+            if name not in merged:
+                raise KeyError(name)
+            if _threshold_kind(value) != _threshold_kind(merged[name]):
+                raise TypeError(
+                    f"threshold {name!r} of rule {self.id!r} must be a {_threshold_kind(merged[name])}, "
+                    f"got {value!r}"
+                )
+            merged[name] = value
+        return replace(self, thresholds=merged)
+
+
+def _threshold_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "text"
+    return type(value).__name__
+
+
+_TOP_KEYS = {
+    "id",
+    "family",
+    "severity",
+    "title",
+    "needs",
+    "needs_any",
+    "thresholds",
+    "let",
+    "when",
+    "severity_if",
+    "summary",
+    "evidence",
+    "fix",
+    "gpus",
+    "doc",
+}
+_REQUIRED = ("id", "family", "severity", "title", "when", "summary", "evidence", "doc")
+_DOC_SECTIONS = ("## What", "## Why", "## How to confirm", "## Fix", "## Sources")
+_SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+_ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_INPUT = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def key_line(d: Any, key: Any) -> int | None:
+    """1-based line of ``key`` in a mapping read by :func:`load_yaml_with_lines` (None if unknown)."""
+    lines = getattr(d, "key_lines", None)
+    return lines.get(key) if lines else getattr(d, "line", None) or None
+
+
+def value_line(d: Any, key: Any) -> int | None:
+    """1-based line where the value of ``key`` starts (None if unknown)."""
+    lines = getattr(d, "value_lines", None)
+    return lines.get(key) if lines else getattr(d, "line", None) or None
+
+
+def _check_keys(d: Any, allowed: set[str], required: Iterable[str], path: str, what: str) -> None:
+    for key in d:
+        if key not in allowed:
+            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise RuleFileError(path, key_line(d, key), f"unknown key {key!r} in {what}{extra}")
+    for key in required:
+        if key not in d:
+            raise RuleFileError(
+                path, getattr(d, "line", None) or None, f"missing required key '{key}' in {what}"
+            )
+
+
+def _str_list(value: Any, path: str, line: int | None, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and _INPUT.match(v) for v in value):
+        raise RuleFileError(path, line, f"{what} must be a list of input names like [log, metrics]")
+    return tuple(value)
+
+
+def _parse_rule(data: Any, path: str, stem: str) -> Rule:
+    if data is None:
+        raise RuleFileError(path, None, "empty rule file")
+    if not isinstance(data, dict):
+        raise RuleFileError(path, getattr(data, "line", 1) or 1, "a rule file must be a mapping of keys")
+    _check_keys(data, _TOP_KEYS, _REQUIRED, path, "rule")
+
+    rid = data["id"]
+    if not isinstance(rid, str) or not _SLUG.match(rid):
+        raise RuleFileError(
+            path, value_line(data, "id"), f"id {rid!r} is not a slug like 'kv-budget-exhausted'"
+        )
+    if rid != stem:
+        raise RuleFileError(path, value_line(data, "id"), f"id '{rid}' does not match the file name '{stem}'")
+    family = data["family"]
+    if family not in FAMILIES:
+        raise RuleFileError(
+            path, value_line(data, "family"), f"family {family!r} is not one of {'|'.join(FAMILIES)}"
+        )
+    severity = data["severity"]
+    if severity not in SEVERITIES:
+        raise RuleFileError(
+            path, value_line(data, "severity"), f"severity {severity!r} is not one of {'|'.join(SEVERITIES)}"
+        )
+    doc = data["doc"]
+    if not isinstance(doc, str) or not doc.strip():
+        raise RuleFileError(path, value_line(data, "doc"), "doc must be markdown text")
+    for section in _DOC_SECTIONS:
+        if not re.search(rf"^{re.escape(section)}\s*$", doc, re.MULTILINE):
+            raise RuleFileError(path, value_line(data, "doc"), f"doc lacks the section '{section}'")
+
+    needs = _str_list(data.get("needs", []), path, value_line(data, "needs"), "needs")
+    needs_any = _str_list(data.get("needs_any", []), path, value_line(data, "needs_any"), "needs_any")
+
+    thresholds: dict[str, Any] = {}
+    threshold_lines: dict[str, int] = {}
+    raw_th = data.get("thresholds", {})
+    if not isinstance(raw_th, dict):
+        raise RuleFileError(path, value_line(data, "thresholds"), "thresholds must be a mapping name: value")
+    for name, value in raw_th.items():
+        tl = key_line(raw_th, name)
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise RuleFileError(path, tl, f"threshold name {name!r} is not an identifier")
+        if _threshold_kind(value) not in ("number", "text", "bool"):
+            raise RuleFileError(path, tl, f"threshold {name!r} must be a number, text or true/false")
+        if name in FUNCTIONS:
+            raise RuleFileError(path, tl, f"threshold {name!r} shadows the function of that name")
+        thresholds[name] = value
+        threshold_lines[name] = tl or 0
+
+    lets: list[tuple[str, Expr]] = []
+    raw_let = data.get("let", {})
+    if not isinstance(raw_let, dict):
+        raise RuleFileError(path, value_line(data, "let"), "let must be a mapping name: expression")
+    for name, src in raw_let.items():
+        ll = key_line(raw_let, name)
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise RuleFileError(path, ll, f"let name {name!r} is not an identifier")
+        if name in FUNCTIONS or name in thresholds:
+            raise RuleFileError(path, ll, f"let name {name!r} shadows a function or threshold")
+        lets.append((name, compile_expr(src, path=path, line=value_line(raw_let, name), where=f"let {name}")))
+
+    when = compile_expr(data["when"], path=path, line=value_line(data, "when"), where="when")
+
+    sev_if: list[tuple[Expr, str]] = []
+    raw_sev = data.get("severity_if", [])
+    if not isinstance(raw_sev, list):
+        raise RuleFileError(
+            path, value_line(data, "severity_if"), "severity_if must be a list of {when, severity}"
+        )
+    for idx, item in enumerate(raw_sev):
+        il = raw_sev.lines[idx] if isinstance(raw_sev, _LineList) else None
+        if not isinstance(item, dict):
+            raise RuleFileError(path, il, "each severity_if item must be {when: ..., severity: ...}")
+        _check_keys(item, {"when", "severity"}, ("when", "severity"), path, "severity_if item")
+        if item["severity"] not in SEVERITIES:
+            raise RuleFileError(
+                path,
+                value_line(item, "severity"),
+                f"severity {item['severity']!r} is not one of {'|'.join(SEVERITIES)}",
+            )
+        expr = compile_expr(item["when"], path=path, line=value_line(item, "when"), where="severity_if when")
+        sev_if.append((expr, item["severity"]))
+
+    title = compile_template(data["title"], path=path, line=value_line(data, "title"), where="title")
+    summary = compile_template(data["summary"], path=path, line=value_line(data, "summary"), where="summary")
+
+    raw_ev = data["evidence"]
+    if not isinstance(raw_ev, list) or not raw_ev:
+        raise RuleFileError(path, value_line(data, "evidence"), "evidence must be a non-empty list")
+    evidence: list[EvidenceSpec] = []
+    for idx, item in enumerate(raw_ev):
+        il = raw_ev.lines[idx] if isinstance(raw_ev, _LineList) else None
+        if not isinstance(item, dict):
+            raise RuleFileError(path, il, "each evidence item must be {fact, value, source[, when]}")
+        _check_keys(
+            item, {"fact", "value", "source", "when"}, ("fact", "value", "source"), path, "evidence item"
+        )
+        evidence.append(
+            EvidenceSpec(
+                fact=compile_template(
+                    item["fact"], path=path, line=value_line(item, "fact"), where="evidence fact"
+                ),
+                value=compile_template(
+                    item["value"], path=path, line=value_line(item, "value"), where="evidence value"
+                ),
+                source=compile_template(
+                    item["source"], path=path, line=value_line(item, "source"), where="evidence source"
+                ),
+                when=compile_expr(
+                    item["when"], path=path, line=value_line(item, "when"), where="evidence when"
+                )
+                if "when" in item
+                else None,
+            )
+        )
+
+    fix: list[tuple[str, Expr]] = []
+    raw_fix = data.get("fix", {})
+    if not isinstance(raw_fix, dict):
+        raise RuleFileError(path, value_line(data, "fix"), "fix must be a mapping flag: expression")
+    for key, src in raw_fix.items():
+        fl = key_line(raw_fix, key)
+        if not isinstance(key, str) or not (_FLAG.match(key) or _ENV.match(key)):
+            raise RuleFileError(
+                path,
+                fl,
+                f"fix key {key!r} is neither a vLLM flag (--max-model-len) nor an environment variable",
+            )
+        fix.append((key, compile_expr(src, path=path, line=value_line(raw_fix, key), where=f"fix {key}")))
+
+    gpus = (
+        compile_expr(data["gpus"], path=path, line=value_line(data, "gpus"), where="gpus")
+        if "gpus" in data
+        else None
+    )
+
+    return Rule(
+        id=rid,
+        family=family,
+        severity=severity,
+        title=title,
+        summary=summary,
+        evidence=tuple(evidence),
+        when=when,
+        doc=doc,
+        needs=needs,
+        needs_any=needs_any,
+        thresholds=thresholds,
+        let=tuple(lets),
+        severity_if=tuple(sev_if),
+        fix=tuple(fix),
+        gpus=gpus,
+        path=path,
+        threshold_lines=threshold_lines,
+    )
+
+
+def _all_exprs(rule: Rule) -> Iterator[Expr]:
+    """Every expression of a rule in evaluation order (lets first, in their order)."""
+    for _, e in rule.let:
+        yield e
+    yield rule.when
+    for e, _ in rule.severity_if:
+        yield e
+    yield from rule.title.exprs
+    yield from rule.summary.exprs
+    for ev in rule.evidence:
+        if ev.when is not None:
+            yield ev.when
+        yield from ev.fact.exprs
+        yield from ev.value.exprs
+        yield from ev.source.exprs
+    for _, e in rule.fix:
+        yield e
+    if rule.gpus is not None:
+        yield rule.gpus
+
+
+def check_names(rule: Rule, known_names: set[str]) -> None:
+    """Check every name a rule reads is a context variable (``known_names``), a threshold, a
+    ``let`` defined before use, a constant or a function, and every call is a known function.
+
+    Raises :class:`RuleFileError` with the line of the offending expression.
+    """
+    base = set(known_names) | set(rule.thresholds) | set(FUNCTIONS) | set(CONSTANTS)
+    let_names = [name for name, _ in rule.let]
+    defined: set[str] = set()
+    for name, expr in rule.let:
+        _check_expr_names(rule, expr, base | defined, let_names)
+        defined.add(name)
+    allowed = base | defined
+    for expr in _all_exprs(rule):
+        if expr.where.startswith("let "):
+            continue
+        _check_expr_names(rule, expr, allowed, let_names)
+
+
+def _check_expr_names(rule: Rule, expr: Expr, allowed: set[str], let_names: list[str]) -> None:
+    for call in sorted(expr.calls):
+        if call not in FUNCTIONS:
+            hint = difflib.get_close_matches(call, list(FUNCTIONS), n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise RuleFileError(rule.path, expr.line, f"unknown function '{call}' in {expr.where}{extra}")
+    for name in sorted(expr.names):
+        if name in allowed:
+            continue
+        if name in let_names:
+            reason = f"let '{name}' is used in {expr.where} before it is defined"
+        else:
+            hint = difflib.get_close_matches(name, sorted(allowed - set(FUNCTIONS)), n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            reason = f"unknown name '{name}' in {expr.where}{extra}"
+        raise RuleFileError(rule.path, expr.line, reason)
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
+def load_rule_file(path: str | Path, known_names: set[str] | None = None) -> Rule:
+    """Load and validate one rule file (``<id>.yaml``).
+
+    ``known_names``: the catalogue of context variables (``kvdoctor.derive.VARIABLES``); when
+    given, unknown names and unknown functions are errors. Raises :class:`RuleFileError`.
+    """
+    p = Path(path)
+    shown = _display_path(p)
+    rule = _parse_rule(load_yaml_with_lines(p, shown), shown, p.stem)
+    if known_names is not None:
+        check_names(rule, known_names)
+    return rule
+
+
+def default_rules_dir() -> Path:
+    """The shipped rule catalogue: ``kvdoctor/rules`` inside an installed wheel, else the
+    repository's top-level ``rules/`` (editable/dev installs). May not exist or be empty."""
+    try:
+        packaged = Path(str(resources.files("kvdoctor") / "rules"))
+        if packaged.is_dir() and any(packaged.glob("*.yaml")):
+            return packaged
+    except (ModuleNotFoundError, TypeError):  # pragma: no cover - zip imports
+        pass
+    return Path(__file__).resolve().parents[1] / "rules"
+
+
+def load_rules(dirs: Iterable[str | Path] | None = None, known_names: set[str] | None = None) -> list[Rule]:
+    """Load every ``*.yaml`` rule of ``dirs`` (default: :func:`default_rules_dir`), sorted by id.
+
+    A missing default directory gives zero rules; a missing explicit directory, an invalid file
+    or an id defined twice raises :class:`RuleFileError` (file:line: reason).
+    """
+    explicit = dirs is not None
+    paths = [Path(d) for d in dirs] if dirs is not None else [default_rules_dir()]
+    rules: dict[str, Rule] = {}
+    for d in paths:
+        if not d.is_dir():
+            if explicit:
+                raise RuleFileError(_display_path(d), None, "rules directory does not exist")
+            continue
+        files = sorted([*d.glob("*.yaml"), *d.glob("*.yml")])
+        for f in files:
+            rule = load_rule_file(f, known_names)
+            if rule.id in rules:
+                raise RuleFileError(
+                    rule.path, None, f"rule id '{rule.id}' is also defined in {rules[rule.id].path}"
+                )
+            rules[rule.id] = rule
+    return [rules[k] for k in sorted(rules)]
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@dataclass
+class RuleContext:
+    """The variables rules read for one engine (or the host, ``engine=None``).
+
+    ``variables``: name → value (bytes, fractions, seconds, counts; None when unknown), built by
+    ``kvdoctor.derive``. ``inputs``: the inputs present ("log", "metrics", "config", …) that
+    rules' ``needs``/``needs_any`` refer to.
+    """
+
+    engine: str | None
+    variables: dict[str, Any]
+    inputs: set[str] = field(default_factory=set)
+
+
+@dataclass
+class EvalError:
+    """A run-time evaluation error kept for debugging (never raised)."""
+
+    rule: str
+    engine: str | None
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        eng = f" [{self.engine}]" if self.engine else ""
+        return f"{self.rule}{eng} {self.where}: {self.message}"
+
+
+@dataclass
+class Evaluation:
+    """Result of :func:`evaluate`; unpacks as ``findings, skipped = evaluate(...)``."""
+
+    findings: list[Finding] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    errors: list[EvalError] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.findings
+        yield self.skipped
+
+
+class _Names(dict):  # type: ignore[type-arg]
+    """Expression names; a name no context provides reads as None (and is noted)."""
+
+    missing: set[str]
+
+    def __missing__(self, key: str) -> None:
+        self.missing.add(key)
+        return None
+
+
+_NA = "N/A"
+
+
+class _Runner:
+    """Evaluates one rule over one context, collecting errors instead of raising."""
+
+    def __init__(
+        self, evaluator: EvalWithCompoundTypes, rule: Rule, engine: str | None, errors: list[EvalError]
+    ):
+        self.ev = evaluator
+        self.rule = rule
+        self.engine = engine
+        self.errors = errors
+
+    def value(self, expr: Expr) -> Any:
+        try:
+            return self.ev.eval(expr.source, previously_parsed=expr.node)
+        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+            self.errors.append(
+                EvalError(self.rule.id, self.engine, expr.where, f"{type(err).__name__}: {err}")
+            )
+            return None
+
+    def truthy(self, expr: Expr) -> bool:
+        v = self.value(expr)
+        try:
+            return bool(v)
+        except Exception as err:  # noqa: BLE001 - e.g. ambiguous truth values
+            self.errors.append(
+                EvalError(self.rule.id, self.engine, expr.where, f"{type(err).__name__}: {err}")
+            )
+            return False
+
+    def render(self, tpl: Template) -> str:
+        out: list[str] = []
+        for part in tpl.parts:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            expr, spec = part
+            v = self.value(expr)
+            if v is None:
+                out.append(_NA)
+                continue
+            try:
+                out.append(format(v, spec))
+            except Exception as err:  # noqa: BLE001 - bad format spec for this value
+                self.errors.append(
+                    EvalError(
+                        self.rule.id, self.engine, expr.where, f"format {{{expr.source}:{spec}}}: {err}"
+                    )
+                )
+                out.append(_NA)
+        return "".join(out)
+
+
+def format_flag_value(value: Any) -> str | None:
+    """How a ``fix`` value is written: ints "23648", floats with up to 2 decimals trimmed
+    ("0.63", "0.9", "2"), strings as-is, lists comma-joined ("2,3" for CUDA_VISIBLE_DEVICES),
+    True → "" (a flag without argument, e.g. --enforce-eager); None/False/NaN → None (drop)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return ""
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        text = f"{value:.2f}".rstrip("0").rstrip(".")
+        return "0" if text in ("-0", "") else text
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(format_flag_value(v) or "") for v in value)
+    return str(value)
+
+
+def _as_gpu_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, bool):
+        raise TypeError("gpus must be a list of GPU indices")
+    if isinstance(value, int):
+        return [value]
+    return sorted({int(v) for v in value})
+
+
+def _evaluate_rule(run: _Runner, names: _Names) -> Finding | None:
+    rule = run.rule
+    for name, expr in rule.let:
+        names[name] = run.value(expr)
+    if not run.truthy(rule.when):
+        return None
+    severity = rule.severity
+    for expr, sev in rule.severity_if:
+        if run.truthy(expr):
+            severity = sev
+            break
+    evidence = [
+        Evidence(run.render(e.fact), run.render(e.value), run.render(e.source))
+        for e in rule.evidence
+        if e.when is None or run.truthy(e.when)
+    ]
+    flags: dict[str, str] = {}
+    for key, expr in rule.fix:
+        rendered = format_flag_value(run.value(expr))
+        if rendered is not None:
+            flags[key] = rendered
+    gpus: list[int] = []
+    if rule.gpus is not None:
+        try:
+            gpus = _as_gpu_list(run.value(rule.gpus))
+        except (TypeError, ValueError) as err:
+            run.errors.append(EvalError(rule.id, run.engine, "gpus", f"{type(err).__name__}: {err}"))
+    return Finding(
+        rule=rule.id,
+        severity=severity,  # type: ignore[arg-type]
+        family=rule.family,  # type: ignore[arg-type]
+        title=run.render(rule.title),
+        summary=run.render(rule.summary),
+        evidence=evidence,
+        suggested_flags=flags,
+        gpus=gpus,
+        engine=run.engine,
+    )
+
+
+def evaluate(rules: Iterable[Rule], contexts: Iterable[RuleContext]) -> Evaluation:
+    """Evaluate every rule over every context (one per engine).
+
+    A rule whose ``needs`` (all) or ``needs_any`` (one of) inputs are absent from the context
+    is :class:`Skipped` with the missing inputs. Findings are deduplicated by (rule, engine),
+    keeping the worst severity, and sorted worst first. Never raises on run-time errors of
+    expressions; they are listed in :attr:`Evaluation.errors`.
+    """
+    functions = dict(FUNCTIONS)
+    evaluator = EvalWithCompoundTypes(functions=functions, names={})
+    # Attribute access is refused at load; refuse it at run time too, belt and braces.
+    evaluator.nodes.pop(ast.Attribute, None)
+    result = Evaluation()
+    found: dict[tuple[str, str | None], Finding] = {}
+    skipped: dict[tuple[str, str | None], Skipped] = {}
+    rules = list(rules)
+    for ctx in contexts:
+        base = _Names(CONSTANTS)
+        base.update(ctx.variables)
+        for rule in rules:
+            missing = [n for n in rule.needs if n not in ctx.inputs]
+            if rule.needs_any and not any(n in ctx.inputs for n in rule.needs_any):
+                missing.append("|".join(rule.needs_any))
+            if missing:
+                skipped.setdefault((rule.id, ctx.engine), Skipped(rule.id, missing, ctx.engine))
+                continue
+            names = _Names(base)
+            names.missing = set()
+            names.update(rule.thresholds)
+            evaluator.names = names
+            run = _Runner(evaluator, rule, ctx.engine, result.errors)
+            finding = _evaluate_rule(run, names)
+            if names.missing:
+                result.errors.append(
+                    EvalError(
+                        rule.id,
+                        ctx.engine,
+                        "names",
+                        f"not provided, read as None: {', '.join(sorted(names.missing))}",
+                    )
+                )
+            if finding is None:
+                continue
+            key = (rule.id, ctx.engine)
+            prev = found.get(key)
+            if prev is None or SEVERITY_ORDER[finding.severity] > SEVERITY_ORDER[prev.severity]:
+                found[key] = finding
+    result.findings = sort_findings(found.values())
+    # A rule that fired for an engine is not also "skipped" for it.
+    result.skipped = [s for k, s in skipped.items() if k not in found]
+    return result
