@@ -1,0 +1,192 @@
+"""Redaction: the one place that decides what is a secret (spec/bundle.md "Secrets never reach a
+report or a bundle").
+
+Every source that keeps user text (command lines, env, log lines, Namespace reprs) passes it
+through here before it lands in a fact, a report or a bundle. Secrets are replaced by
+:data:`MARK` ("***"); the name they belonged to is kept, so a finding can still say "--api-key
+was set". Non-secrets (``--kv-cache-dtype fp8``, ``--max-num-batched-tokens 8192``,
+``TOKENIZERS_PARALLELISM=false``) pass unchanged.
+
+What counts as a secret:
+
+- the value of a flag whose last name part is a secret word (``--api-key X``, ``--api-key=X``,
+  ``--hf-token X``, ``--auth-token``) or whose name contains ``secret``/``password``;
+- variables whose name is secret by :func:`is_secret_env_name` (``HF_TOKEN``, ``*_TOKEN``,
+  ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``), as ``NAME=value``, ``name='value'`` (Namespace
+  repr), ``'name': 'value'`` (dict repr) or ``name: value`` at the start of a line (YAML, headers);
+- ``Authorization: Bearer …`` / ``Basic …`` headers;
+- token shapes anywhere: Hugging Face ``hf_…``, OpenAI-style ``sk-…``, GitHub ``ghp_…``/
+  ``github_pat_…``, Slack ``xox?-…``, AWS access key ids ``AKIA…``;
+- the password in URLs ``scheme://user:password@host``.
+
+Nothing here raises: any string goes in, a string of the same shape comes out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+MARK = "***"
+
+# Last name part that makes a flag or variable secret ("--api-key", "HF_TOKEN", "db_pass").
+_SECRET_LAST_PARTS = frozenset(
+    {"token", "key", "apikey", "secret", "password", "passwd", "pass", "pwd", "credential", "credentials"}
+)
+# Name parts that make a name secret wherever they stand ("AWS_SECRET_ACCESS_KEY_ID").
+_SECRET_ANY_PARTS = frozenset({"secret", "password", "passwd"})
+# Values that are clearly not secrets even under a secret name ("api_key=None" in a Namespace).
+_NOT_SECRET_VALUES = frozenset({"", "none", "null", "false", "true", "''", '""', MARK})
+
+_TOKEN_SHAPES = re.compile(
+    r"\bhf_[A-Za-z0-9]{20,}\b"
+    r"|\bsk-[A-Za-z0-9_-]{16,}"
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}\b"
+    r"|\bgithub_pat_[A-Za-z0-9_]{20,}\b"
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|\bAKIA[0-9A-Z]{16}\b"
+)
+_AUTH_HEADER = re.compile(
+    r"(?i)(\bauthorization['\"]?\s*[:=]\s*['\"]?\s*(?:bearer|basic|token)\s+)([^\s'\",}]+)"
+)
+_URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@'\"]+:)([^\s@/'\"]+)(@)")
+# --flag value / --flag=value in free text (a log line quoting a command).
+_FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)('[^']*'|\"[^\"]*\"|\S+)")
+# ['--api-key', 'X'] in a Python list repr of argv.
+_FLAG_IN_LIST = re.compile(r"(['\"])(--?[A-Za-z][\w-]*)\1(\s*,\s*)(['\"])([^'\"]*)\4")
+# NAME=value, name='value' (Namespace repr), export NAME="value".
+_ASSIGN = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)(=)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,)]+)")
+# 'name': 'value' in a dict repr or JSON.
+_DICT_ITEM = re.compile(r"(['\"])([A-Za-z_][\w-]*)\1(\s*:\s*)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,}]+)")
+# name: value at the start of a line (YAML config files, HTTP headers).
+_LINE_KEY = re.compile(r"(?m)^(\s*-?\s*)([A-Za-z_][\w-]*)(\s*:\s+)(\S.*?)\s*$")
+
+
+def _name_parts(name: str) -> list[str]:
+    return [p for p in re.split(r"[-_\s]+", name.strip("-").lower()) if p]
+
+
+def is_secret_name(name: str) -> bool:
+    """True when a flag, variable or key name holds a secret.
+
+    ``name`` may be a flag (``--api-key``), a dest (``api_key``) or a variable (``HF_TOKEN``);
+    case and ``-``/``_`` do not matter. Secret when its last part is token/key/secret/password/
+    pass/credential(s) or any part is secret/password. ``--max-num-batched-tokens``,
+    ``--ssl-keyfile``, ``TOKENIZERS_PARALLELISM`` and ``--kv-cache-dtype`` are not secrets.
+    """
+    parts = _name_parts(name)
+    if not parts:
+        return False
+    if parts[-1] in _SECRET_LAST_PARTS:
+        return True
+    return any(p in _SECRET_ANY_PARTS for p in parts)
+
+
+def is_secret_env_name(name: str) -> bool:
+    """True when an environment variable's value must be redacted (``HF_TOKEN``,
+    ``HUGGING_FACE_HUB_TOKEN``, ``OPENAI_API_KEY``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``,
+    ``VLLM_API_KEY``). Same test as :func:`is_secret_name`."""
+    return is_secret_name(name)
+
+
+def _is_plain_value(value: str) -> bool:
+    return value.strip().lower() in _NOT_SECRET_VALUES
+
+
+def _mask_quoted(value: str) -> str:
+    """Replace a value by MARK, keeping its quotes or brackets."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[0] + MARK + value[0]
+    if value.startswith("[") and value.endswith("]"):
+        return "[" + MARK + "]"
+    return MARK
+
+
+def redact_text(text: str) -> str:
+    """Redact secrets inside free text (a log line, a shell command, a repr, a YAML file).
+
+    Handles every shape listed in the module docstring. Returns the text with each secret value
+    replaced by ``"***"``; everything else, whitespace included, is unchanged.
+    """
+    if not text:
+        return text
+
+    def flag_sub(m: re.Match[str]) -> str:
+        if is_secret_name(m.group(1)) and not _is_plain_value(m.group(3)):
+            return m.group(1) + m.group(2) + _mask_quoted(m.group(3))
+        return m.group(0)
+
+    def list_sub(m: re.Match[str]) -> str:
+        if is_secret_name(m.group(2)) and not _is_plain_value(m.group(5)):
+            return f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MARK}{m.group(4)}"
+        return m.group(0)
+
+    def assign_sub(m: re.Match[str]) -> str:
+        if is_secret_name(m.group(1)) and not _is_plain_value(m.group(3).strip("'\"")):
+            return m.group(1) + m.group(2) + _mask_quoted(m.group(3))
+        return m.group(0)
+
+    def dict_sub(m: re.Match[str]) -> str:
+        if is_secret_name(m.group(2)) and not _is_plain_value(m.group(4).strip("'\"")):
+            return m.group(1) + m.group(2) + m.group(1) + m.group(3) + _mask_quoted(m.group(4))
+        return m.group(0)
+
+    def line_key_sub(m: re.Match[str]) -> str:
+        if is_secret_name(m.group(2)) and not _is_plain_value(m.group(4).strip("'\"")):
+            return m.group(1) + m.group(2) + m.group(3) + _mask_quoted(m.group(4))
+        return m.group(0)
+
+    out = _AUTH_HEADER.sub(lambda m: m.group(1) + MARK, text)
+    out = _URL_USERINFO.sub(lambda m: m.group(1) + MARK + m.group(3), out)
+    out = _FLAG_IN_LIST.sub(list_sub, out)
+    out = _FLAG_IN_TEXT.sub(flag_sub, out)
+    out = _DICT_ITEM.sub(dict_sub, out)
+    out = _ASSIGN.sub(assign_sub, out)
+    out = _LINE_KEY.sub(line_key_sub, out)
+    out = _TOKEN_SHAPES.sub(MARK, out)
+    return out
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """Redact a command line given as a list of arguments (``/proc/PID/cmdline``, psutil).
+
+    ``--api-key X`` → ``--api-key ***``; ``--api-key=X`` → ``--api-key=***``; the same for every
+    secret flag name (:func:`is_secret_name`). A secret flag followed by another flag (``--hf-token``
+    used as a switch) redacts nothing. Every other argument goes through :func:`redact_text`
+    (``-e HF_TOKEN=…``, ``Authorization: Bearer …``, token shapes, URL passwords). Returns a new
+    list of the same length.
+    """
+    out: list[str] = []
+    redact_next = False
+    for arg in argv:
+        arg = str(arg)
+        if redact_next:
+            redact_next = False
+            if not arg.startswith("-"):
+                out.append(MARK)
+                continue
+        if arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit():
+            name, eq, value = arg.partition("=")
+            if is_secret_name(name):
+                if eq:
+                    out.append(f"{name}={MARK}" if value else arg)
+                else:
+                    out.append(arg)
+                    redact_next = True
+                continue
+        out.append(redact_text(arg))
+    return out
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Redact an environment mapping: a secret name's non-empty value becomes ``"***"``; every
+    other value goes through :func:`redact_text` (``HTTP_PROXY=http://user:pw@proxy`` loses its
+    password). Returns a new dict in the same order."""
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        value = "" if value is None else str(value)
+        if is_secret_env_name(key) and value:
+            out[key] = MARK
+        else:
+            out[key] = redact_text(value)
+    return out

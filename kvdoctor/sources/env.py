@@ -1,0 +1,93 @@
+"""The engine's environment: a bundle's ``env.txt`` (spec/bundle.md) → ``dict[str, str]``.
+
+Variables that matter (vllm-facts §4.2): ``CUDA_VISIBLE_DEVICES``, ``PYTORCH_CUDA_ALLOC_CONF``,
+``VLLM_USE_V1``, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, ``VLLM_LOG_STATS_INTERVAL``,
+``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, ``VLLM_CPU_KVCACHE_SPACE``. Secret values (``HF_TOKEN``,
+``*_TOKEN``, ``*_KEY``, …; :func:`kvdoctor.redact.is_secret_env_name`) never leave this module:
+they become ``"***"``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from kvdoctor.facts import SourceError
+from kvdoctor.redact import redact_env
+
+_LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|set\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
+
+
+def _unquote(raw: str) -> str:
+    """Shell-style value: quotes removed, a trailing `` # comment`` dropped for bare values."""
+    value = raw.strip()
+    if not value:
+        return ""
+    if value[0] in "'\"":
+        try:
+            parts = shlex.split(value, comments=True)
+        except ValueError:
+            return value.strip("'\"")
+        return " ".join(parts)
+    return re.split(r"\s+#", value, maxsplit=1)[0].strip()
+
+
+def parse_env_text(text: str, origin: str = "") -> dict[str, str]:
+    """Parse ``KEY=VALUE`` lines (``export KEY=VALUE``, ``declare -x``, quoted values, ``#``
+    comments, blank lines; ``env``/``printenv`` output) into a dict, later lines winning.
+
+    Secret values are redacted to ``"***"``. Lines that are not assignments (the continuation of
+    a multi-line value in ``env`` output) are skipped. Raises :class:`SourceError` (origin, line)
+    on binary data, or when the text has content but not one assignment.
+    """
+    env: dict[str, str] = {}
+    first_bad: int | None = None
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        if "\x00" in raw or "\ufffd" in raw or any(ord(c) < 32 and c not in "\t\r\f\v" for c in raw):
+            raise SourceError(
+                "binary or corrupt data, not KEY=VALUE lines", origin=origin or None, line=lineno
+            )
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            first_bad = first_bad or lineno
+            continue
+        env[m.group(1)] = _unquote(m.group(2))
+    if not env and first_bad is not None:
+        raise SourceError("expected KEY=VALUE lines", origin=origin or None, line=first_bad)
+    return redact_env(env)
+
+
+def visible_devices_detail(env: dict[str, str]) -> tuple[list[int] | None, str]:
+    """``CUDA_VISIBLE_DEVICES`` → (GPU indices, note).
+
+    Unset → (None, ""): all GPUs visible. ``""`` → ([], "…no GPU visible"). ``"0,1"`` → [0, 1].
+    CUDA stops at the first invalid entry, so ``"0,-1,2"`` → [0]. UUIDs (``GPU-…``) and MIG
+    instances (``MIG-…``) → (None, note): they name devices by id, which only NVML can map to an
+    index. Never raises.
+    """
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None, ""
+    value = raw.strip()
+    if value == "":
+        return [], "CUDA_VISIBLE_DEVICES is empty: no GPU visible"
+    out: list[int] = []
+    for part in value.split(","):
+        part = part.strip()
+        if part.upper().startswith(("GPU-", "MIG-")):
+            return None, f"CUDA_VISIBLE_DEVICES={value} names devices by UUID; indices need NVML to resolve"
+        if not re.fullmatch(r"\d+", part):
+            # CUDA ignores this entry and everything after it.
+            note = f"CUDA_VISIBLE_DEVICES entry {part!r} is not a device index; CUDA ignores it and the rest"
+            return out, note
+        out.append(int(part))
+    return out, ""
+
+
+def visible_devices(env: dict[str, str]) -> list[int] | None:
+    """GPU indices from ``CUDA_VISIBLE_DEVICES`` (see :func:`visible_devices_detail`); None when
+    unset or given as UUIDs."""
+    return visible_devices_detail(env)[0]

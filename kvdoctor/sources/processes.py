@@ -1,0 +1,372 @@
+"""Host processes: live through psutil, offline from a bundle's ``ps.txt`` → :class:`HostProcess`.
+
+vLLM roles (``HostProcess.vllm_role``):
+
+- ``api_server``: the launch command — ``vllm serve …``, ``python -m vllm.entrypoints…``,
+  ``…/vllm/entrypoints/openai/api_server.py``, or a process titled ``VLLM::APIServer``;
+- ``engine_core``: titled ``VLLM::EngineCore`` / ``VLLM::EngineCore_DP<n>`` (V1; vLLM calls
+  setproctitle, and the kernel's 15-byte ``comm`` shows ``VLLM::EngineCor``);
+- ``worker``: titled ``VLLM::Worker…`` (``VLLM::Worker_TP0``, ``VLLM::Worker_DP0_TP1``), the V0
+  ``VllmWorkerProcess``, a Ray ``ray::RayWorkerWrapper``, or a ``multiprocessing`` spawn child of
+  a vLLM process (V0 workers and pre-title V1 engine cores look like that);
+- ``coordinator``: ``VLLM::DPCoordinator`` (data-parallel coordinator; holds no GPU memory).
+
+Process names are those of vllm-facts §3.1. psutil errors (AccessDenied, NoSuchProcess,
+ZombieProcess) never escape: the field they concern is None (ports: ``[]``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+
+import psutil
+
+from kvdoctor.facts import HostProcess, SourceError
+from kvdoctor.redact import redact_argv
+
+_PSUTIL_ERRORS = (psutil.Error, OSError)
+# Process objects kept between calls so cpu_percent() measures since the previous call.
+_SEEN: dict[tuple[int, float | None], psutil.Process] = {}
+
+
+def _is_python(token: str) -> bool:
+    return re.fullmatch(r"python[\d.]*", token.rsplit("/", 1)[-1]) is not None
+
+
+def is_vllm_server_cmdline(cmdline: list[str]) -> bool:
+    """True when argv is a vLLM API server launch: ``vllm serve``, ``python [opts] …/vllm serve``,
+    ``python [opts] -m vllm.entrypoints.…`` or ``python …/vllm/entrypoints/…api_server.py``.
+
+    Only the executable position counts, so ``grep vllm serve`` or ``kvdoctor --log vllm.log`` is
+    not a server. Never raises."""
+    if not cmdline:
+        return False
+    argv = [str(a) for a in cmdline]
+    first = argv[0].rsplit("/", 1)[-1]
+    if first == "vllm":
+        return len(argv) > 1 and argv[1] == "serve"
+    if not _is_python(argv[0]):
+        return False
+    i = 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "-m":
+            return i + 1 < len(argv) and argv[i + 1].startswith("vllm.entrypoints")
+        if tok in ("-X", "-W"):
+            i += 2
+            continue
+        if tok.startswith("-"):
+            i += 1
+            continue
+        base = tok.rsplit("/", 1)[-1]
+        if base == "vllm":
+            return i + 1 < len(argv) and argv[i + 1] == "serve"
+        return tok.endswith(("vllm/entrypoints/openai/api_server.py", "vllm/entrypoints/api_server.py"))
+    return False
+
+
+def vllm_role(name: str, cmdline: list[str]) -> str | None:
+    """The vLLM role of a process from its name (``comm``) and argv: "api_server",
+    "engine_core", "worker", "coordinator", or None (see module docstring). A spawn child of a
+    vLLM process is only recognised by :func:`list_processes`/:func:`parse_ps_text`, which see
+    the parent. Never raises."""
+    title = cmdline[0] if cmdline else ""
+    for text in (title, name):
+        if text.startswith("VLLM::EngineCor"):
+            return "engine_core"
+        if text.startswith("VLLM::Worker") or text.startswith("VllmWorkerProcess"):
+            return "worker"
+        if text.startswith("VLLM::APIServer"):
+            return "api_server"
+        if text.startswith("VLLM::DPCoordinat"):
+            return "coordinator"
+        if text.startswith("ray::RayWorkerWrapper"):
+            return "worker"
+    if is_vllm_server_cmdline(cmdline):
+        return "api_server"
+    return None
+
+
+def _is_spawn_child(cmdline: list[str]) -> bool:
+    joined = " ".join(cmdline)
+    return "multiprocessing.spawn" in joined or "--multiprocessing-fork" in joined
+
+
+def _mark_spawn_children(procs: list[HostProcess]) -> None:
+    """Give the worker role to multiprocessing children of vLLM processes (V0 workers)."""
+    roles = {p.pid: p.vllm_role for p in procs}
+    changed = True
+    while changed:
+        changed = False
+        for p in procs:
+            if (
+                p.vllm_role is None
+                and p.ppid is not None
+                and roles.get(p.ppid)
+                and _is_spawn_child(p.cmdline)
+            ):
+                p.vllm_role = "worker"
+                roles[p.pid] = "worker"
+                changed = True
+
+
+def _listen_ports(proc: psutil.Process) -> list[int]:
+    """TCP ports in LISTEN state (psutil ``net_connections(kind="tcp")``); [] when unreadable."""
+    try:
+        getter = getattr(proc, "net_connections", None) or proc.connections
+        conns = getter(kind="tcp")
+    except _PSUTIL_ERRORS:
+        return []
+    ports = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
+    return sorted(ports)
+
+
+def _safe(call, default=None):  # type: ignore[no-untyped-def]
+    try:
+        return call()
+    except _PSUTIL_ERRORS:
+        return default
+
+
+def _process_from_psutil(proc: psutil.Process, info: dict, role: str | None) -> HostProcess:  # type: ignore[type-arg]
+    key = (proc.pid, info.get("create_time"))
+    cached = _SEEN.get(key)
+    cpu: float | None = None
+    if cached is not None:
+        cpu = _safe(lambda: cached.cpu_percent(interval=None))
+    else:
+        _SEEN[key] = proc
+        _safe(lambda: proc.cpu_percent(interval=None))  # primes the counter; first value is meaningless
+    mem = _safe(proc.memory_info)
+    return HostProcess(
+        pid=proc.pid,
+        ppid=info.get("ppid"),
+        name=info.get("name") or "",
+        cmdline=redact_argv(info.get("cmdline") or []),
+        cpu_percent=cpu,
+        rss_bytes=getattr(mem, "rss", None),
+        listen_ports=_listen_ports(proc),
+        vllm_role=role,
+        create_time=info.get("create_time"),
+    )
+
+
+def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> list[HostProcess]:
+    """Host processes via psutil, vLLM-related ones only unless ``include_all``.
+
+    Per process: pid, ppid, name (``comm``), cmdline (redacted), rss_bytes (``memory_info().rss``),
+    listen_ports (``net_connections(kind="tcp")`` in LISTEN; AccessDenied → []), create_time
+    (unix seconds), vllm_role (module docstring).
+
+    ``cpu_percent`` follows psutil's two-call semantics: ``Process.cpu_percent(None)`` reports
+    usage since the previous call on the same Process object (100 = one core busy). This module
+    keeps those objects between calls, so the first call that sees a process returns None for it
+    and later calls (a sampler polling every second) return the usage over the interval between.
+    With ``cpu_interval > 0`` the function primes every process, sleeps that many seconds once,
+    and measures, so a one-shot caller gets values on the first call.
+
+    Any psutil error for one process leaves that field None; a process that vanished mid-read
+    is skipped. Never raises for psutil errors.
+    """
+    wanted: list[tuple[psutil.Process, dict, str | None]] = []  # type: ignore[type-arg]
+    for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time"], ad_value=None):
+        try:
+            info = dict(proc.info)
+        except _PSUTIL_ERRORS:
+            continue
+        cmdline = [str(a) for a in (info.get("cmdline") or [])]
+        info["cmdline"] = cmdline
+        role = vllm_role(info.get("name") or "", cmdline)
+        wanted.append((proc, info, role))
+    # V0 workers: spawn children of a vLLM process.
+    roles = {p.pid: r for p, _i, r in wanted}
+    for _ in range(3):
+        for n, (p, i, r) in enumerate(wanted):
+            if r is None and roles.get(i.get("ppid") or -1) and _is_spawn_child(i["cmdline"]):
+                wanted[n] = (p, i, "worker")
+                roles[p.pid] = "worker"
+    if not include_all:
+        wanted = [w for w in wanted if w[2] is not None]
+    if cpu_interval > 0:
+        for p, i, _r in wanted:
+            key = (p.pid, i.get("create_time"))
+            if key not in _SEEN:
+                _SEEN[key] = p
+                _safe(lambda p=p: p.cpu_percent(interval=None))
+        time.sleep(cpu_interval)
+    out = [_process_from_psutil(p, i, r) for p, i, r in wanted]
+    live = {(p.pid, i.get("create_time")) for p, i, _r in wanted}
+    for key in [k for k in _SEEN if k not in live and not include_all]:
+        if not psutil.pid_exists(key[0]):
+            del _SEEN[key]
+    return out
+
+
+def process_table() -> set[int]:
+    """Pids of every live process on the host (``psutil.pids()``): a GPU process whose pid is
+    absent is dead (orphaned GPU memory). Returns an empty set if psutil cannot list them."""
+    try:
+        return set(psutil.pids())
+    except _PSUTIL_ERRORS:
+        return set()
+
+
+def _flag_value(cmdline: list[str], flag: str) -> str | None:
+    for i, tok in enumerate(cmdline):
+        if tok == flag and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+        if tok.startswith(flag + "="):
+            return tok[len(flag) + 1 :]
+    return None
+
+
+def metrics_url_for(proc: HostProcess) -> str | None:
+    """The ``/metrics`` URL of an API server process (vllm-facts §5: all endpoints share
+    ``--host``/``--port``), or None for other roles.
+
+    Port: ``--port`` from its cmdline when it is among the listening ports or ports are unknown;
+    else 8000 if it listens there, else its lowest listening port; with neither ports nor a
+    cmdline (only a title), 8000 for ``vllm serve``-style commands, None for a bare title.
+    Host: ``--host`` unless it is a wildcard (0.0.0.0, ::, empty) → 127.0.0.1.
+    """
+    if proc.vllm_role != "api_server":
+        return None
+    port_text = _flag_value(proc.cmdline, "--port")
+    cmd_port = int(port_text) if port_text and port_text.isdigit() else None
+    port: int | None
+    if proc.listen_ports:
+        if cmd_port in proc.listen_ports:
+            port = cmd_port
+        elif 8000 in proc.listen_ports:
+            port = 8000
+        else:
+            port = min(proc.listen_ports)
+    elif cmd_port is not None:
+        port = cmd_port
+    elif is_vllm_server_cmdline(proc.cmdline):
+        port = 8000
+    else:
+        return None
+    host = _flag_value(proc.cmdline, "--host") or ""
+    if host in ("", "0.0.0.0", "::", "[::]", "*"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
+# --------------------------------------------------------------------------- ps.txt / top
+
+_NAME_COLS = {"COMM", "UCOMM"}
+_ARGS_COLS = {"ARGS", "CMD", "COMMAND"}
+
+
+def _parse_rss_kib(text: str, default_kib: bool = True) -> int | None:
+    """ps ``RSS`` (KiB) / top ``RES`` (KiB, or with m/g/t suffix) → bytes."""
+    m = re.fullmatch(r"([\d.]+)([kmgtpKMGTP]?)", text.strip())
+    if not m:
+        return None
+    num = float(m.group(1))
+    mult = {"": 1024, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}[m.group(2).lower()]
+    return int(num * mult)
+
+
+def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
+    """Parse a bundle's ``ps.txt`` into :class:`HostProcess` facts, every row kept (``vllm_role``
+    set where it applies).
+
+    Formats: ``ps -eo pid,ppid,pcpu,rss,etime,comm,args`` (header ``PID PPID %CPU RSS ELAPSED
+    COMMAND COMMAND``: the first COMMAND is ``comm``, the last the full args), any ``ps -o``
+    column set with PID and a command column (``ps aux`` too), and ``top -b -n 1`` (summary lines
+    skipped, ``RES`` in KiB or with m/g suffix, ``COMMAND`` the name, or the args with ``-c``).
+    RSS becomes bytes; %CPU is percent of one core. Args are split on spaces (ps does not quote)
+    and redacted. ``create_time`` is None (ps gives elapsed time, not the snapshot's clock).
+
+    Raises :class:`SourceError` (origin, line) on binary data, no header, or a row whose PID is
+    not a number.
+    """
+    lines = text.splitlines()
+    header_idx: int | None = None
+    cols: list[str] = []
+    for idx, raw in enumerate(lines):
+        if "\x00" in raw or "\ufffd" in raw:
+            raise SourceError("binary or corrupt data, not ps output", origin=origin or None, line=idx + 1)
+        toks = raw.split()
+        upper = [t.upper() for t in toks]
+        if "PID" in upper and (set(upper) & (_ARGS_COLS | _NAME_COLS)):
+            header_idx = idx
+            cols = upper
+            break
+    if header_idx is None:
+        raise SourceError("no ps/top header with PID and COMMAND columns", origin=origin or None)
+    cmd_positions = [i for i, c in enumerate(cols) if c in _ARGS_COLS | _NAME_COLS]
+    last = len(cols) - 1
+    name_col = next((i for i in cmd_positions if cols[i] in _NAME_COLS), None)
+    if name_col is None and len(cmd_positions) > 1:
+        name_col = cmd_positions[0]
+    args_col = last if cols[last] in _ARGS_COLS and last != name_col else None
+    procs: list[HostProcess] = []
+    for idx in range(header_idx + 1, len(lines)):
+        raw = lines[idx]
+        if "\x00" in raw or "\ufffd" in raw:
+            raise SourceError("binary or corrupt data, not ps output", origin=origin or None, line=idx + 1)
+        if not raw.strip():
+            continue
+        parts = raw.split(None, last)
+        if len(parts) < last + 1 and args_col is None and name_col is None:
+            continue
+        row = dict(zip(cols, parts, strict=False))
+        try:
+            pid = int(row.get("PID", ""))
+        except ValueError:
+            raise SourceError(
+                f"expected a PID number, got {row.get('PID', '')!r}", origin=origin or None, line=idx + 1
+            ) from None
+        args_text = parts[args_col] if args_col is not None and args_col < len(parts) else ""
+        name_text = parts[name_col] if name_col is not None and name_col < len(parts) else ""
+        if name_col is None and args_col is None:
+            name_text = parts[-1] if parts else ""
+        argv = args_text.split()
+        if not name_text and argv:
+            name_text = argv[0].rsplit("/", 1)[-1]
+        cpu_text = row.get("%CPU")
+        try:
+            cpu = float(cpu_text.replace(",", ".")) if cpu_text is not None else None
+        except ValueError:
+            cpu = None
+        rss_text = row.get("RSS") or row.get("RES")
+        ppid_text = row.get("PPID")
+        procs.append(
+            HostProcess(
+                pid=pid,
+                ppid=int(ppid_text) if ppid_text and ppid_text.isdigit() else None,
+                name=name_text,
+                cmdline=redact_argv(argv),
+                cpu_percent=cpu,
+                rss_bytes=_parse_rss_kib(rss_text) if rss_text else None,
+                vllm_role=vllm_role(name_text, argv),
+            )
+        )
+    _mark_spawn_children(procs)
+    return procs
+
+
+def host_process_from_strings(
+    pid: int, name: str, cmdline: str | list[str], ppid: int | None = None
+) -> HostProcess:
+    """Build a :class:`HostProcess` from a name and a command line (shell string or argv), with
+    its role detected and the command line redacted; for tests and for sources that only have
+    text (compute-apps CSV names). Raises nothing; an unbalanced shell string is split on
+    spaces."""
+    if isinstance(cmdline, str):
+        try:
+            argv = shlex.split(cmdline)
+        except ValueError:
+            argv = cmdline.split()
+    else:
+        argv = [str(a) for a in cmdline]
+    return HostProcess(
+        pid=pid, ppid=ppid, name=name, cmdline=redact_argv(argv), vllm_role=vllm_role(name, argv)
+    )
