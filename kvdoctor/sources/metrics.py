@@ -1,0 +1,492 @@
+"""vLLM's ``/metrics`` page (Prometheus text format): parse, load a bundle's scrapes, scrape live.
+
+Everything here follows reference/vllm-facts.md §1 (names, labels, rename history) and §7
+("Scraping metrics"):
+
+- one :class:`~kvdoctor.facts.EngineMetrics` per ``engine`` label value (data-parallel engines of
+  one API server) and per ``model_name``; V0 pages have no ``engine`` label (engine None);
+- new names preferred, old ones as fallbacks (``vllm:kv_cache_usage_perc`` over
+  ``vllm:gpu_cache_usage_perc``, ``vllm:prefix_cache_*`` over ``vllm:gpu_prefix_cache_*``,
+  ``vllm:inter_token_latency_seconds`` over ``vllm:time_per_output_token_seconds``); both are
+  emitted by 0.9.2–0.10.x and only the new one is read then, so nothing is counted twice;
+- counters summed over their extra labels (``request_success_total`` over ``finished_reason``);
+- histograms by base name (``vllm:iteration_tokens_total`` is a histogram whose base name ends
+  in ``_total``), cumulative buckets sorted with +Inf last;
+- ``vllm:cache_config_info`` labels as strings;
+- no ``vllm:*`` but ``http_*`` series → stats disabled (``--disable-log-stats``).
+
+Parsing uses prometheus_client's text parser. It is pure Python (about 40 µs a line), so the page
+is first cut down, with one C-speed regex pass, to the lines of the families kvdoctor reads (the
+``# TYPE`` lines and samples of :data:`READ_HISTOGRAMS` and the gauges/counters below; no
+``# HELP``, ``python_*``, ``process_*``, ``_created``, ``http_*``); see ``bench`` figures in the
+module's tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
+
+__all__ = [
+    "DISPLAY_HISTOGRAMS",
+    "READ_HISTOGRAMS",
+    "load_metrics_dir",
+    "parse_metrics",
+    "probe_endpoints",
+    "scrape",
+]
+
+#: Histograms kvdoctor reads by default (vllm-facts.md §1.2): request lengths for the
+#: long-request and concurrency rules (spec/rules.md), iteration tokens for prefill bursts.
+#: Only these by default: the library parses ~45 µs a line and each histogram is 15-25 lines.
+READ_HISTOGRAMS: tuple[str, ...] = (
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:iteration_tokens_total",
+)
+#: READ_HISTOGRAMS plus the latencies a screen shows (``parse_metrics(histograms=…)``).
+#: ``vllm:time_per_output_token_seconds`` is the pre-0.10.2 inter-token latency (§1.5).
+DISPLAY_HISTOGRAMS: tuple[str, ...] = READ_HISTOGRAMS + (
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+)
+
+# Gauge/counter sample name → EngineMetrics field; the first name listed for a field wins when
+# both generations are on the page (vllm-facts.md §1.5, §7).
+_SCALARS: dict[str, tuple[str, ...]] = {
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "num_requests_running": ("vllm:num_requests_running",),
+    "num_requests_waiting": ("vllm:num_requests_waiting",),
+    "num_requests_swapped": ("vllm:num_requests_swapped",),
+    "num_preemptions_total": ("vllm:num_preemptions_total",),
+    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+    "request_success_total": ("vllm:request_success_total",),
+    "prefix_cache_queries_total": (
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+}
+_V0_ONLY = ("vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc")
+_INFO = "vllm:cache_config_info"
+_ITL, _ITL_OLD = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+_SCALAR_NAMES = frozenset(n for names in _SCALARS.values() for n in names) | frozenset(_V0_ONLY)
+_HTTP_RE = re.compile(r"^http_[a-zA-Z0-9_:]*[{ \t]", re.M)
+_VLLM_RE = re.compile(r"^vllm:", re.M)
+_SAMPLE_LIKE_RE = re.compile(r"^(?:#|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?[ \t]+\S+)", re.M)
+_MAX_PAGE_CHARS = 64 * 1024 * 1024
+# Every vllm:* sample line except the _created companions (reading all histograms).
+_ALL_VLLM_RE = re.compile(r"\n(vllm:[a-zA-Z0-9_:]*(?<!_created)[{ \t][^\n]*)")
+
+# Parsed sample lines, keyed by the exact line: a page scraped every second repeats most of
+# its lines (cache_config_info, idle buckets, constant gauges), and the library costs ~45 µs a
+# line. Cleared when full, so memory stays bounded.
+_Parsed = tuple[str, dict[str, str], float]
+_LINE_CACHE: dict[str, _Parsed] = {}
+_LINE_CACHE_MAX = 20_000
+
+
+@functools.lru_cache(maxsize=16)
+def _filter_re(histograms: tuple[str, ...]) -> re.Pattern[str]:
+    """The regex that keeps only the sample lines of the families we read (applied to
+    ``"\\n" + text``; a literal first character keeps the scan at C speed)."""
+    names = sorted(n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO})
+    hists = sorted(h[len("vllm:") :] for h in histograms if h.startswith("vllm:"))
+    alts = "|".join(re.escape(n) for n in names)
+    if hists:
+        alts += "|(?:" + "|".join(re.escape(h) for h in hists) + ")(?:_bucket|_count|_sum)"
+    return re.compile(r"\n(vllm:(?:" + alts + r")[{ \t][^\n]*)")
+
+
+def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None, str]:
+    """Run prometheus_client's parser over the kept sample lines; salvage the good ones.
+
+    Returns (parsed samples, first bad line number in ``text`` or None, its reason). Lines go to
+    the library without ``# TYPE`` lines, so each line yields exactly one untyped family and the
+    results map back to lines one to one (we group histograms ourselves, by sample name). The
+    library stops at the first line it cannot read and gives no line number, so on failure each
+    new line is parsed alone (error path only, once per line) and bad ones are dropped.
+    """
+    out: list[_Parsed] = []
+    cache = _LINE_CACHE
+    todo = [ln for ln in dict.fromkeys(lines) if ln not in cache]
+    bad_line, reason = None, ""
+    if todo:
+        if len(cache) + len(todo) > _LINE_CACHE_MAX:
+            cache.clear()
+        try:
+            fams = list(text_string_to_metric_families("\n".join(todo)))
+            if len(fams) != len(todo):
+                raise ValueError("line/sample mismatch")
+            for ln, fam in zip(todo, fams, strict=True):
+                smp = fam.samples[0]
+                cache[ln] = (smp.name, smp.labels, float(smp.value))
+        except Exception:  # noqa: BLE001 - the library raises ValueError, IndexError, …
+            for ln in todo:
+                try:
+                    fam = next(iter(text_string_to_metric_families(ln)))
+                    smp = fam.samples[0]
+                    cache[ln] = (smp.name, smp.labels, float(smp.value))
+                except Exception as exc:  # noqa: BLE001
+                    if bad_line is None:
+                        pos = text.find(ln)
+                        bad_line = _line_no(text, pos) if pos >= 0 else None
+                        reason = f"unparsable line ({type(exc).__name__}): {ln[:80]!r}"
+    for ln in lines:
+        parsed = cache.get(ln)
+        if parsed is not None:
+            out.append(parsed)
+    return out, bad_line, reason
+
+
+def _line_no(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+@dataclass
+class _Acc:
+    """Accumulates one engine's samples before they become an EngineMetrics."""
+
+    model_name: str | None
+    engine: str | None
+    scalars: dict[str, float] = field(default_factory=dict)
+    # histogram base name → {le: cumulative count}; _count and _sum by base name
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _histogram(acc: _Acc, base: str) -> HistogramData:
+    b = acc.buckets.get(base, {})
+    buckets = sorted(b.items())
+    count = acc.counts.get(base)
+    if buckets and not math.isinf(buckets[-1][0]):
+        # Truncated page: the +Inf bucket is lost; _count is the same number.
+        buckets.append((math.inf, max(count or 0.0, buckets[-1][1])))
+    if count is None:
+        count = buckets[-1][1] if buckets else 0.0
+    return HistogramData(buckets=buckets, count=count, sum=acc.sums.get(base, 0.0))
+
+
+def parse_metrics(
+    text: str,
+    origin: str = "",
+    timestamp: float | None = None,
+    *,
+    histograms: Collection[str] | None = READ_HISTOGRAMS,
+) -> list[EngineMetrics]:
+    """Parse one vLLM ``/metrics`` page into one EngineMetrics per (engine, model_name).
+
+    ``text`` is Prometheus text exposition (vllm-facts.md §1.1, §1.6); ``origin`` (file path or
+    URL) goes into errors; ``timestamp`` (unix seconds of the scrape) is copied into every item.
+    ``histograms`` names the histogram families to read (base names, default
+    :data:`READ_HISTOGRAMS`; :data:`DISPLAY_HISTOGRAMS` adds latencies; ``None`` reads every
+    ``vllm:*`` histogram). Each histogram costs ~0.7 ms on a page seen for the first time.
+
+    Values keep the metric's units: ``kv_cache_usage`` is a fraction 0..1 (the gauge already is,
+    despite "perc"), counters are lifetime totals, latencies seconds, lengths tokens. Items come
+    in order of first appearance on the page. A page with ``http_*`` series and no ``vllm:*``
+    gives one item with ``stats_enabled=False``.
+
+    Bad lines are dropped and the rest is used. Raises SourceError("empty /metrics page") on
+    empty text, and SourceError (origin, line, reason) when nothing at all could be read (binary
+    data, HTML, a page without any vLLM or HTTP metrics).
+    """
+    if not text or not text.strip():
+        raise SourceError("empty /metrics page", origin=origin or None)
+    if len(text) > _MAX_PAGE_CHARS:
+        text = text[:_MAX_PAGE_CHARS]
+    line_re = _ALL_VLLM_RE if histograms is None else _filter_re(tuple(sorted(set(histograms))))
+    lines = [ln.rstrip() for ln in line_re.findall("\n" + text)]
+    samples, bad_line, reason = _parse_lines(text, lines) if lines else ([], None, "")
+
+    if not samples:
+        if _HTTP_RE.search(text) is not None and _VLLM_RE.search(text) is None:
+            # --disable-log-stats: the instrumentator's http_* only (vllm-facts.md §1.1).
+            return [EngineMetrics(timestamp=timestamp, stats_enabled=False)]
+        if bad_line is not None:
+            raise SourceError(f"no vLLM metric could be read: {reason}", origin=origin or None, line=bad_line)
+        raise SourceError(_why_unreadable(text), origin=origin or None, line=1)
+
+    hist_names = set(histograms) if histograms is not None else None
+    accs: dict[tuple[str | None, str | None], _Acc] = {}
+    infos: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for name, labels, value in samples:
+        if name == _INFO:
+            infos.append(labels)
+            continue
+        if math.isnan(value):
+            continue
+        if name in _SCALAR_NAMES:
+            kind = "scalar"
+        elif name.endswith("_bucket") and "le" in labels:
+            kind = "bucket"
+        elif name.endswith(("_count", "_sum")):
+            kind = name[name.rindex("_") + 1 :]
+        else:
+            continue  # a family we do not read (reading every histogram: any other series)
+        key = (labels.get("engine"), labels.get("model_name"))
+        acc = accs.get(key)
+        if acc is None:
+            acc = accs[key] = _Acc(model_name=key[1], engine=key[0])
+        seen.add(name)
+        if kind == "scalar":
+            # Counters and gauges summed over their extra labels (finished_reason, …).
+            acc.scalars[name] = acc.scalars.get(name, 0.0) + value
+        elif kind == "bucket":
+            le = _num(labels["le"])
+            if le is not None:
+                b = acc.buckets.setdefault(name[: -len("_bucket")], {})
+                b[le] = b.get(le, 0.0) + value
+        elif kind == "count":
+            base = name[: -len("_count")]
+            acc.counts[base] = acc.counts.get(base, 0.0) + value
+        else:
+            base = name[: -len("_sum")]
+            acc.sums[base] = acc.sums.get(base, 0.0) + value
+
+    if not accs:
+        # Only cache_config_info lines (e.g. before the engine's first stats): one item per engine.
+        for lab in infos:
+            eng = lab.get("engine")
+            accs.setdefault((eng, None), _Acc(model_name=None, engine=eng))
+
+    if any(n in seen for n in _V0_ONLY):
+        generation: str | None = "v0"
+    elif "vllm:kv_cache_usage_perc" in seen or any(k[0] is not None for k in accs):
+        generation = "v1"
+    else:
+        generation = None
+
+    out: list[EngineMetrics] = []
+    for (engine, model_name), acc in accs.items():
+        em = EngineMetrics(
+            timestamp=timestamp, model_name=model_name, engine=engine, engine_generation=generation
+        )
+        for fld, names in _SCALARS.items():
+            for n in names:
+                if n in acc.scalars:
+                    setattr(em, fld, acc.scalars[n])
+                    break
+        # A *_count without buckets is a histogram only when it was asked for by name.
+        bases = set(acc.buckets) | {c for c in acc.counts if hist_names is not None and c in hist_names}
+        for base in sorted(bases):
+            em.histograms[base] = _histogram(acc, base)
+        if _ITL not in em.histograms and _ITL_OLD in em.histograms:
+            # Before 0.10.2 the inter-token latency was time_per_output_token (§1.5, §7).
+            em.histograms[_ITL] = em.histograms[_ITL_OLD]
+        for lab in infos:
+            # Old pages have no engine label on cache_config_info: it applies to every engine.
+            eng = lab.get("engine")
+            if eng is None or eng == engine:
+                em.cache_config = {k: v for k, v in lab.items() if k != "engine"}
+        out.append(em)
+    return out
+
+
+def _why_unreadable(text: str) -> str:
+    head = text[:4096]
+    if "\x00" in head or sum(not (c.isprintable() or c in "\r\n\t") for c in head) > len(head) // 10:
+        return "not Prometheus text: binary data"
+    first = next((ln.strip() for ln in head.splitlines() if ln.strip()), "")
+    if first.startswith("<") or first.startswith("{") or first.startswith("["):
+        return f"not Prometheus text: starts with {first[:40]!r} (HTML or JSON?)"
+    if _SAMPLE_LIKE_RE.search(head):
+        return "no vllm:* or http_* metrics on the page: not a vLLM /metrics endpoint"
+    return f"not Prometheus text: {first[:60]!r}"
+
+
+def load_metrics_dir(
+    path: str | os.PathLike[str],
+    *,
+    histograms: Collection[str] | None = READ_HISTOGRAMS,
+) -> tuple[list[tuple[float, list[EngineMetrics]]], list[SourceError]]:
+    """Read a bundle's ``metrics/`` directory: one scrape per ``<unix-seconds>.txt`` file
+    (spec/bundle.md), oldest first.
+
+    Returns ``(series, errors)``: ``series`` is [(unix seconds, [EngineMetrics, …])] sorted by
+    time, each EngineMetrics with that timestamp; ``errors`` holds one SourceError per file that
+    could not be used (bad name, unreadable, nothing parsable) — the other files are still used.
+    Raises SourceError when ``path`` is not a readable directory.
+    """
+    p = os.fspath(path)
+    try:
+        names = os.listdir(p)
+    except OSError as exc:
+        raise SourceError(f"cannot read metrics directory: {exc.strerror or exc}", origin=p) from None
+    series: list[tuple[float, list[EngineMetrics]]] = []
+    errors: list[SourceError] = []
+    for name in sorted(names):
+        full = os.path.join(p, name)
+        if not name.endswith(".txt") or not os.path.isfile(full):
+            continue
+        try:
+            ts = float(name[: -len(".txt")])
+            if not math.isfinite(ts):
+                raise ValueError
+        except ValueError:
+            errors.append(SourceError("file name is not <unix-seconds>.txt", origin=full))
+            continue
+        try:
+            with open(full, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(_MAX_PAGE_CHARS)
+            series.append((ts, parse_metrics(text, origin=full, timestamp=ts, histograms=histograms)))
+        except SourceError as exc:
+            errors.append(exc)
+        except OSError as exc:
+            errors.append(SourceError(f"cannot read: {exc.strerror or exc}", origin=full))
+    series.sort(key=lambda item: item[0])
+    return series, errors
+
+
+# --------------------------------------------------------------------------- live HTTP
+
+
+def _redact_url(url: str) -> str:
+    """Drop user:password from a URL before it goes into a message."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+def _metrics_url(url: str) -> str:
+    """``http://host:8000`` → ``http://host:8000/metrics``; a URL with a path is kept."""
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/metrics")
+    return urlunsplit(parts)
+
+
+def _http_error(method_url: str, exc: httpx.HTTPError, timeout: float) -> SourceError:
+    msg = str(exc)
+    if isinstance(exc, httpx.TimeoutException):
+        why = f"timed out after {timeout:g} s"
+    elif isinstance(exc, httpx.ConnectError):
+        why = "connection refused" if "refused" in msg.lower() else f"cannot connect ({msg or 'error'})"
+    else:
+        why = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    return SourceError(f"{method_url}: {why}")
+
+
+def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -> tuple[str, float]:
+    """GET vLLM's ``/metrics`` (vllm-facts.md §5) and return ``(text, unix seconds)``.
+
+    ``url`` is the metrics URL or the server's base URL (``/metrics`` is appended when the path
+    is empty). ``timeout`` (seconds) bounds connect and read; ``client`` lets a sampler reuse one
+    connection pool. Raises SourceError with one line: ``GET http://…/metrics: connection
+    refused`` / ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text
+    (Content-Type: text/html)``.
+    """
+    target = _metrics_url(url)
+    label = f"GET {_redact_url(target)}"
+    own = client is None
+    c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
+    try:
+        resp = c.get(target, timeout=httpx.Timeout(timeout, connect=timeout))
+        ts = time.time()
+    except httpx.HTTPError as exc:
+        raise _http_error(label, exc, timeout) from None
+    except ValueError as exc:  # malformed URL
+        raise SourceError(f"{label}: bad URL ({exc})") from None
+    finally:
+        if own:
+            c.close()
+    if resp.status_code != 200:
+        raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase}".rstrip())
+    ctype = resp.headers.get("content-type", "")
+    mime = ctype.split(";", 1)[0].strip().lower()
+    if mime and mime not in ("text/plain", "application/openmetrics-text"):
+        raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime})")
+    text = resp.text
+    stripped = text.lstrip()
+    if stripped[:1] in ("<", "{", "["):
+        raise SourceError(f"{label}: not Prometheus text (body starts with {stripped[:20]!r})")
+    return text, ts
+
+
+def probe_endpoints(
+    base_url: str, timeout: float = 2.0, client: httpx.Client | None = None
+) -> dict[str, Any]:
+    """Best-effort read of vLLM's ``/version`` and ``/v1/models`` (vllm-facts.md §5).
+
+    Returns ``{"version": "0.33.0" | None, "models": [{"id", "root", "max_model_len"}, …],
+    "errors": ["GET …: why", …]}``; ``max_model_len`` is the effective one (after auto-fit).
+    Never raises: a dead or protected endpoint only adds a line to ``errors``.
+    """
+    if "://" not in base_url:
+        base_url = "http://" + base_url
+    parts = urlsplit(base_url)
+    root = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+    result: dict[str, Any] = {"version": None, "models": [], "errors": []}
+    own = client is None
+    c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
+    try:
+        for path in ("/version", "/v1/models"):
+            label = f"GET {_redact_url(root + path)}"
+            try:
+                resp = c.get(root + path, timeout=httpx.Timeout(timeout, connect=timeout))
+            except httpx.HTTPError as exc:
+                result["errors"].append(str(_http_error(label, exc, timeout)))
+                if isinstance(exc, httpx.ConnectError):
+                    break  # nobody listens: the second request would fail the same way
+                continue
+            if resp.status_code != 200:
+                result["errors"].append(f"{label}: HTTP {resp.status_code} {resp.reason_phrase}".rstrip())
+                continue
+            try:
+                body = resp.json()
+            except ValueError:
+                result["errors"].append(f"{label}: not JSON")
+                continue
+            if path == "/version" and isinstance(body, dict):
+                v = body.get("version")
+                result["version"] = str(v) if v is not None else None
+            elif path == "/v1/models" and isinstance(body, dict):
+                for card in body.get("data") or []:
+                    if isinstance(card, dict) and card.get("id") is not None:
+                        mml = card.get("max_model_len")
+                        result["models"].append(
+                            {
+                                "id": str(card["id"]),
+                                "root": card.get("root"),
+                                "max_model_len": int(mml) if isinstance(mml, (int, float)) else None,
+                            }
+                        )
+    finally:
+        if own:
+            c.close()
+    return result
