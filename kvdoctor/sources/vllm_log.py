@@ -1,0 +1,1593 @@
+"""vLLM's log → :class:`kvdoctor.facts.VllmLog`: typed events with numbers in base units.
+
+Every line is cleaned first: ANSI colour codes, container-runtime / Kubernetes timestamp prefixes
+(``2025-07-01T09:12:43.123456789Z ``, ``2025-07-01T09:12:43.123Z stdout F ``), the process prefix
+``(APIServer pid=1) `` / ``(EngineCore_DP0 pid=277) `` / ``(Worker_TP1 pid=380) `` →
+``LogEvent.process``/``pid``, then ``LEVEL MM-DD HH:MM:SS [file.py:NNN] `` (or the old
+``file.py:NNN] ``) → ``level``/``time`` (vllm-facts.md §3.1). Matching is on the message text
+only, never on ``file:line`` (those change every release). Sizes are bytes (vLLM's "GiB", and the
+V0 "GB", are 2**30), percentages are fractions 0..1, durations seconds. ``LogEvent.text`` is the
+message with secrets (``--api-key``, ``api_key=…``, ``*_TOKEN``/``*_KEY`` values, Authorization
+headers) and prompt text redacted.
+
+Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-facts.md:
+
+- ``version`` {version}: "vLLM API server version X", "vLLM server version X, serving model M",
+  the logo's "version X", "Initializing a V1 LLM engine (vX)", "Initializing an LLM engine (vX)"
+  (§3.2). Sets ``VllmLog.vllm_version`` and ``engine_generation`` ("v1"/"v0").
+- ``args`` {args, source}: ``non-default args: {…}`` (source "non_default"), ``args: Namespace(…)``
+  ("namespace"), ``Initializing … with config: k=v, …`` ("engine_config"; max_seq_len →
+  max_model_len, torch.bfloat16 → "bfloat16"). Merged into ``VllmLog.args`` (later lines win, a
+  Namespace default never overrides a non-default arg); ``VllmLog.args["_explicit"]`` lists the keys
+  that came from ``non-default args``.
+- ``chunked_prefill`` {max_num_batched_tokens}; ``max_model_len_used`` {max_model_len} (§3.2).
+- ``weights_loading_start`` {}: "Starting to load model", "Loading model weights…" (V0).
+- ``model_loading`` {weights_bytes, seconds}: "Model loading took X GiB[ memory] and S seconds"
+  (all §3.3 item 1 variants, also 0.8's "GB"), V0 "Loading model weights took X GB" (seconds None).
+- ``memory_profile_v0`` {seconds, total_bytes, gmu, budget_bytes, weights_bytes, non_torch_bytes,
+  activation_peak_bytes, kv_bytes}: the three-line message of §3.3 item 11 (kv may be negative);
+  also 0.6.x "Memory profiling results: total_gpu_memory=… peak_torch_memory=… kv_cache_size=…"
+  (adds initial_bytes, peak_torch_bytes, post_profile_bytes; activation_peak_bytes =
+  peak_torch − weights when this process logged its weights, else None).
+- ``memory_profile_v1`` {seconds, non_kv_bytes, torch_peak_increase_bytes, non_torch_increase_bytes,
+  consumed_bytes, weights_bytes}: the DEBUG "Memory profiling takes … Total non KV cache memory: …"
+  line (§3.3 item 3); absent pieces are None.
+- ``memory_request`` {initial_free_bytes, gmu, requested_bytes}: DEBUG "Initial free memory: X GiB;
+  Requested memory: U (util), R GiB" (§3.3 item 3).
+- ``available_kv_memory`` {bytes}: "Available KV cache memory: X GiB", one per worker (§3.3 item 5).
+- ``kv_cache_size`` {device, tokens} and ``max_concurrency`` {max_model_len, concurrency}: one-line
+  (≥0.28) and two-line forms, commas removed, also V0's "Maximum concurrency for N tokens…" (§3.3 7).
+- ``num_gpu_blocks_override`` {computed, override}: "Overriding num_gpu_blocks=N with …=M".
+- ``v0_blocks`` {device, gpu_blocks, cpu_blocks}: "# GPU blocks: 229, # CPU blocks: 512",
+  "# cuda blocks: 0, # CPU blocks: 4681" (§3.3 item 11).
+- ``graph_capture_start`` {}: "Capturing cudagraphs…", "Capturing the model for CUDA graphs",
+  "Capturing CUDA graph shapes", "Capturing CUDA graphs (…" (one per capture, not per progress bar).
+- ``graph_capture_done`` {seconds, bytes}: "Graph capturing finished in 5 secs, took 0.55 GiB"
+  (bytes None in versions that did not print it) (§3.3 item 8).
+- ``cudagraph_estimate`` {bytes}: "Estimated CUDA graph memory: X GiB total" (§3.3 item 4).
+- ``cudagraph_pool`` {actual_bytes, estimated_bytes}: "CUDA graph pool memory: …" (§3.3 item 9).
+- ``cudagraph_profiling`` {enabled, gmu, equivalent_gmu, suggested_gmu}: the INFO "CUDA graph memory
+  profiling is enabled …" and WARNING "… is disabled …" lines (§3.3 item 4).
+- ``memory_summary`` {free_bytes, total_bytes, gmu, requested_bytes, consumed_bytes, weights_bytes,
+  activation_peak_bytes, non_torch_bytes, cudagraph_bytes, kv_cache_memory_fit_bytes,
+  kv_cache_memory_full_bytes, kv_in_use_bytes}: §3.3 item 10, both variants (≤0.26 prints weights
+  and non-torch separately; consumed_bytes is then their sum; the new form leaves them None).
+- ``kv_cache_memory_bytes_reserved`` {initial_free_bytes, kv_bytes} (§3.3 item 2).
+- ``free_memory_below_util`` {device, free_bytes, total_bytes, gmu, requested_bytes, variant}:
+  §3.5 with and without device ("cuda:0" or None); variant "util" (the common one),
+  "external_weights_exceed" or "below_budget_excluding_external" for the external-weights errors.
+- ``profiling_assertion`` {initial_free_bytes, current_free_bytes} (§3.5).
+- ``no_available_kv_memory`` {}: "No available memory for the cache blocks" (V0 and V1).
+- ``max_seq_len_exceeds_kv`` {max_model_len, needed_bytes, available_bytes, estimated_max_len}
+  (V1, all §3.5 variants; estimated_max_len None when not printed) and
+  ``v0_max_seq_len_exceeds_kv`` {max_model_len, kv_tokens}.
+- ``autofit`` {from, to} ("Auto-fit max_model_len: reduced from A to B …" / "full model context
+  length N fits …"), ``autofit_failed`` {}, ``user_max_model_len_too_large`` {max_model_len,
+  derived, derived_key}, ``prompt_too_long`` {length, max_model_len} (§3.5).
+- ``cuda_oom`` {form, requested_bytes, gpu, total_bytes, free_bytes, this_process_bytes,
+  other_processes [{pid, bytes}], allowed_bytes, allocated_by_pytorch_bytes, private_pools_bytes,
+  reserved_unallocated_bytes, already_allocated_bytes, reserved_total_bytes, phase}: PyTorch's OOM
+  (§3.6): form "modern" (torch ≥2.1, incl. the "capacty" typo) or "legacy" (torch ≤2.0, where
+  reserved_unallocated = reserved_total − already_allocated). One event per distinct occurrence:
+  the same message repeated in one traceback block, or re-raised by EngineCore / the API server,
+  is kept once; different workers (ranks) stay separate. ``phase``: "weight_loading",
+  "profile_run", "kv_cache_init", "cuda_graph_capture", "sampler_warmup", "runtime" or "startup",
+  from the events before it in the same process (globally for unprefixed lines) and the traceback.
+- ``cuda_error_oom`` {}: "CUDA error: out of memory" (a CUDA runtime error, not the allocator's).
+- ``load_model_oom`` {}: "Failed to load model - not enough GPU memory" (§3.5);
+  ``sampler_warmup_oom`` {num_requests}; ``mm_profile`` {}: multimodal profiling warnings.
+- ``invalid_kv_cache_dtype`` {value, valid}: pydantic "Invalid kv_cache_dtype: 'int8'. Valid values
+  are: [...]" and argparse "argument --kv-cache-dtype: invalid choice: 'int8' (choose from …)" (§4.1).
+- ``engine_failed`` {reason}: "EngineCore failed to start", "Engine core initialization failed",
+  "EngineDeadError", "EngineCore encountered a fatal error" / "an issue" (§3.5).
+- ``stats`` {engine, prompt_throughput, generation_throughput, running, waiting, swapped, pending,
+  deferred, preemptions, kv_usage, cpu_kv_usage, prefix_cache_hit_rate, device, num_engines}: every
+  periodic-line form of §3.4 (V0 with Swapped/Pending, 0.9–0.11, ≥0.12 with Preemptions, "N Engines
+  Aggregated:" → engine "aggregated", "CPU KV cache usage" as the main pool on the CPU backend).
+  Throughputs in tokens/s; usages and hit rate are fractions; absent fields None.
+- ``preempted_v0`` {mode, total_cumulative} (V0 "Sequence group … is preempted by … mode").
+- ``swap_space_too_large`` {swap_bytes, cpu_total_bytes, fatal} (≤0.17).
+- ``hybrid_block_size`` {block_size}, ``mamba_padding`` {fraction}, ``padding_layers`` {layers,
+  waste_fraction} (§3.3 item 6).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvdoctor.facts import LogEvent, SourceError, VllmLog
+from kvdoctor.units import GiB, parse_size
+
+__all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
+
+# --------------------------------------------------------------------------- line prefix
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# Docker json-file/journald style and CRI (containerd/Kubernetes) "stdout F " prefixes.
+_TS_PREFIX_RE = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})? (?:(?:stdout|stderr) [FP] )?"
+)
+_PROC_RE = re.compile(r"^\(([A-Za-z][\w.\-\[\]]*) pid=(\d+)\) ?")
+_LEVEL_RE = re.compile(
+    r"^(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
+    r"(?:\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\])(?: |$)"
+)
+_UVICORN_RE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+
+_SECRET_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(--api-key[= ])(\S+)"), r"\1***"),
+    (
+        re.compile(r"""(\bapi_key['"]?\s*[=:]\s*)(?!None\b)(\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,)]+)"""),
+        r"\1'***'",
+    ),
+    (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)(?:bearer\s+|basic\s+)?[^\s'\",)]+"), r"\1***"),
+    (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}"), "Bearer ***"),
+    (re.compile(r"\b([A-Z][A-Z0-9_]*(?:_TOKEN|_KEY|_SECRET))=(\S+)"), r"\1=***"),
+    (
+        re.compile(
+            r"""(['"]?\b(?:hf_token|\w+_api_key)['"]?\s*[=:]\s*)(?!None\b)('[^']*'|"[^"]*"|[^\s,)]+)"""
+        ),
+        r"\1'***'",
+    ),
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_***"),
+]
+# "Received request X: prompt: '…', params: …, prompt_token_ids: [...]" (V0 and V1 request log).
+_PROMPT_END_RE = re.compile(r", (?:params|sampling_params|prompt_token_ids|prompt_embeds|lora_request)\b")
+_PROMPT_IDS_RE = re.compile(r"(\bprompt_token_ids: )\[([^\]]*)\]?")
+
+
+def _redact_prompt(text: str) -> str:
+    i = text.find("prompt: ")
+    if i < 0:
+        return text
+    start = i + len("prompt: ")
+    m = _PROMPT_END_RE.search(text, start)
+    end = m.start() if m else len(text)  # a truncated line: everything after "prompt: " goes
+    body = text[start:end]
+    if body in ("None", ""):
+        return text
+    body = body[1:-1] if len(body) >= 2 and body[0] in "'\"" and body[-1] == body[0] else body
+    return f"{text[:start]}'<redacted {len(body)} chars>'{text[end:]}"
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with secrets and prompt text replaced.
+
+    ``--api-key X``/``api_key='X'``/``'api_key': 'X'`` → "***"; ``*_TOKEN``/``*_KEY``/``HF_TOKEN``
+    values, Authorization headers and bearer tokens → "***"; the prompt of vLLM's request log
+    ("Received request …: prompt: '…'") → "<redacted N chars>" and its token ids →
+    "<redacted N tokens>". Never raises.
+    """
+    if "prompt" in text:
+        text = _redact_prompt(text)
+        text = _PROMPT_IDS_RE.sub(
+            lambda m: (
+                f"{m.group(1)}[<redacted {len([t for t in m.group(2).split(',') if t.strip()])} tokens>]"
+            ),
+            text,
+        )
+    low = text.lower()
+    if any(k in low for k in ("key", "token", "secret", "authorization", "bearer", "hf_")):
+        for pat, repl in _SECRET_PATTERNS:
+            text = pat.sub(repl, text)
+    return text
+
+
+@dataclass
+class ParsedLine:
+    """One physical log line split into its parts (see :func:`parse_line`)."""
+
+    message: str
+    process: str | None = None
+    pid: int | None = None
+    level: str | None = None
+    time: str | None = None
+    #: True for lines written by vLLM's formatter (they carry level and time).
+    formatted: bool = False
+
+
+def parse_line(raw: str) -> ParsedLine:
+    """Strip ANSI codes, runtime timestamps, the ``(NAME pid=N)`` prefix and the
+    ``LEVEL MM-DD HH:MM:SS [file.py:NNN]`` header (vllm-facts.md §3.1) from one physical line.
+
+    Tolerates any text (never raises); a line without a prefix keeps its whole text as message.
+    """
+    line = raw.rstrip("\r\n")
+    if "\r" in line:  # tqdm progress bars redraw with CR: the last redraw is what stays visible
+        line = line.rstrip("\r").rsplit("\r", 1)[-1]
+    if "\x1b" in line:
+        line = _ANSI_RE.sub("", line)
+    if line[:2] == "20" and line[4:5] == "-":
+        m = _TS_PREFIX_RE.match(line)
+        if m:
+            line = line[m.end() :]
+    process = pid = None
+    if line.startswith("("):
+        m = _PROC_RE.match(line)
+        if m:
+            process, pid = m.group(1), int(m.group(2))
+            line = line[m.end() :]
+    level = time = None
+    formatted = False
+    c = line[:1]
+    if c in ("D", "I", "W", "E", "C"):
+        m = _LEVEL_RE.match(line)
+        if m:
+            level = "WARNING" if m.group(1) == "WARN" else m.group(1)
+            time = m.group(2)
+            formatted = True
+            line = line[m.end() :]
+        else:
+            m = _UVICORN_RE.match(line)
+            if m:
+                level = m.group(1)
+                line = line[m.end() :]
+    return ParsedLine(line, process, pid, level, time, formatted)
+
+
+# --------------------------------------------------------------------------- value helpers
+
+
+def _gib(text: str) -> int:
+    """A vLLM "X GiB" number (2**30) as int bytes."""
+    return int(round(float(text) * GiB))
+
+
+def _size(text: str) -> int | None:
+    """PyTorch's format_size ("20.00 MiB", "0 bytes") → bytes, None if unreadable."""
+    try:
+        return parse_size(text)
+    except ValueError:
+        return None
+
+
+def _frac(percent: str) -> float:
+    """ "99.7" (a percentage) → 0.997, rounded to drop float noise."""
+    return round(float(percent) / 100, 6)
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _split_top(text: str) -> list[str]:
+    """Split "a=1, b=[1, 2], c='x, y'" at top-level ", " (brackets and quotes respected)."""
+    parts: list[str] = []
+    depth = 0
+    quote = ""
+    start = 0
+    i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            # an apostrophe inside a bare word (o'brien) is not a quote
+            if i == 0 or not text[i - 1].isalnum():
+                quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+_TORCH_DTYPE_RE = re.compile(r"^torch\.(\w+)$")
+
+
+def _value(text: str) -> Any:
+    """A Python-literal value if it is one, else the string (``<function …>``, enums, paths)."""
+    t = text.strip()
+    if not t:
+        return ""
+    m = _TORCH_DTYPE_RE.match(t)
+    if m:
+        return m.group(1)
+    if t[0] in "'\"[{(-0123456789" or t in ("None", "True", "False"):
+        try:
+            return ast.literal_eval(t)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    if t == "true":
+        return True
+    if t == "false":
+        return False
+    if t == "null":
+        return None
+    return t
+
+
+def _parse_kv_list(text: str) -> dict[str, Any]:
+    """ "k=v, k2=v2" (Namespace(…) body or VllmConfig.__str__) → dict; unparseable parts skipped."""
+    out: dict[str, Any] = {}
+    for part in _split_top(text):
+        key, sep, val = part.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            continue
+        out[key] = _value(val)
+    return out
+
+
+def _parse_dict_repr(text: str) -> dict[str, Any]:
+    """A Python dict repr → dict; on failure, parse its top-level "'k': v" items one by one."""
+    t = text.strip()
+    try:
+        val = ast.literal_eval(t)
+        if isinstance(val, dict):
+            return {str(k): v for k, v in val.items()}
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    if t.startswith("{"):
+        t = t[1:]
+    if t.endswith("}"):
+        t = t[:-1]
+    out: dict[str, Any] = {}
+    for part in _split_top(t):
+        key, sep, val = part.partition(":")
+        if not sep:
+            continue
+        k = key.strip().strip("'\"")
+        if k:
+            out[k] = _value(val)
+    return out
+
+
+def _strip_unbalanced_paren(text: str) -> str:
+    """Drop a trailing ")" that closes nothing (old "… with config: …, seed=0)" lines)."""
+    t = text.rstrip()
+    if t.endswith(")") and t.count(")") > t.count("("):
+        return t[:-1]
+    return t
+
+
+_SECRET_ARG_RE = re.compile(r"(^|_)(api_key|token|secret|password)$|^hf_token$")
+
+
+def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
+    for k in list(args):
+        if _SECRET_ARG_RE.search(k) and args[k] not in (None, "", [], False):
+            args[k] = "***"
+    return args
+
+
+# --------------------------------------------------------------------------- regexes
+
+_RE = {
+    "api_version": re.compile(r"vLLM API server version (\S+)"),
+    "server_version": re.compile(r"vLLM server version (\S+?),? serving model (\S+)"),
+    "logo_version": re.compile(r"[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
+    "init_engine": re.compile(
+        r"Initializing (a V1 LLM engine|an LLM engine)(?: \(v?([^)\s]+)\))? with config: (.*)$"
+    ),
+    "non_default": re.compile(r"non-default args: (\{.*\}?)\s*$"),
+    "namespace": re.compile(r"\bargs: Namespace\((.*)\)?\s*$"),
+    "chunked": re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
+    "max_len_used": re.compile(r"Using max model len (\d+)"),
+    "model_loading": re.compile(
+        r"Model loading took (-?[\d.]+) ?(GiB|GB)(?: memory)? and ([\d.]+) ?s(?:ec(?:ond)?s?)?"
+    ),
+    "v0_weights": re.compile(r"Loading model weights took (-?[\d.]+) ?(GiB|GB)"),
+    "v0_prof_1": re.compile(r"^Memory profiling takes ([\d.]+) seconds\.?\s*$"),
+    "v0_prof_2": re.compile(
+        r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = (-?[\d.]+) ?GiB"
+    ),
+    "v0_prof_3": re.compile(
+        r"model weights take (-?[\d.]+) ?GiB; non_torch_memory takes (-?[\d.]+) ?GiB; "
+        r"PyTorch activation peak memory takes (-?[\d.]+) ?GiB; "
+        r"the rest of the memory reserved for KV Cache is (-?[\d.]+) ?GiB"
+    ),
+    "v06_prof": re.compile(r"(?i)memory profiling results:(.*)$"),
+    "v06_field": re.compile(r"(\w+)=(-?[\d.]+) ?(GiB|GB)?", re.I),
+    "v1_prof": re.compile(r"Memory profiling takes ([\d.]+) seconds\. ?(.*)$"),
+    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]*?): (-?[\d.]+) ?GiB"),
+    "mem_request": re.compile(
+        r"Initial free memory: (-?[\d.]+) ?GiB; Requested memory: ([\d.]+) \(util\), (-?[\d.]+) ?GiB"
+    ),
+    "avail_kv": re.compile(r"Available KV cache memory: (-?[\d.]+) ?GiB"),
+    "kv_size": re.compile(r"(\w+) KV cache size: ([\d,]+) tokens"),
+    "max_conc": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
+    "blocks_override": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
+    "v0_blocks": re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
+    "capture_done": re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took (-?[\d.]+) ?GiB)?"),
+    "cg_estimate": re.compile(r"Estimated CUDA graph memory: (-?[\d.]+) ?GiB"),
+    "cg_pool": re.compile(
+        r"CUDA graph pool memory: (-?[\d.]+) ?GiB \(actual\), (-?[\d.]+) ?GiB \(estimated\)"
+    ),
+    "cg_enabled": re.compile(
+        r"--gpu-memory-utilization=([\d.]+) is equivalent to --gpu-memory-utilization=([\d.]+) "
+        r"without CUDA graph memory profiling.*?increase --gpu-memory-utilization to ([\d.]+)"
+    ),
+    "cg_disabled": re.compile(r"increasing --gpu-memory-utilization from ([\d.]+) to ([\d.]+)"),
+    "summary_head": re.compile(
+        r"Free memory on device (?:\S+ )?\((-?[\d.]+)/([\d.]+) GiB\) on startup\. "
+        r"Desired GPU memory utilization is \(([\d.]+), (-?[\d.]+) GiB\)"
+    ),
+    "summary_consumed": re.compile(r"(-?[\d.]+) GiB for consumed memory"),
+    "summary_weight": re.compile(r"(-?[\d.]+) GiB for weights?\b"),
+    "summary_act": re.compile(r"(-?[\d.]+) GiB for peak activation"),
+    "summary_nontorch": re.compile(r"(-?[\d.]+) GiB for non-torch memory"),
+    "summary_cg": re.compile(r"(-?[\d.]+) GiB for CUDAGraph memory"),
+    "summary_kvmem": re.compile(r"--kv-cache-memory=(\d+)"),
+    "summary_inuse": re.compile(r"kv cache memory in use is (-?[\d.]+) ?(GiB|bytes)?", re.I),
+    "kv_reserved": re.compile(
+        r"Initial free memory (-?[\d.]+) ?GiB, reserved (-?[\d.]+) ?GiB memory for KV Cache"
+    ),
+    "below_util": re.compile(
+        r"Free memory on device (?:(\S+) )?\((-?[\d.]+)/([\d.]+) GiB\) on startup is less than "
+        r"desired GPU memory utilization \(([\d.]+), (-?[\d.]+) GiB\)"
+    ),
+    "ext_device": re.compile(r"on device (?:(\S+) )?\((-?[\d.]+)/([\d.]+) GiB\)"),
+    "ext_util": re.compile(r"\(([\d.]+), (-?[\d.]+) GiB\)"),
+    "prof_assert": re.compile(
+        r"Error in memory profiling\. Initial free memory (-?[\d.]+) ?(GiB)?, current free memory (-?[\d.]+) ?(GiB)?"
+    ),
+    "max_seq_v1": re.compile(
+        r"To serve at least one request with the models?'s max seq len \((\d+)\), \((-?[\d.]+) GiB KV cache "
+        r"is needed, which is larger than the available KV cache memory \((-?[\d.]+) GiB\)\.\s*"
+        r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?"
+    ),
+    "max_seq_v0": re.compile(
+        r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+        r"in KV cache \((-?\d+)\)"
+    ),
+    "autofit_reduced": re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)"),
+    "autofit_full": re.compile(r"Auto-fit max_model_len: full model context length (\d+) fits"),
+    "user_max_len": re.compile(
+        r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((?:(\w+)=)?(\w+)"
+    ),
+    "prompt_len": re.compile(
+        r"The (?:decoder|encoder) prompt \(length (\d+)\) (?:plus the number of requested output tokens "
+        r"\(at least \d+\) )?is longer than the maximum model length of (\d+)"
+    ),
+    "ctx_len": re.compile(
+        r"This model's maximum context length is (\d+) tokens\. However, (?:your prompt contains (?:at least )?"
+        r"(\d+) input tokens|you requested (\d+) tokens)"
+    ),
+    "input_too_long": re.compile(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
+    "oom_modern": re.compile(
+        r"Tried to allocate ([\d.]+ ?\w+)\. GPU (\d+) has a total capac(?:i)?ty of ([\d.]+ ?\w+) "
+        r"of which ([\d.]+ ?\w+) is free\."
+    ),
+    "oom_legacy": re.compile(
+        r"Tried to allocate ([\d.]+ ?\w+) \(GPU (\d+); ([\d.]+ ?\w+) total capacity; ([\d.]+ ?\w+) already "
+        r"allocated; ([\d.]+ ?\w+) free; (?:([\d.]+ ?\w+) allowed; )?([\d.]+ ?\w+) reserved in total by PyTorch"
+    ),
+    "oom_proc": re.compile(r"Process (\d+) has ([\d.]+ ?\w+) memory in use"),
+    "oom_self": re.compile(r"Including non-PyTorch memory, this process has ([\d.]+ ?\w+) memory in use"),
+    "oom_allowed": re.compile(r"([\d.]+ ?\w+) allowed;"),
+    "oom_alloc": re.compile(
+        r"Of the allocated memory ([\d.]+ ?\w+) is allocated by PyTorch, (?:with ([\d.]+ ?\w+) allocated in "
+        r"private pools \(e\.g\., CUDA Graphs\), )?and ([\d.]+ ?\w+) is reserved by PyTorch but unallocated"
+    ),
+    "oom_requested": re.compile(r"Requested size: ([\d.]+ ?\w+)"),
+    "sampler_oom": re.compile(
+        r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
+    ),
+    "kv_dtype_pyd": re.compile(r"Invalid kv_cache_dtype: '([^']*)'\. Valid values are: (\[[^\]]*\])"),
+    "kv_dtype_arg": re.compile(
+        r"argument --kv-cache-dtype: invalid choice: '([^']*)' \(choose from (.*?)\)\s*$"
+    ),
+    "stats_engine": re.compile(r"^(?:Engine (\d+)|(\d+) Engines Aggregated):"),
+    "st_prompt": re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s"),
+    "st_gen": re.compile(r"Avg generation throughput: ([\d.]+) tokens/s"),
+    "st_running": re.compile(r"Running: (\d+) reqs"),
+    "st_waiting": re.compile(r"Waiting: (\d+) reqs"),
+    "st_swapped": re.compile(r"Swapped: (\d+) reqs"),
+    "st_pending": re.compile(r"Pending: (\d+) reqs"),
+    "st_deferred": re.compile(r"Deferred: (\d+) reqs"),
+    "st_preempt": re.compile(r"Preemptions: (\d+)"),
+    "st_kv": re.compile(r"(\w+) KV cache usage: ([\d.]+)%"),
+    "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?([\d.]+)%"),
+    "preempted": re.compile(
+        r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
+        r"total_num_cumulative_preemption=(\d+)"
+    ),
+    "swap": re.compile(
+        r"(Possibly too|Too) large swap space\. ([\d.]+) GiB out of the ([\d.]+) GiB total CPU memory"
+    ),
+    "hybrid_bs": re.compile(r"Setting attention block size to (\d+) tokens"),
+    "mamba_pad": re.compile(r"Padding mamba page size by ([\d.]+)%"),
+    "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most ([\d.]+)%"),
+}
+
+_ERROR_KINDS = frozenset(
+    {
+        "cuda_oom",
+        "cuda_error_oom",
+        "sampler_warmup_oom",
+        "load_model_oom",
+        "free_memory_below_util",
+        "profiling_assertion",
+        "no_available_kv_memory",
+        "max_seq_len_exceeds_kv",
+        "v0_max_seq_len_exceeds_kv",
+        "autofit_failed",
+        "user_max_model_len_too_large",
+        "invalid_kv_cache_dtype",
+        "engine_failed",
+    }
+)
+# Kinds that move a process through startup (phase tracking for cuda_oom).
+_PHASE_OF = {
+    "weights_loading_start": "weight_loading",
+    "model_loading": "profile_run",
+    "memory_profile_v0": "kv_cache_init",
+    "memory_profile_v1": "kv_cache_init",
+    "available_kv_memory": "kv_cache_init",
+    "kv_cache_size": "kv_cache_init",
+    "max_concurrency": "kv_cache_init",
+    "v0_blocks": "kv_cache_init",
+    "kv_cache_memory_bytes_reserved": "kv_cache_init",
+    "graph_capture_start": "cuda_graph_capture",
+    "graph_capture_done": "kv_cache_init",
+}
+_SERVING_NEEDLES = (
+    "Application startup complete",
+    "Starting vLLM API server",
+    "Starting vLLM server on",
+    "Uvicorn running on",
+    "Received request",
+    "Added request",
+    '"POST /v1/',
+)
+_CAPTURE_HINTS = (
+    "capture_model",
+    "graph_runner.capture",
+    "cuda graph",
+    "cudagraph",
+    "capture_graphs",
+    "_capture",
+)
+_WEIGHT_HINTS = ("load_model", "load_weights", "get_model(", "init_model", "Failed to load model")
+_PROFILE_HINTS = ("profile_run", "determine_num_available_blocks", "determine_available_memory")
+_CROSS_PROCESS_WINDOW = 2000  # lines within which a re-print by another process is the same failure
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split(".")[:3]:
+        digits = re.match(r"\d+", piece)
+        if not digits:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)
+
+
+def _is_worker(process: str | None) -> bool:
+    return process is not None and ("Worker" in process or process.startswith("RayWorker"))
+
+
+@dataclass
+class _Block:
+    """A run of one process's error/traceback lines (ended by that process's next normal line)."""
+
+    id: int
+    text: list[str] = field(default_factory=list)
+    #: cuda_oom events raised in this block with the process state and serving flag at the time.
+    ooms: list[tuple[LogEvent, str, bool]] = field(default_factory=list)
+
+
+class _Parser:
+    """Stateful line-by-line parser shared by :func:`parse_log` and :class:`LogFollower`."""
+
+    def __init__(self, origin: str = "") -> None:
+        self.log = VllmLog(origin=origin)
+        self.lineno = 0
+        self._gen_strong = False
+        self._explicit: list[str] = []
+        self._pending_v0: dict[Any, dict[str, Any]] = {}
+        self._state: dict[Any, str] = {}
+        self._global_state = "startup"
+        self._serving = False
+        self._capturing: set[Any] = set()
+        self._weights: dict[Any, int] = {}
+        self._blocks: dict[Any, _Block] = {}
+        self._block_seq = 0
+        self._seen_errors: dict[tuple[Any, ...], list[tuple[Any, str | None, int, int]]] = {}
+        self._new: list[LogEvent] = []
+
+    # ------------------------------------------------------------------ feeding
+
+    def feed(self, raw: str) -> list[LogEvent]:
+        """Parse the next physical line; return the events it completed (file order)."""
+        self.lineno += 1
+        self.log.line_count = self.lineno
+        self._new = []
+        pl = parse_line(raw)
+        key = (pl.process, pl.pid) if pl.process else None
+        # Tracebacks are ERROR lines or unprefixed raw lines; a normal line ends the block.
+        normal = pl.level in ("DEBUG", "INFO", "WARNING")
+        block = self._blocks.get(key)
+        if normal:
+            if block is not None:
+                self._close_block(key)
+                block = None
+        else:
+            if block is None:
+                self._block_seq += 1
+                block = self._blocks[key] = _Block(self._block_seq)
+            block.text.append(pl.message)
+            if len(block.text) > 400:
+                del block.text[:100]
+        if pl.process and pl.process.startswith("EngineCore") and not self._gen_strong:
+            self.log.engine_generation = "v1"
+        try:
+            self._match(pl, key, block)
+        except (ValueError, OverflowError, IndexError, TypeError, KeyError, AttributeError):
+            # A half-written or mangled line must not stop the parse; it just gives no event.
+            pass
+        return self._new
+
+    def finish(self) -> None:
+        """Close open traceback blocks (final phase of pending cuda_oom events)."""
+        for key in list(self._blocks):
+            self._close_block(key)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _emit(
+        self, kind: str, pl: ParsedLine, key: Any, values: dict[str, Any], line: int | None = None
+    ) -> LogEvent | None:
+        ev = LogEvent(
+            kind=kind,
+            line=line if line is not None else self.lineno,
+            values=values,
+            text=redact(pl.message)[:4000],
+            process=pl.process,
+            pid=pl.pid,
+            level=pl.level,
+            time=pl.time,
+        )
+        if kind in _ERROR_KINDS and self._is_duplicate(ev, key):
+            return None
+        self.log.events.append(ev)
+        self._new.append(ev)
+        self._track(ev, key)
+        return ev
+
+    def _is_duplicate(self, ev: LogEvent, key: Any) -> bool:
+        sig = (ev.kind, repr(sorted((k, v) for k, v in ev.values.items() if k != "phase")))
+        block = self._blocks.get(key)
+        block_id = block.id if block is not None else -1
+        prior = self._seen_errors.setdefault(sig, [])
+        for pkey, pproc, pblock, pline in prior:
+            if pkey == key:
+                if pblock == block_id and block_id != -1:
+                    return True
+            elif (
+                not (_is_worker(pproc) and _is_worker(ev.process))
+                and self.lineno - pline <= _CROSS_PROCESS_WINDOW
+            ):
+                return True
+        prior.append((key, ev.process, block_id, self.lineno))
+        return False
+
+    def _track(self, ev: LogEvent, key: Any) -> None:
+        kind = ev.kind
+        phase = _PHASE_OF.get(kind)
+        if phase:
+            self._state[key] = phase
+            self._global_state = phase
+            if kind == "graph_capture_start":
+                self._capturing.add(key)
+            elif kind == "graph_capture_done":
+                self._capturing.discard(key)
+        if kind == "model_loading" and ev.values.get("weights_bytes") is not None:
+            self._weights[key] = ev.values["weights_bytes"]
+        if kind in ("stats", "preempted_v0", "prompt_too_long"):
+            self._serving = True
+
+    def _new_startup(self) -> None:
+        if self._serving or self._global_state != "startup":
+            self._state.clear()
+            self._capturing.clear()
+            self._global_state = "startup"
+            self._serving = False
+            self._seen_errors.clear()
+
+    def _close_block(self, key: Any) -> None:
+        block = self._blocks.pop(key, None)
+        if block is None:
+            return
+        for ev, state, serving in block.ooms:
+            ev.values["phase"] = self._phase(state, block, serving)
+
+    def _phase(self, state: str, block: _Block, serving: bool) -> str:
+        text = "\n".join(block.text)
+        low = text.lower()
+        if not serving and ("_dummy_sampler_run" in text or "warming up sampler" in text):
+            return "sampler_warmup"
+        if serving:
+            return "runtime"
+        if state == "cuda_graph_capture" or any(h in low for h in _CAPTURE_HINTS):
+            return "cuda_graph_capture"
+        if state == "weight_loading" or (state == "startup" and any(h in text for h in _WEIGHT_HINTS)):
+            return "weight_loading"
+        if state == "profile_run" or (state == "startup" and any(h in text for h in _PROFILE_HINTS)):
+            return "profile_run"
+        return state
+
+    # ------------------------------------------------------------------ matching
+
+    def _match(self, pl: ParsedLine, key: Any, block: _Block | None) -> None:  # noqa: C901
+        msg = pl.message
+        if not msg or len(msg) < 8 or msg.startswith("    ") or msg.startswith("  File "):
+            return  # traceback source lines quote the messages they raise: never an event
+        R = _RE
+        log = self.log
+
+        # --- serving markers (global): the engine answered requests or opened its port
+        if not self._serving:
+            for needle in _SERVING_NEEDLES:
+                if needle in msg:
+                    self._serving = True
+                    break
+
+        # --- version / generation
+        if "version" in msg:
+            m = R["api_version"].search(msg) or R["server_version"].search(msg)
+            if m is None and ("\u2580" <= msg.lstrip()[:1] <= "\u259f"):
+                m = R["logo_version"].search(msg)
+            if m:
+                self._set_version(m.group(1), None, pl, key)
+        if "with config:" in msg and "Initializing" in msg:
+            m = R["init_engine"].search(msg)
+            if m:
+                gen = "v1" if "V1" in m.group(1) else "v0"
+                if m.group(2):
+                    self._set_version(m.group(2), gen, pl, key)
+                else:
+                    log.engine_generation = gen
+                    self._gen_strong = True
+                cfg = _parse_kv_list(_strip_unbalanced_paren(m.group(3)))
+                if "max_seq_len" in cfg:
+                    cfg["max_model_len"] = cfg.pop("max_seq_len")
+                self._add_args(cfg, "engine_config", pl, key)
+            return
+        if "non-default args:" in msg:
+            m = R["non_default"].search(msg)
+            if m:
+                self._add_args(_parse_dict_repr(m.group(1)), "non_default", pl, key)
+            return
+        if "args: Namespace(" in msg:
+            m = R["namespace"].search(msg)
+            if m:
+                self._add_args(_parse_kv_list(_strip_unbalanced_paren(m.group(1))), "namespace", pl, key)
+            return
+
+        if "Chunked prefill is enabled" in msg:
+            m = R["chunked"].search(msg)
+            if m:
+                self._emit("chunked_prefill", pl, key, {"max_num_batched_tokens": int(m.group(1))})
+            return
+        if "Using max model len" in msg:
+            m = R["max_len_used"].search(msg)
+            if m:
+                self._emit("max_model_len_used", pl, key, {"max_model_len": int(m.group(1))})
+            return
+
+        # --- weights
+        if "Starting to load model" in msg:
+            self._emit("weights_loading_start", pl, key, {})
+            return
+        if "Loading model weights" in msg:
+            m = R["v0_weights"].search(msg)
+            if m:
+                self._emit("model_loading", pl, key, {"weights_bytes": _gib(m.group(1)), "seconds": None})
+            elif "took" not in msg:
+                self._emit("weights_loading_start", pl, key, {})
+            return
+        if "Model loading took" in msg:
+            m = R["model_loading"].search(msg)
+            if m:
+                self._emit(
+                    "model_loading",
+                    pl,
+                    key,
+                    {"weights_bytes": _gib(m.group(1)), "seconds": float(m.group(3))},
+                )
+            return
+
+        # --- memory profiling
+        if "emory profiling" in msg:
+            if self._match_profile(pl, key, msg):
+                return
+        if "the current vLLM instance can use total_gpu_memory" in msg:
+            m = R["v0_prof_2"].search(msg)
+            if m:
+                p = self._pending_v0.setdefault(key, {"_line": self.lineno, "seconds": None})
+                p.update(
+                    total_bytes=_gib(m.group(1)),
+                    gmu=float(m.group(2)),
+                    budget_bytes=_gib(m.group(3)),
+                )
+            return
+        if "the rest of the memory reserved for KV Cache" in msg:
+            m = R["v0_prof_3"].search(msg)
+            if m:
+                p = self._pending_v0.pop(key, {}) or {"_line": self.lineno, "seconds": None}
+                line = p.pop("_line")
+                values = {
+                    "seconds": p.get("seconds"),
+                    "total_bytes": p.get("total_bytes"),
+                    "gmu": p.get("gmu"),
+                    "budget_bytes": p.get("budget_bytes"),
+                    "weights_bytes": _gib(m.group(1)),
+                    "non_torch_bytes": _gib(m.group(2)),
+                    "activation_peak_bytes": _gib(m.group(3)),
+                    "kv_bytes": _gib(m.group(4)),
+                }
+                self._emit("memory_profile_v0", pl, key, values, line=line)
+            return
+        if "Initial free memory:" in msg and "Requested memory" in msg:
+            m = R["mem_request"].search(msg)
+            if m:
+                self._emit(
+                    "memory_request",
+                    pl,
+                    key,
+                    {
+                        "initial_free_bytes": _gib(m.group(1)),
+                        "gmu": float(m.group(2)),
+                        "requested_bytes": _gib(m.group(3)),
+                    },
+                )
+            return
+        if "Available KV cache memory" in msg:
+            m = R["avail_kv"].search(msg)
+            if m:
+                self._emit("available_kv_memory", pl, key, {"bytes": _gib(m.group(1))})
+            return
+
+        # --- KV capacity
+        if "KV cache size:" in msg or "Maximum concurrency for" in msg:
+            m = R["kv_size"].search(msg)
+            if m:
+                self._emit("kv_cache_size", pl, key, {"device": m.group(1), "tokens": _int(m.group(2))})
+            m = R["max_conc"].search(msg)
+            if m:
+                self._emit(
+                    "max_concurrency",
+                    pl,
+                    key,
+                    {"max_model_len": _int(m.group(1)), "concurrency": float(m.group(2).replace(",", ""))},
+                )
+            return
+        if "Overriding num_gpu_blocks" in msg:
+            m = R["blocks_override"].search(msg)
+            if m:
+                self._emit(
+                    "num_gpu_blocks_override",
+                    pl,
+                    key,
+                    {"computed": int(m.group(1)), "override": int(m.group(2))},
+                )
+            return
+        if "# CPU blocks:" in msg:
+            m = R["v0_blocks"].search(msg)
+            if m:
+                self._emit(
+                    "v0_blocks",
+                    pl,
+                    key,
+                    {"device": m.group(1), "gpu_blocks": int(m.group(2)), "cpu_blocks": int(m.group(3))},
+                )
+                if not self._gen_strong:
+                    log.engine_generation = "v0"
+            return
+
+        # --- CUDA graphs
+        if "Capturing" in msg and (
+            "Capturing cudagraphs" in msg
+            or "Capturing the model for CUDA graphs" in msg
+            or "Capturing CUDA graph" in msg
+        ):
+            if key not in self._capturing:
+                self._emit("graph_capture_start", pl, key, {})
+            return
+        if "Graph capturing finished" in msg:
+            m = R["capture_done"].search(msg)
+            if m:
+                self._emit(
+                    "graph_capture_done",
+                    pl,
+                    key,
+                    {"seconds": float(m.group(1)), "bytes": _gib(m.group(2)) if m.group(2) else None},
+                )
+            return
+        if "Estimated CUDA graph memory" in msg:
+            m = R["cg_estimate"].search(msg)
+            if m:
+                self._emit("cudagraph_estimate", pl, key, {"bytes": _gib(m.group(1))})
+            return
+        if "CUDA graph pool memory" in msg:
+            m = R["cg_pool"].search(msg)
+            if m:
+                self._emit(
+                    "cudagraph_pool",
+                    pl,
+                    key,
+                    {"actual_bytes": _gib(m.group(1)), "estimated_bytes": _gib(m.group(2))},
+                )
+            return
+        if "CUDA graph memory profiling is" in msg:
+            if "is enabled" in msg:
+                m = R["cg_enabled"].search(msg)
+                if m:
+                    self._emit(
+                        "cudagraph_profiling",
+                        pl,
+                        key,
+                        {
+                            "enabled": True,
+                            "gmu": float(m.group(1)),
+                            "equivalent_gmu": float(m.group(2)),
+                            "suggested_gmu": float(m.group(3)),
+                        },
+                    )
+            else:
+                m = R["cg_disabled"].search(msg)
+                if m:
+                    self._emit(
+                        "cudagraph_profiling",
+                        pl,
+                        key,
+                        {
+                            "enabled": False,
+                            "gmu": float(m.group(1)),
+                            "equivalent_gmu": None,
+                            "suggested_gmu": float(m.group(2)),
+                        },
+                    )
+            return
+
+        # --- free memory at startup
+        if "Free memory on device" in msg:
+            if "Desired GPU memory utilization is" in msg:
+                self._match_summary(pl, key, msg)
+                return
+            m = R["below_util"].search(msg)
+            if m:
+                self._emit(
+                    "free_memory_below_util",
+                    pl,
+                    key,
+                    {
+                        "device": m.group(1),
+                        "free_bytes": _gib(m.group(2)),
+                        "total_bytes": _gib(m.group(3)),
+                        "gmu": float(m.group(4)),
+                        "requested_bytes": _gib(m.group(5)),
+                        "variant": "util",
+                    },
+                )
+                return
+            if "excluding external" in msg:
+                self._match_external(pl, key, msg, "below_budget_excluding_external")
+                return
+        if "Externally held weights" in msg:
+            self._match_external(pl, key, msg, "external_weights_exceed")
+            return
+        if "reserved" in msg and "as specified by kv_cache_memory_bytes" in msg:
+            m = R["kv_reserved"].search(msg)
+            if m:
+                self._emit(
+                    "kv_cache_memory_bytes_reserved",
+                    pl,
+                    key,
+                    {"initial_free_bytes": _gib(m.group(1)), "kv_bytes": _gib(m.group(2))},
+                )
+            return
+        if "Error in memory profiling" in msg:
+            m = R["prof_assert"].search(msg)
+            if m:
+                a = _gib(m.group(1)) if m.group(2) else int(float(m.group(1)))
+                b = _gib(m.group(3)) if m.group(4) else int(float(m.group(3)))
+                self._emit("profiling_assertion", pl, key, {"initial_free_bytes": a, "current_free_bytes": b})
+            return
+
+        # --- KV does not fit
+        if "No available memory for the cache blocks" in msg:
+            self._emit("no_available_kv_memory", pl, key, {})
+            return
+        if "To serve at least one request with the model" in msg:
+            m = R["max_seq_v1"].search(msg)
+            if m:
+                self._emit(
+                    "max_seq_len_exceeds_kv",
+                    pl,
+                    key,
+                    {
+                        "max_model_len": int(m.group(1)),
+                        "needed_bytes": _gib(m.group(2)),
+                        "available_bytes": _gib(m.group(3)),
+                        "estimated_max_len": int(m.group(4)) if m.group(4) else None,
+                    },
+                )
+            return
+        if "is larger than the maximum number of tokens that can be stored in KV cache" in msg:
+            m = R["max_seq_v0"].search(msg)
+            if m:
+                self._emit(
+                    "v0_max_seq_len_exceeds_kv",
+                    pl,
+                    key,
+                    {"max_model_len": int(m.group(1)), "kv_tokens": int(m.group(2))},
+                )
+            return
+        if "auto-fit max_model_len" in msg or "Auto-fit max_model_len" in msg:
+            if "Cannot auto-fit" in msg:
+                self._emit("autofit_failed", pl, key, {})
+                return
+            m = R["autofit_reduced"].search(msg)
+            if m:
+                self._emit("autofit", pl, key, {"from": int(m.group(1)), "to": int(m.group(2))})
+                return
+            m = R["autofit_full"].search(msg)
+            if m:
+                self._emit("autofit", pl, key, {"from": int(m.group(1)), "to": int(m.group(1))})
+            return
+        if "User-specified max_model_len" in msg:
+            m = R["user_max_len"].search(msg)
+            if m:
+                derived: Any = m.group(3)
+                try:
+                    derived = int(derived)
+                except ValueError:
+                    derived = None
+                self._emit(
+                    "user_max_model_len_too_large",
+                    pl,
+                    key,
+                    {"max_model_len": int(m.group(1)), "derived": derived, "derived_key": m.group(2)},
+                )
+            return
+        if (
+            "maximum model length of" in msg
+            or "maximum context length is" in msg
+            or "is too long and exceeds" in msg
+        ):
+            m = R["prompt_len"].search(msg)
+            if m:
+                self._emit(
+                    "prompt_too_long", pl, key, {"length": int(m.group(1)), "max_model_len": int(m.group(2))}
+                )
+                return
+            m = R["ctx_len"].search(msg)
+            if m:
+                length = int(m.group(2) or m.group(3))
+                self._emit("prompt_too_long", pl, key, {"length": length, "max_model_len": int(m.group(1))})
+                return
+            m = R["input_too_long"].search(msg)
+            if m:
+                self._emit(
+                    "prompt_too_long", pl, key, {"length": int(m.group(1)), "max_model_len": int(m.group(2))}
+                )
+            return
+
+        # --- OOM
+        if "out of memory" in msg:
+            self._match_oom(pl, key, msg, block)
+            return
+
+        if "kv_cache_dtype" in msg or "--kv-cache-dtype" in msg:
+            m = R["kv_dtype_pyd"].search(msg)
+            valid: list[str] = []
+            if m:
+                try:
+                    parsed = ast.literal_eval(m.group(2))
+                    valid = [str(v) for v in parsed] if isinstance(parsed, (list, tuple)) else []
+                except (ValueError, SyntaxError):
+                    valid = [v.strip(" '\"") for v in m.group(2).strip("[]").split(",") if v.strip(" '\"")]
+                self._emit("invalid_kv_cache_dtype", pl, key, {"value": m.group(1), "valid": valid})
+                return
+            m = R["kv_dtype_arg"].search(msg)
+            if m:
+                valid = [v.strip(" '\"") for v in m.group(2).split(",") if v.strip(" '\"")]
+                self._emit("invalid_kv_cache_dtype", pl, key, {"value": m.group(1), "valid": valid})
+                return
+
+        # --- engine death
+        for needle, reason in (
+            ("EngineCore failed to start", "EngineCore failed to start"),
+            ("Engine core initialization failed", "Engine core initialization failed"),
+            ("EngineCore encountered a fatal error", "EngineCore encountered a fatal error"),
+            ("EngineDeadError", "EngineDeadError"),
+            ("EngineCore encountered an issue", "EngineDeadError"),
+        ):
+            if needle in msg:
+                self._emit("engine_failed", pl, key, {"reason": reason})
+                return
+
+        # --- periodic stats
+        if "Avg prompt throughput" in msg:
+            self._match_stats(pl, key, msg)
+            return
+        if "is preempted by" in msg:
+            m = R["preempted"].search(msg)
+            if m:
+                self._emit(
+                    "preempted_v0", pl, key, {"mode": m.group(1).lower(), "total_cumulative": int(m.group(2))}
+                )
+            return
+        if "large swap space" in msg:
+            m = R["swap"].search(msg)
+            if m:
+                self._emit(
+                    "swap_space_too_large",
+                    pl,
+                    key,
+                    {
+                        "swap_bytes": _gib(m.group(2)),
+                        "cpu_total_bytes": _gib(m.group(3)),
+                        "fatal": m.group(1) == "Too",
+                    },
+                )
+            return
+
+        # --- hybrid / mamba
+        if "Setting attention block size to" in msg:
+            m = R["hybrid_bs"].search(msg)
+            if m:
+                self._emit("hybrid_block_size", pl, key, {"block_size": int(m.group(1))})
+            return
+        if "Padding mamba page size" in msg:
+            m = R["mamba_pad"].search(msg)
+            self._emit("mamba_padding", pl, key, {"fraction": _frac(m.group(1)) if m else None})
+            return
+        if "padding layers" in msg:
+            m = R["pad_layers"].search(msg)
+            if m:
+                self._emit(
+                    "padding_layers",
+                    pl,
+                    key,
+                    {"layers": int(m.group(1)), "waste_fraction": _frac(m.group(2))},
+                )
+            return
+
+        # --- multimodal profiling
+        if (
+            "multi-modal embeddings in the worst case" in msg
+            or "Encoder cache will be initialized with a budget" in msg
+            or ("profil" in msg and ("multimodal" in msg or "multi-modal" in msg) and pl.level == "WARNING")
+        ):
+            self._emit("mm_profile", pl, key, {})
+            return
+
+    # ------------------------------------------------------------------ sub-matchers
+
+    def _set_version(self, version: str, gen: str | None, pl: ParsedLine, key: Any) -> None:
+        version = version.lstrip("v").rstrip(",.")
+        if not version or not version[0].isdigit():
+            return
+        self.log.vllm_version = version
+        if not gen and not self._gen_strong and _version_tuple(version) >= (0, 11):
+            self.log.engine_generation = "v1"  # the V0 engine was removed in 0.11
+        if gen:
+            self.log.engine_generation = gen
+            self._gen_strong = True
+        else:
+            self._new_startup()  # the API server's banner starts a new run (restarts in one file)
+        self._emit("version", pl, key, {"version": version})
+
+    def _add_args(self, args: dict[str, Any], source: str, pl: ParsedLine, key: Any) -> None:
+        args = _redact_args(args)
+        if source != "engine_config":
+            self._new_startup()
+        self._emit("args", pl, key, {"args": args, "source": source})
+        merged = self.log.args
+        if source == "non_default":
+            for k in args:
+                if k not in self._explicit:
+                    self._explicit.append(k)
+        for k, v in args.items():
+            if source == "namespace" and k in self._explicit and k in merged:
+                continue
+            if source != "non_default" and v is None and merged.get(k) is not None:
+                continue  # a default None never hides a known value
+            merged[k] = v
+        merged["_explicit"] = list(self._explicit)
+
+    def _match_profile(self, pl: ParsedLine, key: Any, msg: str) -> bool:
+        R = _RE
+        m = R["v0_prof_1"].match(msg)
+        if m:
+            self._pending_v0[key] = {"_line": self.lineno, "seconds": float(m.group(1))}
+            return True
+        m = R["v1_prof"].search(msg)
+        if m and "GiB" in m.group(2):
+            fields = {name.strip().lower(): _gib(val) for name, val in R["v1_prof_field"].findall(m.group(2))}
+
+            def pick(*needles: str) -> int | None:
+                for name, val in fields.items():
+                    if all(n in name for n in needles):
+                        return val
+                return None
+
+            self._emit(
+                "memory_profile_v1",
+                pl,
+                key,
+                {
+                    "seconds": float(m.group(1)),
+                    "non_kv_bytes": pick("non kv cache"),
+                    "torch_peak_increase_bytes": pick("torch peak"),
+                    "non_torch_increase_bytes": pick("non-torch"),
+                    "consumed_bytes": pick("total consumed"),
+                    "weights_bytes": pick("weights"),
+                },
+            )
+            return True
+        m = R["v06_prof"].search(msg)
+        if m:
+            f: dict[str, float] = {}
+            units: dict[str, bool] = {}
+            for name, val, unit in R["v06_field"].findall(m.group(1)):
+                f[name.lower()] = float(val)
+                units[name.lower()] = bool(unit)
+            total = _gib(str(f["total_gpu_memory"])) if "total_gpu_memory" in f else None
+            gmu = f.get("gpu_memory_utilization")
+            peak = _gib(str(f["peak_torch_memory"])) if "peak_torch_memory" in f else None
+            weights = self._weights.get(key)
+            values = {
+                "seconds": f.get("duration"),
+                "total_bytes": total,
+                "gmu": gmu,
+                "budget_bytes": int(total * gmu) if total is not None and gmu is not None else None,
+                "weights_bytes": weights,
+                "non_torch_bytes": _gib(str(f["non_torch_memory"])) if "non_torch_memory" in f else None,
+                "activation_peak_bytes": peak - weights if peak is not None and weights is not None else None,
+                "kv_bytes": _gib(str(f["kv_cache_size"])) if "kv_cache_size" in f else None,
+                "initial_bytes": _gib(str(f["initial_memory_usage"]))
+                if "initial_memory_usage" in f
+                else None,
+                "peak_torch_bytes": peak,
+                "post_profile_bytes": _gib(str(f["memory_usage_post_profile"]))
+                if "memory_usage_post_profile" in f
+                else None,
+            }
+            self._emit("memory_profile_v0", pl, key, values)
+            return True
+        return False
+
+    def _match_summary(self, pl: ParsedLine, key: Any, msg: str) -> None:
+        R = _RE
+        m = R["summary_head"].search(msg)
+        if not m:
+            return
+
+        def g(name: str) -> int | None:
+            mm = R[name].search(msg)
+            return _gib(mm.group(1)) if mm else None
+
+        weights, non_torch, consumed = g("summary_weight"), g("summary_nontorch"), g("summary_consumed")
+        if consumed is None and weights is not None and non_torch is not None:
+            consumed = weights + non_torch
+        kvmem = [int(x) for x in R["summary_kvmem"].findall(msg)]
+        inuse = None
+        mi = R["summary_inuse"].search(msg)
+        if mi:
+            inuse = int(float(mi.group(1))) if (mi.group(2) or "").lower() == "bytes" else _gib(mi.group(1))
+        self._emit(
+            "memory_summary",
+            pl,
+            key,
+            {
+                "free_bytes": _gib(m.group(1)),
+                "total_bytes": _gib(m.group(2)),
+                "gmu": float(m.group(3)),
+                "requested_bytes": _gib(m.group(4)),
+                "consumed_bytes": consumed,
+                "weights_bytes": weights,
+                "activation_peak_bytes": g("summary_act"),
+                "non_torch_bytes": non_torch,
+                "cudagraph_bytes": g("summary_cg"),
+                "kv_cache_memory_fit_bytes": kvmem[0] if kvmem else None,
+                "kv_cache_memory_full_bytes": kvmem[1] if len(kvmem) > 1 else None,
+                "kv_in_use_bytes": inuse,
+            },
+        )
+
+    def _match_external(self, pl: ParsedLine, key: Any, msg: str, variant: str) -> None:
+        R = _RE
+        d = R["ext_device"].search(msg)
+        u = None
+        for mm in R["ext_util"].finditer(msg):
+            if d is None or mm.start() != d.start(2) - 1:
+                u = mm
+                break
+        self._emit(
+            "free_memory_below_util",
+            pl,
+            key,
+            {
+                "device": d.group(1) if d else None,
+                "free_bytes": _gib(d.group(2)) if d else None,
+                "total_bytes": _gib(d.group(3)) if d else None,
+                "gmu": float(u.group(1)) if u else None,
+                "requested_bytes": _gib(u.group(2)) if u else None,
+                "variant": variant,
+            },
+        )
+
+    def _match_oom(self, pl: ParsedLine, key: Any, msg: str, block: _Block | None) -> None:
+        R = _RE
+        if "Failed to load model - not enough GPU memory" in msg:
+            self._emit("load_model_oom", pl, key, {})
+        m = R["sampler_oom"].search(msg)
+        if m:
+            self._emit("sampler_warmup_oom", pl, key, {"num_requests": int(m.group(1))})
+            return
+        if "CUDA error: out of memory" in msg:
+            self._emit("cuda_error_oom", pl, key, {})
+            return
+        if "CUDA out of memory" not in msg:
+            return
+        values: dict[str, Any] = {
+            "form": "modern",
+            "requested_bytes": None,
+            "gpu": None,
+            "total_bytes": None,
+            "free_bytes": None,
+            "this_process_bytes": None,
+            "other_processes": [],
+            "allowed_bytes": None,
+            "allocated_by_pytorch_bytes": None,
+            "private_pools_bytes": None,
+            "reserved_unallocated_bytes": None,
+            "already_allocated_bytes": None,
+            "reserved_total_bytes": None,
+        }
+        m = R["oom_legacy"].search(msg)
+        if m:
+            values.update(
+                form="legacy",
+                requested_bytes=_size(m.group(1)),
+                gpu=int(m.group(2)),
+                total_bytes=_size(m.group(3)),
+                already_allocated_bytes=_size(m.group(4)),
+                free_bytes=_size(m.group(5)),
+                allowed_bytes=_size(m.group(6)) if m.group(6) else None,
+                reserved_total_bytes=_size(m.group(7)),
+            )
+            if values["reserved_total_bytes"] is not None and values["already_allocated_bytes"] is not None:
+                values["reserved_unallocated_bytes"] = (
+                    values["reserved_total_bytes"] - values["already_allocated_bytes"]
+                )
+        else:
+            m = R["oom_modern"].search(msg)
+            if m:
+                values.update(
+                    requested_bytes=_size(m.group(1)),
+                    gpu=int(m.group(2)),
+                    total_bytes=_size(m.group(3)),
+                    free_bytes=_size(m.group(4)),
+                )
+            else:
+                mr = R["oom_requested"].search(msg)
+                if mr:
+                    values["requested_bytes"] = _size(mr.group(1))
+            values["other_processes"] = [
+                {"pid": int(pid), "bytes": _size(sz)} for pid, sz in R["oom_proc"].findall(msg)
+            ]
+            ms = R["oom_self"].search(msg)
+            if ms:
+                values["this_process_bytes"] = _size(ms.group(1))
+            ma = R["oom_allowed"].search(msg)
+            if ma:
+                values["allowed_bytes"] = _size(ma.group(1))
+            mp = R["oom_alloc"].search(msg)
+            if mp:
+                values["allocated_by_pytorch_bytes"] = _size(mp.group(1))
+                values["private_pools_bytes"] = _size(mp.group(2)) if mp.group(2) else None
+                values["reserved_unallocated_bytes"] = _size(mp.group(3))
+        ev = self._emit("cuda_oom", pl, key, values)
+        if ev is None:
+            return
+        # this process's own progress, else the latest of any process (EngineCore re-raising)
+        state = self._state.get(key, self._global_state)
+        if key in self._capturing:
+            state = "cuda_graph_capture"
+        if "Failed to load model" in msg:
+            state = "weight_loading"
+        if block is None:
+            block = _Block(-1, [msg])
+        else:
+            block.ooms.append((ev, state, self._serving))
+        # final for a closed block; provisional (refined when the block closes) for a follower
+        ev.values["phase"] = self._phase(state, block, self._serving)
+
+    def _match_stats(self, pl: ParsedLine, key: Any, msg: str) -> None:
+        R = _RE
+
+        def num(name: str, conv: Callable[[str], Any] = int) -> Any:
+            mm = R[name].search(msg)
+            return conv(mm.group(1)) if mm else None
+
+        engine: str | None = None
+        num_engines: int | None = None
+        me = R["stats_engine"].search(msg)
+        if me:
+            if me.group(1) is not None:
+                engine = str(int(me.group(1)))
+            else:
+                engine = "aggregated"
+                num_engines = int(me.group(2))
+        kv = R["st_kv"].findall(msg)
+        device = kv[0][0] if kv else None
+        kv_usage = _frac(kv[0][1]) if kv else None
+        cpu_kv = None
+        for dev, val in kv[1:]:
+            if dev == "CPU":
+                cpu_kv = _frac(val)
+        swapped = num("st_swapped")
+        if swapped is not None and not self._gen_strong:
+            self.log.engine_generation = "v0"
+        elif me and not self._gen_strong:
+            self.log.engine_generation = "v1"
+        self._emit(
+            "stats",
+            pl,
+            key,
+            {
+                "engine": engine,
+                "prompt_throughput": num("st_prompt", float),
+                "generation_throughput": num("st_gen", float),
+                "running": num("st_running"),
+                "waiting": num("st_waiting"),
+                "swapped": swapped,
+                "pending": num("st_pending"),
+                "deferred": num("st_deferred"),
+                "preemptions": num("st_preempt"),
+                "kv_usage": kv_usage,
+                "cpu_kv_usage": cpu_kv,
+                "prefix_cache_hit_rate": num("st_prefix", _frac),
+                "device": device,
+                "num_engines": num_engines,
+            },
+        )
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def parse_log(text: str, origin: str = "") -> VllmLog:
+    """Parse a whole vLLM log (any mix of APIServer / EngineCore / Worker lines, V0 or V1).
+
+    ``text`` is the decoded log; ``origin`` names it in events and errors. Returns a
+    :class:`VllmLog` with every event in file order (1-based line numbers), ``vllm_version``,
+    ``engine_generation``, merged ``args`` and ``line_count``. Never raises on odd text: lines it
+    does not recognise give no event.
+    """
+    parser = _Parser(origin)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for raw in lines:
+        parser.feed(raw)
+    parser.finish()
+    parser.log.events.sort(key=lambda e: e.line)
+    return parser.log
+
+
+def _decode(data: bytes, origin: str) -> str:
+    """Bytes → text (utf-8, errors replaced); SourceError when the content is not text."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise SourceError(f"truncated or corrupt gzip log ({exc})", origin=origin) from None
+    head = data[:65536]
+    if head and (head.count(b"\x00") > len(head) // 100 or _binary_ratio(head) > 0.30):
+        raise SourceError("not a text log (binary content)", origin=origin)
+    return data.decode("utf-8", errors="replace")
+
+
+def _binary_ratio(head: bytes) -> float:
+    text = head.decode("utf-8", errors="replace")
+    bad = sum(1 for ch in text if ch == "\ufffd" or (ord(ch) < 32 and ch not in "\n\r\t\x1b\x0c"))
+    return bad / max(1, len(text))
+
+
+def parse_log_file(path: str | os.PathLike[str]) -> VllmLog:
+    """Read and parse a vLLM log file (plain or gzip).
+
+    Bytes are decoded as utf-8 with errors replaced. An empty file gives a VllmLog with no
+    events. Raises SourceError when the file cannot be read or is binary (mostly NUL or
+    non-text bytes).
+    """
+    origin = os.fspath(path)
+    try:
+        with open(origin, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=origin) from None
+    if not data:
+        return VllmLog(origin=origin)
+    return parse_log(_decode(data, origin), origin=origin)
+
+
+class LogFollower:
+    """Tail a growing vLLM log: each :meth:`poll` parses only the complete lines appended since
+    the previous poll (same line parser and state as :func:`parse_log`).
+
+    Truncation (size below the read offset) or rotation (a new inode at ``path``) restarts from
+    the beginning of the new file with fresh state and line numbers. ``log`` accumulates the
+    events, version and args seen since the last restart. A missing file gives no events.
+    """
+
+    #: at most this many bytes are read per poll, so a huge backlog is consumed in steps.
+    max_read_bytes = 16 * 1024 * 1024
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._offset = 0
+        self._inode: tuple[int, int] | None = None
+        self._buf = b""
+        self._parser = _Parser(self.path)
+
+    @property
+    def log(self) -> VllmLog:
+        """Everything parsed since the start (or the last restart)."""
+        return self._parser.log
+
+    def _restart(self, inode: tuple[int, int] | None) -> None:
+        self._offset = 0
+        self._buf = b""
+        self._inode = inode
+        self._parser = _Parser(self.path)
+
+    def poll(self) -> list[LogEvent]:
+        """Parse newly appended complete lines; return their events in file order.
+
+        Raises SourceError only when the file exists but cannot be read.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SourceError(f"cannot stat log: {exc.strerror or exc}", origin=self.path) from None
+        inode = (st.st_dev, st.st_ino)
+        if self._inode is None:
+            self._inode = inode
+        elif inode != self._inode or st.st_size < self._offset:
+            self._restart(inode)
+        if st.st_size == self._offset:
+            return []
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read(self.max_read_bytes)
+        except OSError as exc:
+            raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=self.path) from None
+        self._offset += len(chunk)
+        data = self._buf + chunk
+        complete, sep, rest = data.rpartition(b"\n")
+        if not sep:
+            self._buf = data
+            return []
+        self._buf = rest
+        events: list[LogEvent] = []
+        for raw in complete.split(b"\n"):
+            events.extend(self._parser.feed(raw.decode("utf-8", errors="replace")))
+        events.sort(key=lambda e: e.line)
+        return events
