@@ -280,7 +280,8 @@ def _split_tables(text: str, origin: str) -> list[_Table]:
                 cur.in_procs = True
             i += 1
             continue
-        if cur is not None and cur.in_procs:
+        # Process rows are one cell wide; a wider row after them is the next table's GPU row.
+        if cur is not None and cur.in_procs and s.count("|") <= 2:
             if "PID" in s:
                 cur.proc_gici = " GI " in s
             elif "No running processes found" not in s:

@@ -1,0 +1,264 @@
+"""Live NVML reader against a fake pynvml module (and the real one, which finds no driver here)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from kvdoctor.facts import Gpu, SourceError
+from kvdoctor.sources import nvml
+from kvdoctor.sources.nvml import NvmlReader, read_gpus
+from kvdoctor.units import GiB, MiB
+
+NO_SUCH_PID = 2**22 + 12345  # above Linux's pid_max default: never a live process
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's spelling
+    def __str__(self) -> str:
+        return "Not Supported"
+
+
+class NVMLError_NoPermission(NVMLError):  # noqa: N801
+    def __str__(self) -> str:
+        return "Insufficient Permissions"
+
+
+class NVMLError_FunctionNotFound(NVMLError):  # noqa: N801
+    def __str__(self) -> str:
+        return "Function Not Found"
+
+
+class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+    def __str__(self) -> str:
+        return "NVML Shared Library Not Found"
+
+
+def obj(**kw: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**kw)
+
+
+def make_fake(devices: list[dict[str, Any]], *, init_error: Exception | None = None) -> types.ModuleType:
+    """A pynvml stand-in: each device is a dict of NVML function name → value or exception."""
+    m = types.ModuleType("pynvml")
+    calls: dict[str, int] = {"init": 0, "shutdown": 0}
+    m.calls = calls  # type: ignore[attr-defined]
+    m.NVMLError = NVMLError  # type: ignore[attr-defined]
+    m.nvmlMemory_v2 = 0x02000028  # type: ignore[attr-defined]
+    m.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
+    m.NVML_DEVICE_MIG_ENABLE = 1  # type: ignore[attr-defined]
+    m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1  # type: ignore[attr-defined]
+    m.NVML_VOLATILE_ECC = 0  # type: ignore[attr-defined]
+
+    def init() -> None:
+        calls["init"] += 1
+        if init_error is not None:
+            raise init_error
+
+    def shutdown() -> None:
+        calls["shutdown"] += 1
+
+    def handle(i: int) -> dict[str, Any]:
+        dev = devices[i]
+        if "handle" in dev:
+            raise dev["handle"]
+        return dev
+
+    def getter(name: str) -> Any:
+        def fn(h: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            key = name
+            if name == "nvmlDeviceGetMemoryInfo" and kwargs.get("version"):
+                key = "nvmlDeviceGetMemoryInfo_v2"
+            if name == "nvmlDeviceGetTemperature":
+                assert args == (0,)
+            if name == "nvmlDeviceGetTotalEccErrors":
+                assert args == (1, 0)  # uncorrected, volatile
+            val = h.get(key, NVMLError_NotSupported())
+            if isinstance(val, Exception):
+                raise val
+            return val
+
+        return fn
+
+    m.nvmlInit = init  # type: ignore[attr-defined]
+    m.nvmlShutdown = shutdown  # type: ignore[attr-defined]
+    m.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
+    for name in (
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+    ):
+        setattr(m, name, getter(name))
+    m.nvmlSystemGetProcessName = lambda pid: b"/opt/other/bin/trainer"  # type: ignore[attr-defined]
+    return m
+
+
+H100 = {
+    "nvmlDeviceGetName": "NVIDIA H100 80GB HBM3",
+    "nvmlDeviceGetUUID": "GPU-11111111-2222-3333-4444-555555555555",
+    "nvmlDeviceGetPciInfo": obj(busId="00000000:18:00.0"),
+    "nvmlDeviceGetMemoryInfo_v2": obj(
+        total=81559 * MiB, used=75327 * MiB, free=5902 * MiB, reserved=330 * MiB
+    ),
+    "nvmlDeviceGetMemoryInfo": obj(total=81559 * MiB, used=75657 * MiB, free=5902 * MiB),
+    "nvmlDeviceGetUtilizationRates": obj(gpu=21, memory=9),
+    "nvmlDeviceGetTemperature": 41,
+    "nvmlDeviceGetPowerUsage": 187_320,  # mW
+    "nvmlDeviceGetEnforcedPowerLimit": 700_000,
+    "nvmlDeviceGetMigMode": [0, 0],
+    "nvmlDeviceGetCurrentClocksEventReasons": 0x1 | 0x20,
+    "nvmlDeviceGetTotalEccErrors": 0,
+    "nvmlDeviceGetComputeRunningProcesses": [
+        obj(pid=os.getpid(), usedGpuMemory=70 * GiB),
+        obj(pid=NO_SUCH_PID, usedGpuMemory=2**64 - 1),  # NVML_VALUE_NOT_AVAILABLE
+    ],
+    "nvmlDeviceGetGraphicsRunningProcesses": [obj(pid=os.getpid(), usedGpuMemory=None)],
+}
+
+A100_MIG = {
+    "nvmlDeviceGetName": b"NVIDIA A100-SXM4-40GB",  # old nvidia-ml-py returns bytes
+    "nvmlDeviceGetUUID": b"GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+    "nvmlDeviceGetPciInfo": obj(busId=b"00000000:00:04.0"),
+    "nvmlDeviceGetMemoryInfo_v2": NVMLError_FunctionNotFound(),  # old driver: v1 fallback
+    "nvmlDeviceGetMemoryInfo": obj(total=40960 * MiB, used=87 * MiB, free=40873 * MiB),
+    "nvmlDeviceGetUtilizationRates": NVMLError_NotSupported(),
+    "nvmlDeviceGetTemperature": 33,
+    "nvmlDeviceGetPowerUsage": 45_000,
+    "nvmlDeviceGetEnforcedPowerLimit": NVMLError_NotSupported(),
+    "nvmlDeviceGetPowerManagementLimit": 400_000,
+    "nvmlDeviceGetMigMode": [1, 1],
+    "nvmlDeviceGetCurrentClocksEventReasons": NVMLError_FunctionNotFound(),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": 0x8 | 0x40,
+    "nvmlDeviceGetTotalEccErrors": NVMLError_NoPermission(),
+    "nvmlDeviceGetComputeRunningProcesses": NVMLError_NoPermission(),
+    "nvmlDeviceGetGraphicsRunningProcesses": NVMLError_NoPermission(),
+}
+
+LOCKED = {"handle": NVMLError_NoPermission()}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    mod = make_fake([H100, A100_MIG, LOCKED])
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    monkeypatch.setattr(nvml, "_default", None)
+    yield mod
+    nvml.close()
+
+
+def test_reads_every_field(fake: types.ModuleType) -> None:
+    g0, g1, g2 = read_gpus()
+    assert (g0.index, g0.name, g0.uuid, g0.bus_id) == (
+        0,
+        "NVIDIA H100 80GB HBM3",
+        "GPU-11111111-2222-3333-4444-555555555555",
+        "00000000:18:00.0",
+    )
+    # v2 memory info preferred (used excludes reserved, as nvidia-smi shows it)
+    assert (g0.memory_total_bytes, g0.memory_used_bytes) == (81559 * MiB, 75327 * MiB)
+    assert (g0.utilization_gpu, g0.utilization_memory) == (0.21, 0.09)
+    assert (g0.temperature_c, g0.power_w, g0.power_limit_w) == (41.0, 187.32, 700.0)
+    assert g0.mig_enabled is False and g0.ecc_uncorrectable == 0
+    assert g0.clock_event_reasons == ["gpu_idle", "sw_thermal_slowdown"]
+    me, ghost = g0.processes
+    assert (me.pid, me.type, me.used_bytes) == (os.getpid(), "C+G", 70 * GiB)
+    assert me.name == psutil.Process().cmdline()[0]
+    assert (me.gpu_uuid, me.gpu_bus_id) == (g0.uuid, g0.bus_id)
+    # not visible to psutil: NVML's name; NVML_VALUE_NOT_AVAILABLE memory: None
+    assert (ghost.pid, ghost.name, ghost.used_bytes, ghost.type) == (
+        NO_SUCH_PID,
+        "/opt/other/bin/trainer",
+        None,
+        "C",
+    )
+
+
+def test_mig_device_errors_blank_fields(fake: types.ModuleType) -> None:
+    _, g1, _ = read_gpus()
+    assert (g1.name, g1.uuid, g1.bus_id) == (
+        "NVIDIA A100-SXM4-40GB",
+        "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+        "00000000:00:04.0",
+    )
+    assert (g1.memory_total_bytes, g1.memory_used_bytes) == (40960 * MiB, 87 * MiB)  # v1 fallback
+    assert g1.utilization_gpu is None and g1.utilization_memory is None  # NotSupported
+    assert g1.mig_enabled is True
+    assert g1.power_limit_w == 400.0  # management limit when the enforced one is unsupported
+    assert g1.clock_event_reasons == ["hw_slowdown", "hw_thermal_slowdown"]  # throttle fallback
+    assert g1.ecc_uncorrectable is None  # NoPermission
+    assert g1.processes == []  # NoPermission on both process lists
+
+
+def test_device_without_handle_is_all_unknown(fake: types.ModuleType) -> None:
+    *_, g2 = read_gpus()
+    assert g2 == Gpu(index=2)
+
+
+def test_init_once_and_close(fake: types.ModuleType) -> None:
+    read_gpus()
+    read_gpus()
+    assert fake.calls["init"] == 1  # type: ignore[attr-defined]
+    nvml.close()
+    assert fake.calls["shutdown"] == 1  # type: ignore[attr-defined]
+    read_gpus()
+    assert fake.calls["init"] == 2  # type: ignore[attr-defined]
+
+
+def test_init_failure_from_fake() -> None:
+    reader = NvmlReader(make_fake([], init_error=NVMLError_LibraryNotFound()))
+    with pytest.raises(SourceError) as ei:
+        reader.read()
+    assert str(ei.value) == "NVML unavailable: NVML Shared Library Not Found"
+    reader.close()  # nothing initialised: no shutdown, no error
+
+
+def test_real_pynvml_without_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        pass
+    except pynvml.NVMLError:
+        pytest.skip("a driver library is present here")
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("a GPU driver is present here")
+    monkeypatch.setattr(nvml, "_default", None)
+    with pytest.raises(SourceError) as ei:
+        read_gpus()
+    assert str(ei.value) == "NVML unavailable: NVML Shared Library Not Found"
+    nvml.close()
+
+
+def test_device_count_failure() -> None:
+    fake = make_fake([])
+
+    def broken() -> int:
+        raise NVMLError_NoPermission()
+
+    fake.nvmlDeviceGetCount = broken  # type: ignore[attr-defined]
+    with pytest.raises(SourceError, match="NVML: cannot count devices: Insufficient Permissions"):
+        NvmlReader(fake).read()
