@@ -1,0 +1,330 @@
+"""Windowed helpers over a time-ordered series of one engine's /metrics scrapes.
+
+Rules that speak of "recent" state read a window of the timeline, default 60 s ending at the
+newest sample (spec/rules.md "Windows"). Counter rates and histogram quantiles come from deltas
+inside the window, never from lifetime totals (vllm-facts.md §7 "Interpreting preemption":
+``rate(vllm:num_preemptions_total)``).
+
+``series`` is a list of :class:`~kvdoctor.facts.EngineMetrics` of ONE engine, oldest first, each
+with ``.timestamp`` (unix seconds); :func:`engine_series` extracts it from a
+:class:`~kvdoctor.facts.Timeline`. Values keep the metric's units (counts, tokens, seconds,
+fractions); rates are per second.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvdoctor.facts import EngineMetrics, HistogramData, Timeline
+
+__all__ = [
+    "DEFAULT_WINDOW_S",
+    "GaugeStats",
+    "counter_increase",
+    "counter_rate",
+    "engine_series",
+    "gauge_stats",
+    "histogram_delta",
+    "histogram_latest",
+    "histogram_max_bucket",
+    "histogram_quantile",
+    "slope",
+    "window",
+]
+
+#: spec/rules.md "Windows": default length of a "recent" window, seconds.
+DEFAULT_WINDOW_S = 60.0
+
+#: An EngineMetrics field name ("num_preemptions_total", "kv_cache_usage", …) or a function of
+#: one sample returning a number or None.
+FieldRef = str | Callable[[EngineMetrics], float | None]
+
+
+def engine_series(
+    timeline: Timeline, engine: str | None, model_name: str | None = None
+) -> list[EngineMetrics]:
+    """One engine's scrapes from a Timeline, oldest first (``Snapshot.metrics`` per snapshot).
+
+    ``engine`` is the ``engine`` label ("0", "1", …); None and "" both mean a page without one
+    (V0). ``model_name`` narrows the match when one page serves several models. A scrape without
+    its own timestamp takes its snapshot's (a copy; the timeline is not modified). Raises nothing.
+    """
+    want = engine or None
+    out: list[EngineMetrics] = []
+    for snap in timeline.snapshots:
+        for m in snap.metrics:
+            if (m.engine or None) != want:
+                continue
+            if model_name is not None and m.model_name != model_name:
+                continue
+            if m.timestamp is None and snap.timestamp is not None:
+                m = dataclasses.replace(m, timestamp=snap.timestamp)
+            out.append(m)
+            break
+    return out
+
+
+def window(
+    series: list[EngineMetrics], seconds: float = DEFAULT_WINDOW_S, now: float | None = None
+) -> list[EngineMetrics]:
+    """The samples of the last ``seconds`` (inclusive) ending at ``now`` (default: the newest
+    sample's timestamp), oldest first.
+
+    Samples without a timestamp are skipped; if none has one, the window is the newest sample
+    alone ("a single snapshot is a window of one"). Raises nothing.
+    """
+    timed = [m for m in series if m.timestamp is not None]
+    if not timed:
+        return series[-1:]
+    end = now if now is not None else max(m.timestamp for m in timed if m.timestamp is not None)
+    start = end - seconds
+    return [m for m in timed if m.timestamp is not None and start <= m.timestamp <= end]
+
+
+def _getter(field: FieldRef) -> Callable[[EngineMetrics], float | None]:
+    if callable(field):
+        return field
+    if field not in {f.name for f in dataclasses.fields(EngineMetrics)}:
+        raise ValueError(f"EngineMetrics has no field {field!r}")
+    return lambda m: getattr(m, field)
+
+
+def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> list[tuple[float, float]]:
+    get = _getter(field)
+    pts: list[tuple[float, float]] = []
+    for m in window(series, seconds):
+        v = get(m)
+        if v is None:
+            continue
+        fv = float(v)
+        if not math.isnan(fv):
+            # Untimed samples only come as a window of one, where time does not matter.
+            pts.append((m.timestamp if m.timestamp is not None else 0.0, fv))
+    return pts
+
+
+def counter_increase(
+    series: list[EngineMetrics], field: FieldRef, seconds: float = DEFAULT_WINDOW_S
+) -> float | None:
+    """Increase of a lifetime counter inside the window (Prometheus ``increase()`` without
+    extrapolation to the window edges): the sum of sample-to-sample deltas, where a drop means
+    the counter was reset (engine restart) and the new value counts as the increase.
+
+    ``field`` e.g. "num_preemptions_total" (``vllm:num_preemptions_total``),
+    "generation_tokens_total", "request_success_total". None with fewer than two samples that
+    have the value. Raises ValueError for an unknown field name.
+    """
+    pts = _points(series, field, seconds)
+    if len(pts) < 2:
+        return None
+    total = 0.0
+    for (_, a), (_, b) in itertools.pairwise(pts):
+        total += b - a if b >= a else b
+    return total
+
+
+def counter_rate(
+    series: list[EngineMetrics], field: FieldRef, seconds: float = DEFAULT_WINDOW_S
+) -> float | None:
+    """Per-second rate of a lifetime counter over the window: :func:`counter_increase` divided
+    by the time between the first and last sample used (Prometheus ``rate()`` semantics, reset
+    aware, never the lifetime total). Preemptions per minute = ``60 * counter_rate(series,
+    "num_preemptions_total")``. None with fewer than two samples or zero elapsed time. Raises
+    ValueError for an unknown field name.
+    """
+    pts = _points(series, field, seconds)
+    if len(pts) < 2:
+        return None
+    dt = pts[-1][0] - pts[0][0]
+    if dt <= 0:
+        return None
+    inc = counter_increase(series, field, seconds)
+    return None if inc is None else inc / dt
+
+
+# --------------------------------------------------------------------------- histograms
+
+
+def _with_hist(series: list[EngineMetrics], name: str) -> list[HistogramData]:
+    return [m.histograms[name] for m in series if name in m.histograms]
+
+
+def _hist_diff(prev: HistogramData, cur: HistogramData) -> HistogramData:
+    """cur − prev bucket-wise; a reset (count fell, a bucket fell, bucket bounds changed) gives cur."""
+    pb = dict(prev.buckets)
+    if (
+        cur.count < prev.count
+        or set(pb) != {le for le, _ in cur.buckets}
+        or any(c < pb[le] for le, c in cur.buckets)
+    ):
+        return cur
+    return HistogramData(
+        buckets=[(le, c - pb[le]) for le, c in cur.buckets],
+        count=cur.count - prev.count,
+        sum=cur.sum - prev.sum,
+    )
+
+
+def histogram_delta(
+    series: list[EngineMetrics], name: str, seconds: float = DEFAULT_WINDOW_S
+) -> HistogramData | None:
+    """The observations a histogram gained inside the window: bucket-wise difference between
+    consecutive samples summed over the window (reset aware), as cumulative buckets.
+
+    ``name`` is the base name, e.g. "vllm:request_prompt_tokens" (tokens per finished request),
+    "vllm:iteration_tokens_total" (tokens per engine step), "vllm:time_to_first_token_seconds".
+    None with fewer than two samples carrying it: a lifetime histogram is not "recent" (see
+    :func:`histogram_latest`). Raises nothing.
+    """
+    hs = _with_hist(window(series, seconds), name)
+    if len(hs) < 2:
+        return None
+    acc: HistogramData | None = None
+    for prev, cur in itertools.pairwise(hs):
+        d = _hist_diff(prev, cur)
+        if acc is None:
+            acc = HistogramData(buckets=list(d.buckets), count=d.count, sum=d.sum)
+            continue
+        ab = dict(acc.buckets)
+        if set(ab) != {le for le, _ in d.buckets}:
+            acc = HistogramData(buckets=list(d.buckets), count=d.count, sum=d.sum)  # bounds changed
+            continue
+        acc = HistogramData(
+            buckets=[(le, ab[le] + c) for le, c in d.buckets],
+            count=acc.count + d.count,
+            sum=acc.sum + d.sum,
+        )
+    return acc
+
+
+def histogram_latest(series: list[EngineMetrics], name: str) -> HistogramData | None:
+    """The newest sample's lifetime histogram ``name`` (since engine start), for callers that
+    accept it when no window delta exists (a single scrape). None when absent."""
+    for m in reversed(series):
+        h = m.histograms.get(name)
+        if h is not None:
+            return h
+    return None
+
+
+def _monotonic(h: HistogramData) -> list[tuple[float, float]]:
+    """Sorted cumulative buckets with +Inf last, counts forced non-decreasing (as Prometheus
+    does for float noise)."""
+    buckets = sorted(h.buckets)
+    if not buckets or not math.isinf(buckets[-1][0]):
+        last = buckets[-1][1] if buckets else 0.0
+        buckets.append((math.inf, max(h.count, last)))
+    out: list[tuple[float, float]] = []
+    hi = 0.0
+    for le, c in buckets:
+        hi = max(hi, c)
+        out.append((le, hi))
+    return out
+
+
+def histogram_quantile(h: HistogramData, q: float) -> float | None:
+    """The ``q``-quantile (0..1) of a histogram, Prometheus ``histogram_quantile`` style: find
+    the bucket holding rank q × count and interpolate linearly inside it (lower bound 0 for the
+    first bucket). A rank in the +Inf bucket returns the upper bound of the last finite bucket.
+
+    Units as the metric's (tokens, seconds). None when the histogram is empty or has no finite
+    bucket. Raises ValueError when ``q`` is outside 0..1.
+    """
+    if not 0.0 <= q <= 1.0 or math.isnan(q):
+        raise ValueError(f"quantile must be within 0..1, got {q}")
+    buckets = _monotonic(h)
+    total = buckets[-1][1]
+    if total <= 0 or len(buckets) < 2:
+        return None
+    rank = q * total
+    i = bisect.bisect_left([c for _, c in buckets], rank)
+    i = min(i, len(buckets) - 1)
+    if i == len(buckets) - 1:
+        return buckets[-2][0]
+    upper, count = buckets[i]
+    if i == 0:
+        if upper <= 0:
+            return upper
+        lower, below = 0.0, 0.0
+    else:
+        lower, below = buckets[i - 1]
+    in_bucket = count - below
+    if in_bucket <= 0:
+        return lower
+    return lower + (upper - lower) * ((rank - below) / in_bucket)
+
+
+def histogram_max_bucket(h: HistogramData) -> float | None:
+    """Upper bound of the highest non-empty finite bucket: the largest observation is at most
+    this. When observations lie only above the last finite bound (+Inf bucket), that bound is
+    returned (the largest observation is at least it; consistent with
+    :func:`histogram_quantile`). None when the histogram is empty. Raises nothing.
+    """
+    buckets = _monotonic(h)
+    if buckets[-1][1] <= 0 or len(buckets) < 2:
+        return None
+    best: float | None = None
+    prev = 0.0
+    for le, c in buckets:
+        if c > prev:
+            best = le
+        prev = c
+    if best is None:
+        return None
+    if math.isinf(best):
+        return buckets[-2][0]
+    return best
+
+
+# --------------------------------------------------------------------------- gauges
+
+
+@dataclass(frozen=True)
+class GaugeStats:
+    """Summary of a gauge over a window, in the gauge's unit (e.g. ``kv_cache_usage`` fraction
+    from ``vllm:kv_cache_usage_perc``, ``num_requests_waiting`` requests). ``n`` samples."""
+
+    min: float
+    max: float
+    mean: float
+    last: float
+    first: float
+    n: int
+
+
+def gauge_stats(
+    series: list[EngineMetrics], field: FieldRef, seconds: float = DEFAULT_WINDOW_S
+) -> GaugeStats | None:
+    """min / max / mean / first / last of a gauge over the window (samples lacking the value are
+    skipped). A single sample is a window of one. None when no sample has it. Raises ValueError
+    for an unknown field name."""
+    pts = _points(series, field, seconds)
+    if not pts:
+        return None
+    vals = [v for _, v in pts]
+    return GaugeStats(
+        min=min(vals), max=max(vals), mean=sum(vals) / len(vals), last=vals[-1], first=vals[0], n=len(vals)
+    )
+
+
+def slope(series: list[EngineMetrics], field: FieldRef, seconds: float = DEFAULT_WINDOW_S) -> float | None:
+    """Least-squares slope of a value over the window, in its unit per second (e.g. waiting
+    requests per second, KV usage fraction per second). None with fewer than two samples at
+    distinct times. Raises ValueError for an unknown field name."""
+    pts = _points(series, field, seconds)
+    if len(pts) < 2:
+        return None
+    t0 = pts[0][0]
+    xs = [t - t0 for t, _ in pts]
+    ys = [v for _, v in pts]
+    mx = sum(xs) / len(xs)
+    my = sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx

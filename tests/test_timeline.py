@@ -1,0 +1,254 @@
+"""Windowed helpers over /metrics scrapes: rates, histogram deltas and quantiles, gauge stats."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from kvdoctor.facts import EngineMetrics, HistogramData, Snapshot, Timeline
+from kvdoctor.sources.metrics import load_metrics_dir
+from kvdoctor.timeline import (
+    GaugeStats,
+    counter_increase,
+    counter_rate,
+    engine_series,
+    gauge_stats,
+    histogram_delta,
+    histogram_latest,
+    histogram_max_bucket,
+    histogram_quantile,
+    slope,
+    window,
+)
+
+DATA = Path(__file__).resolve().parent / "data" / "metrics"
+INF = math.inf
+
+
+def _series(name: str) -> list[EngineMetrics]:
+    series, errors = load_metrics_dir(DATA / name)
+    assert errors == []
+    return [ems[0] for _, ems in series]
+
+
+def _per_min(series: list[EngineMetrics], seconds: float = 60.0) -> float:
+    r = counter_rate(series, "num_preemptions_total", seconds)
+    assert r is not None
+    return r * 60
+
+
+def _em(t: float | None, **kw: object) -> EngineMetrics:
+    return EngineMetrics(timestamp=t, engine="0", **kw)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def test_b17_preemption_rate_about_23_per_minute() -> None:
+    s = _series("b17")
+    # default 60 s window ends at the newest scrape: 35 → 58 over 60 s
+    assert counter_increase(s, "num_preemptions_total") == 23.0
+    assert _per_min(s) == pytest.approx(23.0)
+    # the whole 70 s the scrapes span: 27 preemptions, "about 23 per minute" (case note)
+    assert counter_increase(s, "num_preemptions_total", 120) == 27.0
+    assert _per_min(s, 120) == pytest.approx(27 / 70 * 60)
+    # never the lifetime total (58)
+    assert counter_increase(s[-1:], "num_preemptions_total") is None
+
+
+def test_real_cpu_preemptions_16_to_36_in_7s() -> None:
+    s = _series("real-cpu-preemptions")
+    burst = s[:8]
+    assert counter_increase(burst, "num_preemptions_total") == 20.0
+    assert counter_rate(burst, "num_preemptions_total") == pytest.approx(20 / 7)
+    assert _per_min(burst) == pytest.approx(171.43, abs=0.01)
+    # with the full scrape 9 s later: 16 → 48 over 16 s
+    assert counter_increase(s, "num_preemptions_total") == 32.0
+    assert counter_rate(s, "num_preemptions_total") == pytest.approx(2.0)
+    # a 5 s window ending at the last burst scrape: 25 → 36
+    assert counter_increase(burst, "num_preemptions_total", 4) == 11.0
+
+
+def test_counter_reset_counts_post_reset_value() -> None:
+    s = [_em(0, num_preemptions_total=10.0), _em(10, num_preemptions_total=20.0)]
+    s += [_em(20, num_preemptions_total=5.0), _em(30, num_preemptions_total=8.0)]
+    assert counter_increase(s, "num_preemptions_total") == 10 + 5 + 3
+    assert counter_rate(s, "num_preemptions_total") == pytest.approx(18 / 30)
+
+
+def test_counter_needs_two_samples_with_values_and_time() -> None:
+    s = [_em(0, num_preemptions_total=1.0), _em(5), _em(10)]
+    assert counter_rate(s, "num_preemptions_total") is None
+    same_t = [_em(3, num_preemptions_total=1.0), _em(3, num_preemptions_total=4.0)]
+    assert counter_increase(same_t, "num_preemptions_total") == 3.0
+    assert counter_rate(same_t, "num_preemptions_total") is None
+    assert counter_rate([], "num_preemptions_total") is None
+    with pytest.raises(ValueError, match="no field"):
+        counter_rate(s, "num_preemption")
+
+
+def test_callable_field() -> None:
+    s = [_em(0, generation_tokens_total=100.0), _em(10, generation_tokens_total=600.0)]
+    assert counter_rate(s, lambda m: m.generation_tokens_total) == 50.0
+
+
+# --------------------------------------------------------------------------- window
+
+
+def test_window_bounds_inclusive_and_now() -> None:
+    s = [_em(t, kv_cache_usage=0.1) for t in (0, 30, 60, 90, 120)]
+    assert [m.timestamp for m in window(s)] == [60, 90, 120]
+    assert [m.timestamp for m in window(s, 30)] == [90, 120]
+    assert [m.timestamp for m in window(s, 60, now=70)] == [30, 60]
+    assert window([], 60) == []
+
+
+def test_window_without_timestamps_is_newest_sample() -> None:
+    s = [_em(None, kv_cache_usage=0.1), _em(None, kv_cache_usage=0.2)]
+    assert window(s) == [s[-1]]
+    assert gauge_stats(s, "kv_cache_usage") == GaugeStats(0.2, 0.2, 0.2, 0.2, 0.2, 1)
+
+
+# --------------------------------------------------------------------------- histograms
+
+
+def test_b17_iteration_tokens_delta_in_window() -> None:
+    s = _series("b17")
+    d = histogram_delta(s, "vllm:iteration_tokens_total")
+    assert d is not None
+    # scrape 1753784352 → 1753784412: buckets 3740/4120/…/6255 → 3949/4329/…/6733
+    assert d.count == 478.0
+    assert d.sum == pytest.approx(4928101 - 4376980)
+    assert d.buckets[0] == (1.0, 209.0)
+    assert d.buckets[8] == (1024.0, 209.0)
+    assert d.buckets[9] == (2048.0, 478.0)
+    assert d.buckets[-1] == (INF, 478.0)
+    # half the iterations were 1-token decode steps, the other half ≤ 2048-token prefill chunks
+    assert histogram_quantile(d, 0.25) == pytest.approx(0.25 * 478 / 209)
+    assert histogram_max_bucket(d) == 2048.0
+
+
+def test_histogram_delta_single_sample_is_not_recent() -> None:
+    s = _series("b17")[-1:]
+    assert histogram_delta(s, "vllm:request_prompt_tokens") is None
+    latest = histogram_latest(s, "vllm:request_prompt_tokens")
+    assert latest is not None and latest.count == 5.0
+    assert histogram_latest(s, "vllm:nope") is None
+
+
+def test_histogram_delta_reset_aware() -> None:
+    def h(c1: float, c2: float, s: float) -> dict[str, HistogramData]:
+        return {"x": HistogramData(buckets=[(1.0, c1), (INF, c2)], count=c2, sum=s)}
+
+    s = [_em(0, histograms=h(5, 10, 20)), _em(10, histograms=h(8, 15, 30)), _em(20, histograms=h(1, 2, 3))]
+    d = histogram_delta(s, "x")
+    assert d == HistogramData(buckets=[(1.0, 3 + 1), (INF, 5 + 2)], count=7, sum=10 + 3)
+
+
+def test_prometheus_quantile_interpolation() -> None:
+    h = HistogramData(buckets=[(1.0, 0), (2.0, 10), (4.0, 20), (INF, 20)], count=20)
+    assert histogram_quantile(h, 0.5) == 2.0
+    assert histogram_quantile(h, 0.25) == 1.5
+    assert histogram_quantile(h, 0.75) == 3.0
+    assert histogram_quantile(h, 1.0) == 4.0
+    first = HistogramData(buckets=[(10.0, 10), (INF, 10)], count=10)
+    assert histogram_quantile(first, 0.5) == 5.0  # first bucket's lower bound is 0
+    with pytest.raises(ValueError):
+        histogram_quantile(h, 1.5)
+
+
+def test_quantile_in_inf_bucket_returns_last_finite_bound() -> None:
+    h = HistogramData(buckets=[(1.0, 0), (2.0, 0), (INF, 5)], count=5)
+    assert histogram_quantile(h, 0.5) == 2.0
+    assert histogram_max_bucket(h) == 2.0
+
+
+def test_empty_histograms() -> None:
+    assert histogram_quantile(HistogramData(), 0.5) is None
+    empty = HistogramData(buckets=[(1.0, 0), (INF, 0)])
+    assert histogram_quantile(empty, 0.99) is None
+    assert histogram_max_bucket(empty) is None
+    only_inf = HistogramData(buckets=[(INF, 3)], count=3)
+    assert histogram_quantile(only_inf, 0.5) is None
+
+
+def test_real_pages_quantiles() -> None:
+    from kvdoctor.sources.metrics import parse_metrics
+
+    [b20] = parse_metrics((DATA / "b20-v0.txt").read_text())
+    p = b20.histograms["vllm:request_prompt_tokens"]
+    # rank 7105.5 lies in (10000, 20000]: 2211 below, 7729 inside
+    assert histogram_quantile(p, 0.5) == pytest.approx(10000 + 10000 * (7105.5 - 2211) / 7729)
+    assert histogram_quantile(p, 0.99) == 20000.0  # in the +Inf bucket
+    assert histogram_max_bucket(p) == 20000.0
+    b17 = _series("b17")[-1]
+    # 120k-token prompts land above the last finite bucket (100000)
+    assert histogram_max_bucket(b17.histograms["vllm:request_prompt_tokens"]) == 100000.0
+    assert histogram_quantile(b17.histograms["vllm:request_prompt_tokens"], 0.5) == 100000.0
+    real = _series("real-cpu-preemptions")[-1]
+    assert histogram_max_bucket(real.histograms["vllm:request_prompt_tokens"]) == 50.0
+    assert histogram_max_bucket(real.histograms["vllm:request_generation_tokens"]) == 200.0
+
+
+# --------------------------------------------------------------------------- gauges
+
+
+def test_real_cpu_kv_usage_stats() -> None:
+    burst = _series("real-cpu-preemptions")[:8]
+    g = gauge_stats(burst, "kv_cache_usage")
+    assert g is not None
+    assert (g.min, g.max, g.first, g.last, g.n) == (0.666667, 1.0, 1.0, 1.0, 8)
+    assert g.mean == pytest.approx((7 + 0.666667) / 8)
+    w = gauge_stats(burst, "num_requests_waiting")
+    assert w is not None and w.n == 8
+    assert gauge_stats(burst, "num_requests_swapped") is None
+
+
+def test_slope_least_squares() -> None:
+    s = [_em(t, num_requests_waiting=2.0 * t + 1) for t in (100, 101, 103, 110)]
+    assert slope(s, "num_requests_waiting") == pytest.approx(2.0)
+    noisy = [_em(0, kv_cache_usage=0.0), _em(1, kv_cache_usage=1.0), _em(2, kv_cache_usage=1.0)]
+    assert slope(noisy, "kv_cache_usage") == pytest.approx(0.5)
+    assert slope(s[:1], "num_requests_waiting") is None
+    burst = _series("real-cpu-preemptions")[:8]
+    assert slope(burst, "num_preemptions_total") == pytest.approx(20 / 7, rel=0.05)
+
+
+# --------------------------------------------------------------------------- Timeline
+
+
+def test_engine_series_from_timeline() -> None:
+    tl = Timeline()
+    for t in (10.0, 20.0, 30.0):
+        tl.append(
+            Snapshot(
+                timestamp=t,
+                metrics=[
+                    EngineMetrics(engine="0", num_preemptions_total=t),
+                    EngineMetrics(engine="1", num_preemptions_total=2 * t, timestamp=t - 1),
+                ],
+            )
+        )
+    tl.append(Snapshot(timestamp=40.0, metrics=[]))
+    e1 = engine_series(tl, "1")
+    assert [(m.timestamp, m.num_preemptions_total) for m in e1] == [(9.0, 20.0), (19.0, 40.0), (29.0, 60.0)]
+    e0 = engine_series(tl, "0")
+    assert [m.timestamp for m in e0] == [10.0, 20.0, 30.0]
+    assert tl.snapshots[0].metrics[0].timestamp is None  # timeline untouched
+    assert counter_rate(e0, "num_preemptions_total") == 1.0
+    assert engine_series(tl, "7") == []
+
+
+def test_engine_series_v0_and_model_name() -> None:
+    tl = Timeline()
+    tl.append(
+        Snapshot(
+            timestamp=1.0,
+            metrics=[EngineMetrics(model_name="a", kv_cache_usage=0.1), EngineMetrics(model_name="b")],
+        )
+    )
+    assert [m.model_name for m in engine_series(tl, None)] == ["a"]
+    assert [m.model_name for m in engine_series(tl, "")] == ["a"]
+    assert [m.model_name for m in engine_series(tl, None, model_name="b")] == ["b"]
