@@ -1,0 +1,815 @@
+"""Facts → the variables rules read (one context per engine).
+
+This is where the heavy lifting between facts and rules happens, in Python: which GPUs an engine
+uses, which processes on them are foreign or orphaned, windowed rates and quantiles from the
+metrics timeline (``kvdoctor.timeline``), the KV capacity (``kvdoctor.kvmath``), and the salient
+log events. Rules (``rules/*.yaml``) only compare these and compute small formulas.
+
+Every variable is declared in :data:`VARIABLES` with its unit and source; the rule loader refuses
+a rule that names anything else. A value that could not be read is ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvdoctor.facts import (
+    Engine,
+    EngineConfig,
+    EngineMetrics,
+    Gpu,
+    GpuProcess,
+    LogEvent,
+    ModelArch,
+    Snapshot,
+    Timeline,
+    VllmLog,
+)
+from kvdoctor.units import GiB
+
+#: name → (unit, description and source). The catalogue rules are validated against.
+VARIABLES: dict[str, str] = {
+    # --- engine configuration (EngineConfig: launch command, log args, cache_config_info)
+    "engine_id": "str; served model name or engine index",
+    "model_name": "str; --model / served model name",
+    "vllm_version": "str; 'vLLM API server version' / 'Initializing … engine (vX)' log line",
+    "engine_generation": "'v0'|'v1'; from the log or /metrics names",
+    "tp": "int; --tensor-parallel-size",
+    "pp": "int; --pipeline-parallel-size",
+    "tp_pp": "int; tp × pp (GPUs per engine replica)",
+    "gmu": "fraction; --gpu-memory-utilization (vLLM default by version when not given)",
+    "gmu_explicit": "bool; --gpu-memory-utilization was given",
+    "max_model_len": "tokens; --max-model-len, 'Using max model len', or the model's max_position_embeddings",
+    "max_num_seqs": "int; --max-num-seqs (None = vLLM's device default)",
+    "max_num_seqs_effective": "int; --max-num-seqs or vLLM's device default (256 / 1024)",
+    "max_num_batched_tokens": "tokens; --max-num-batched-tokens or 'Chunked prefill is enabled with max_num_batched_tokens=N'",
+    "kv_cache_dtype": "str; --kv-cache-dtype",
+    "block_size": "tokens per KV block; cache_config_info block_size, --block-size, else 16",
+    "enforce_eager": "bool; --enforce-eager",
+    "num_gpu_blocks_override": "int; --num-gpu-blocks-override",
+    "is_pooling": "bool; --task embed / --runner pooling (KV usage reads 100 % on V0 pooling models)",
+    # --- GPUs (NVML / nvidia-smi)
+    "gpu_count": "int; GPUs visible (CUDA_VISIBLE_DEVICES, else all listed)",
+    "engine_gpus": "list[int]; GPU indices the engine uses",
+    "gpu_name": "str; first engine GPU's name",
+    "gpu_total_bytes": "bytes; smallest total memory among the engine's GPUs (nvidia-smi Memory-Usage total)",
+    "gpu_used_bytes": "bytes; largest used memory among the engine's GPUs",
+    "gpu_used_fraction": "fraction; gpu_used_bytes / gpu_total_bytes",
+    "gpu_free_bytes": "bytes; smallest total − used among the engine's GPUs",
+    "gpu_util": "fraction; largest GPU-Util among the engine's GPUs",
+    "gpu_util_known": "bool; utilization was read",
+    "empty_gpu_count": "int; visible GPUs holding < 1 GiB and no process",
+    "empty_gpus": "list[int]; their indices",
+    "full_gpu_count": "int; GPUs with used ≥ 95 % of total",
+    "full_gpus": "list[int]; their indices",
+    "gpu_mig": "bool; MIG mode on any engine GPU",
+    "throttle_reasons": "list[str]; NVML clock event reasons that slow the engine's GPUs (thermal, power, hardware)",
+    "stacked_gpu": "int; a GPU on which two or more vLLM engines hold memory (None if none)",
+    "stacked_pids": "list[int]; the engine processes stacked on it",
+    "stacked_desc": "str; description of them",
+    "rank_spread_bytes": "bytes; max − min used memory over the engine's GPUs (TP/PP ranks)",
+    "rank_heavy_gpu": "int; the engine GPU using the most memory",
+    "engine_gpu_total_min_bytes": "bytes; smallest card in the engine's group",
+    "engine_gpu_total_max_bytes": "bytes; largest card in the engine's group",
+    # --- processes on the GPUs
+    "foreign_pids": "list[int]; processes on the engine's GPUs that are not this engine",
+    "foreign_bytes": "bytes; memory they hold (sum)",
+    "foreign_desc": "str; 'pid 48213 (/opt/conda/bin/python3.10) 15.42 GiB on GPU 0, …'",
+    "orphan_pids": "list[int]; vLLM engine/worker processes holding GPU memory with no live server",
+    "orphan_bytes": "bytes; memory they hold (sum)",
+    "orphan_gpus": "list[int]; GPUs they sit on",
+    "orphan_desc": "str; 'pid 48211 (VLLM::Worker_TP0) 12.53 GiB on GPU 0, …'",
+    "orphan_reason": "str; why they are orphans",
+    "engine_cpu_percent": "percent of one core; engine processes' largest CPU use (psutil / ps.txt)",
+    # --- model and KV arithmetic (config.json + kvmath)
+    "model_known": "bool; config.json was read",
+    "arch": "ModelArch object, for kvmath functions",
+    "num_attention_heads": "int; config.json",
+    "num_kv_heads": "int; config.json num_key_value_heads",
+    "weights_bytes": "bytes; whole-model weights: 'Model loading took X GiB' × tp×pp, else estimate from config.json",
+    "weights_logged_bytes": "bytes; per-worker 'Model loading took X GiB' (V0 'Loading model weights took X GB')",
+    "kv_bytes_per_token": "bytes per token per GPU rank at the configured kv_cache_dtype (kvmath)",
+    "kv_bytes_per_token_fp8": "bytes per token per GPU rank with fp8 KV (kvmath)",
+    "fp8_supported": "bool; the GPU supports fp8 KV (catalogue; None when unknown)",
+    # --- log: startup memory
+    "log_available_kv_bytes": "bytes; smallest 'Available KV cache memory: X GiB' over workers (may be negative)",
+    "log_available_kv_line": "int; its line",
+    "log_kv_tokens": "tokens; 'GPU KV cache size: N tokens' (V0: '# GPU blocks' × block_size)",
+    "log_kv_line": "int; its line",
+    "log_num_gpu_blocks": "int; V0 '# GPU blocks: N' / '# cuda blocks: N'",
+    "v0_profile_kv_bytes": "bytes; V0 'the rest of the memory reserved for KV Cache is X GiB'",
+    "v0_profile_total_bytes": "bytes; V0 total_gpu_memory",
+    "v0_profile_weights_bytes": "bytes; V0 'model weights take X GiB'",
+    "v0_profile_activation_bytes": "bytes; V0 'PyTorch activation peak memory takes X GiB'",
+    "v0_profile_non_torch_bytes": "bytes; V0 'non_torch_memory takes X GiB'",
+    "v0_profile_line": "int; its line",
+    "no_kv_memory": "bool; 'No available memory for the cache blocks' logged",
+    "no_kv_memory_line": "int; its line",
+    "mml_error": "bool; V1 'To serve at least one request with the model's max seq len' or V0 'max seq len … larger than … KV cache'",
+    "mml_error_line": "int; its line",
+    "mml_error_max_model_len": "tokens; the max seq len in that message",
+    "mml_error_needed_bytes": "bytes; KV needed for one request (V1 message)",
+    "mml_error_available_bytes": "bytes; available KV memory (V1 message)",
+    "mml_error_estimate": "tokens; 'the estimated maximum model length is N' (V1)",
+    "mml_error_kv_tokens": "tokens; V0 'maximum number of tokens that can be stored in KV cache (N)'",
+    "free_below_util": "bool; 'Free memory on device … is less than desired GPU memory utilization' logged",
+    "fbu_line": "int; its line",
+    "fbu_free_bytes": "bytes; free memory at startup from that line",
+    "fbu_total_bytes": "bytes; total from that line",
+    "fbu_gmu": "fraction; the requested gmu from that line",
+    "invalid_kv_dtype": "bool; 'Invalid kv_cache_dtype' logged, or --kv-cache-dtype not valid for the version",
+    "invalid_kv_dtype_value": "str; the rejected value",
+    "invalid_kv_dtype_line": "int; log line (None when from the launch command)",
+    "suggested_kv_dtype": "str; nearest valid --kv-cache-dtype for the version",
+    "sampler_oom": "bool; 'CUDA out of memory occurred when warming up sampler with N dummy requests'",
+    "sampler_oom_requests": "int; N",
+    "sampler_oom_line": "int; its line",
+    "graph_capture_bytes": "bytes; 'Graph capturing finished … took X GiB' (largest over workers)",
+    # --- log: OOMs (PyTorch 'CUDA out of memory', every form)
+    "oom_count": "int; distinct CUDA OOMs in the log",
+    "oom_phases": "list[str]; their phases (weight_loading, profile_run, cuda_graph_capture, sampler_warmup, kv_cache_init, runtime, startup)",
+    "oom_line": "int; line of the last OOM",
+    "oom_phase": "str; phase of the last OOM",
+    "oom_requested_bytes": "bytes; 'Tried to allocate X'",
+    "oom_free_bytes": "bytes; 'of which X is free' (legacy: 'X free')",
+    "oom_total_bytes": "bytes; 'total capacity of X'",
+    "oom_reserved_unallocated_bytes": "bytes; 'X is reserved by PyTorch but unallocated' (legacy: reserved − allocated)",
+    "oom_gpu": "int; 'GPU N'",
+    "weight_loading_oom": "bool; an OOM while loading weights (or 'Failed to load model - not enough GPU memory')",
+    "graph_capture_oom": "bool; an OOM during CUDA graph capture",
+    "runtime_oom": "bool; an OOM after the engine was serving",
+    "engine_failed": "bool; the engine failed to start or died ('EngineCore failed to start', 'Engine core initialization failed', EngineDeadError)",
+    "startup_failed": "bool; any evidence the engine did not come up: engine_failed, a startup-phase OOM, a KV/memory check error, an invalid flag",
+    # --- log: periodic stats lines (percent → fraction)
+    "log_stats_count": "int; periodic stats lines",
+    "log_kv_usage_max": "fraction; largest 'GPU KV cache usage' in the stats lines",
+    "log_waiting_max": "int; largest Waiting/Pending",
+    "log_running_last": "int; last Running",
+    "log_running_first": "int; first Running",
+    "log_gen_throughput_max": "tokens/s; largest 'Avg generation throughput'",
+    "log_preemptions_sum": "int; Σ 'Preemptions: N' in stats lines (≥0.12) + V0 preemption warnings",
+    # --- metrics (latest scrape) and windowed timeline
+    "metrics_present": "bool; a /metrics page was read",
+    "stats_enabled": "bool; vllm:* metrics present (False with --disable-log-stats)",
+    "kv_usage": "fraction; vllm:kv_cache_usage_perc (or gpu_cache_usage_perc), latest",
+    "kv_usage_max": "fraction; largest KV usage in the window (metrics, else stats lines)",
+    "kv_usage_min": "fraction; smallest KV usage in the window",
+    "running": "requests; vllm:num_requests_running, latest",
+    "waiting": "requests; vllm:num_requests_waiting, latest",
+    "waiting_max": "requests; largest waiting in the window (metrics or stats lines)",
+    "running_trend": "requests; last − first running in the window",
+    "waiting_trend": "requests; last − first waiting in the window",
+    "window_seconds": "seconds; span of the metrics window (0 for one scrape)",
+    "preemptions_per_min": "per minute; rate(vllm:num_preemptions_total) over the window",
+    "preemptions_in_window": "count; increase of vllm:num_preemptions_total over the window",
+    "prompt_tokens_per_s": "tokens/s; rate(vllm:prompt_tokens_total)",
+    "generation_tokens_per_s": "tokens/s; rate(vllm:generation_tokens_total)",
+    "requests_per_s": "requests/s; rate(vllm:request_success_total)",
+    "traffic": "bool; requests running/waiting or tokens flowing in the window (metrics or log)",
+    "prompt_p50": "tokens; median prompt length (vllm:request_prompt_tokens, window deltas, else lifetime)",
+    "prompt_p99": "tokens; p99 prompt length",
+    "prompt_max_bucket": "tokens; upper bound of the highest non-empty prompt-length bucket",
+    "generation_p50": "tokens; median generated length (vllm:request_generation_tokens)",
+    "prompt_hist_recent": "bool; the prompt quantiles come from window deltas (not lifetime)",
+    "cache_num_gpu_blocks": "blocks; vllm:cache_config_info num_gpu_blocks (includes the null block)",
+    "kv_capacity_tokens": "tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size",
+    # --- host
+    "engine_pids_known": "bool; the engine's own pids are known (live, ps.txt, or log prefixes)",
+}
+
+#: inputs a rule can need (``needs:`` in rules/*.yaml) → what provides them.
+INPUTS = {
+    "gpus": "nvidia-smi / NVML",
+    "metrics": "vLLM /metrics",
+    "timeline": "two or more /metrics scrapes",
+    "log": "vLLM log",
+    "config": "launch command or the log's args",
+    "model": "config.json",
+    "processes": "host process table (live or ps.txt)",
+}
+
+_VLLM_PROC_RE = re.compile(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
+
+
+@dataclass
+class EngineView:
+    """Per-engine inputs gathered from a snapshot before variables are computed."""
+
+    engine: Engine
+    series: list[EngineMetrics] = field(default_factory=list)
+
+
+def _last(events: list[LogEvent]) -> LogEvent | None:
+    return events[-1] if events else None
+
+
+def _run_start_lines(log: VllmLog) -> list[int]:
+    """Lines where a server (re)start begins: version / args lines of a new APIServer pid."""
+    starts: list[int] = []
+    seen_pid: int | None = None
+    for e in log.events:
+        if e.kind in ("version", "args"):
+            if e.kind == "version" or e.pid is None or e.pid != seen_pid:
+                if not starts or e.pid != seen_pid:
+                    starts.append(e.line)
+                seen_pid = e.pid
+    return starts
+
+
+def _pids_after(log: VllmLog, line: int) -> set[int]:
+    return {e.pid for e in log.events if e.pid is not None and e.line >= line}
+
+
+def _pids_before(log: VllmLog, line: int) -> set[int]:
+    return {e.pid for e in log.events if e.pid is not None and e.line < line}
+
+
+def _is_vllm_process(name: str) -> bool:
+    return bool(_VLLM_PROC_RE.search(name or ""))
+
+
+def _visible(snapshot: Snapshot) -> list[Gpu]:
+    from kvdoctor.sources.env import visible_devices
+
+    gpus = snapshot.gpus
+    vis = visible_devices(snapshot.env) if snapshot.env else None
+    if vis is not None:
+        chosen = [g for g in gpus if g.index in vis]
+        if chosen:
+            return chosen
+    return gpus
+
+
+def _engine_gpus(snapshot: Snapshot, engine: Engine, engine_pids: set[int], tp_pp: int) -> list[Gpu]:
+    """Which GPUs an engine uses: where its pids hold memory, else the first tp×pp visible GPUs."""
+    visible = _visible(snapshot)
+    if engine.gpus:
+        got = [g for g in visible if g.index in engine.gpus]
+        if got:
+            return got
+    if engine_pids:
+        got = [g for g in visible if any(p.pid in engine_pids for p in g.processes)]
+        if got:
+            return got
+    return visible[: max(1, tp_pp)]
+
+
+def _desc(items: list[tuple[GpuProcess, int]]) -> str:
+    from kvdoctor.units import fmt_bytes
+
+    parts = []
+    for proc, idx in items:
+        parts.append(f"pid {proc.pid} ({proc.name or '?'}) {fmt_bytes(proc.used_bytes)} on GPU {idx}")
+    return ", ".join(parts)
+
+
+def _series_for(snapshots: list[Snapshot], engine_label: str | None) -> list[EngineMetrics]:
+    out: list[EngineMetrics] = []
+    for snap in snapshots:
+        pick: EngineMetrics | None = None
+        for m in snap.metrics:
+            if engine_label is None or m.engine == engine_label:
+                pick = m
+                break
+        if pick is None and snap.metrics:
+            pick = snap.metrics[0]
+        if pick is not None:
+            if pick.timestamp is None:
+                pick.timestamp = snap.timestamp
+            out.append(pick)
+    return out
+
+
+def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engine]:
+    """Engines from launch commands, the log's args and /metrics (cache_config_info).
+
+    One engine per launch command; with no command but a log or metrics, one engine built from
+    those. Fields the user set on the command line win; the log's args fill the rest; then
+    ``vllm:cache_config_info`` labels; then vLLM's defaults for the detected version.
+    """
+    from kvdoctor.sources.cmdline import update_config_from_args
+    from kvdoctor.vllm_flags import apply_defaults
+
+    log = snapshot.log
+    version = log.vllm_version if log else None
+    cfgs = list(configs)
+    if not cfgs and (log is not None and (log.args or log.events) or snapshot.metrics):
+        cfgs = [EngineConfig()]
+    engines: list[Engine] = []
+    for i, cfg in enumerate(cfgs):
+        if log is not None and log.args and i == 0:
+            args = {k: v for k, v in log.args.items() if not k.startswith("_")}
+            explicit_keys = set(log.args.get("_explicit", []) or [])
+            fill = {k: v for k, v in args.items() if k not in cfg.explicit}
+            tmp = EngineConfig()
+            update_config_from_args(tmp, {k: v for k, v in fill.items() if k in explicit_keys}, explicit=True)
+            update_config_from_args(tmp, {k: v for k, v in fill.items() if k not in explicit_keys}, explicit=False)
+            for name in vars(tmp):
+                if name in ("explicit", "args", "command"):
+                    continue
+                if name in cfg.explicit:
+                    continue
+                if name in tmp.explicit or (name in fill or _field_from_args(name, fill)):
+                    val = getattr(tmp, name)
+                    if val is not None:
+                        setattr(cfg, name, val)
+            cfg.explicit |= tmp.explicit
+        if snapshot.metrics and i == 0:
+            cc = snapshot.metrics[-1].cache_config
+            _fill_from_cache_config(cfg, cc)
+        if version and not cfg.vllm_version:
+            cfg.vllm_version = version
+        apply_defaults(cfg, cfg.vllm_version)
+        name = cfg.served_model_name or cfg.model or (snapshot.metrics[0].model_name if snapshot.metrics else None)
+        engines.append(Engine(id=name or f"engine{i}", config=cfg))
+    return engines
+
+
+def _field_from_args(name: str, args: dict[str, Any]) -> bool:
+    aliases = {"max_model_len": ("max_seq_len",), "gpu_memory_utilization": ("gpu_memory_utilization",)}
+    return any(a in args for a in aliases.get(name, ()))
+
+
+def _fill_from_cache_config(cfg: EngineConfig, cc: dict[str, str]) -> None:
+    def num(key: str) -> float | None:
+        v = cc.get(key)
+        try:
+            return float(v) if v not in (None, "None", "") else None
+        except ValueError:
+            return None
+
+    if "block_size" not in cfg.explicit and num("block_size") is not None:
+        cfg.block_size = int(num("block_size") or 16)
+    if "gpu_memory_utilization" not in cfg.explicit and num("gpu_memory_utilization") is not None:
+        cfg.gpu_memory_utilization = float(num("gpu_memory_utilization") or 0.0)
+        cfg.explicit.add("gpu_memory_utilization")  # the engine's real value, not a guess
+    dtype = cc.get("cache_dtype")
+    if dtype and "kv_cache_dtype" not in cfg.explicit:
+        cfg.kv_cache_dtype = dtype
+
+
+def build_contexts(
+    timeline: Timeline, configs: list[EngineConfig], *, window_s: float = 60.0
+) -> tuple[list[Engine], list[tuple[str | None, dict[str, Any], set[str]]], dict[str, dict[str, Any]]]:
+    """Engines, one (engine id, variables, inputs present) per engine, and per-engine KV facts
+    for the report (``num_gpu_blocks``, ``block_size``, ``capacity_tokens``, ``usage``).
+
+    A snapshot with no engine at all (only nvidia-smi, say) still gets one context, so GPU and
+    process rules run. Never raises for missing inputs: variables are None instead.
+    """
+    snapshot = timeline.latest or Snapshot()
+    engines = build_engines(snapshot, configs)
+    snapshot.engines = engines
+    contexts: list[tuple[str | None, dict[str, Any], set[str]]] = []
+    kv_report: dict[str, dict[str, Any]] = {}
+    targets: list[Engine | None] = list(engines) or [None]
+    for idx, eng in enumerate(targets):
+        label = None
+        if snapshot.metrics and len({m.engine for m in snapshot.metrics}) > 1:
+            label = "0"
+        series = _series_for(timeline.snapshots, label) if idx == 0 else []
+        variables, inputs = _variables(snapshot, eng, series, window_s)
+        contexts.append((eng.id if eng else None, variables, inputs))
+        if eng is not None:
+            kv_report[eng.id] = {
+                "num_gpu_blocks": variables.get("cache_num_gpu_blocks") or variables.get("log_num_gpu_blocks"),
+                "block_size": variables.get("block_size"),
+                "capacity_tokens": variables.get("kv_capacity_tokens"),
+                "usage": variables.get("kv_usage"),
+            }
+            eng.gpus = list(variables.get("engine_gpus") or [])
+    return engines, contexts, kv_report
+
+
+def _variables(
+    snapshot: Snapshot, engine: Engine | None, series: list[EngineMetrics], window_s: float
+) -> tuple[dict[str, Any], set[str]]:
+    v: dict[str, Any] = dict.fromkeys(VARIABLES)
+    inputs: set[str] = set()
+    log = snapshot.log
+    cfg = engine.config if engine else EngineConfig()
+    arch = snapshot.model
+
+    if snapshot.gpus:
+        inputs.add("gpus")
+    if series:
+        inputs.add("metrics")
+    if len(series) >= 2:
+        inputs.add("timeline")
+    if log is not None and log.events:
+        inputs.add("log")
+    if engine is not None and (cfg.explicit or cfg.model or cfg.command):
+        inputs.add("config")
+    if arch is not None:
+        inputs.add("model")
+    if snapshot.process_table_known:
+        inputs.add("processes")
+
+    _config_vars(v, engine, cfg, log, arch)
+    engine_pids = _engine_pids(snapshot, log)
+    v["engine_pids_known"] = bool(engine_pids)
+    _gpu_vars(v, snapshot, engine, engine_pids)
+    _model_vars(v, cfg, arch, log)
+    if log is not None:
+        _log_vars(v, log, cfg)
+    _metrics_vars(v, series, window_s)
+    _combined_vars(v, cfg, log)
+    return v, inputs
+
+
+def _config_vars(v: dict[str, Any], engine: Engine | None, cfg: EngineConfig, log: VllmLog | None, arch: ModelArch | None) -> None:
+    v["engine_id"] = engine.id if engine else None
+    v["model_name"] = cfg.served_model_name or cfg.model
+    v["vllm_version"] = cfg.vllm_version or (log.vllm_version if log else None)
+    v["engine_generation"] = log.engine_generation if log else None
+    v["tp"] = cfg.tensor_parallel_size or 1
+    v["pp"] = cfg.pipeline_parallel_size or 1
+    v["tp_pp"] = v["tp"] * v["pp"]
+    v["gmu"] = cfg.gpu_memory_utilization
+    v["gmu_explicit"] = "gpu_memory_utilization" in cfg.explicit
+    mml = cfg.max_model_len
+    if mml is None and log is not None:
+        ev = log.last("max_model_len_used")
+        if ev is not None:
+            mml = ev.values.get("max_model_len")
+    if (mml is None or mml <= 0) and arch is not None:
+        mml = arch.max_position_embeddings
+    v["max_model_len"] = mml
+    v["max_num_seqs"] = cfg.max_num_seqs
+    mnbt = cfg.max_num_batched_tokens
+    if mnbt is None and log is not None:
+        ev = log.last("chunked_prefill")
+        if ev is not None:
+            mnbt = ev.values.get("max_num_batched_tokens")
+    v["max_num_batched_tokens"] = mnbt
+    v["kv_cache_dtype"] = cfg.kv_cache_dtype or "auto"
+    v["block_size"] = cfg.block_size or 16
+    v["enforce_eager"] = bool(cfg.enforce_eager)
+    v["num_gpu_blocks_override"] = cfg.num_gpu_blocks_override
+    task = (cfg.task or "").lower()
+    v["is_pooling"] = task in ("embed", "embedding", "pooling", "score", "classify", "reward")
+
+
+def _engine_pids(snapshot: Snapshot, log: VllmLog | None) -> set[int]:
+    """Pids that belong to the current engine: live vLLM processes, or the log's latest run."""
+    pids: set[int] = set()
+    for p in snapshot.processes:
+        if p.vllm_role is not None:
+            pids.add(p.pid)
+    if log is not None:
+        starts = _run_start_lines(log)
+        pids |= _pids_after(log, starts[-1] if starts else 0)
+    return pids
+
+
+def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engine_pids: set[int]) -> None:
+    visible = _visible(snapshot)
+    v["gpu_count"] = len(visible) if visible else None
+    if not visible:
+        return
+    egpus = _engine_gpus(snapshot, engine, engine_pids, v["tp_pp"]) if engine is not None else visible
+    v["engine_gpus"] = [g.index for g in egpus]
+    v["gpu_name"] = egpus[0].name if egpus else None
+    totals = [g.memory_total_bytes for g in egpus if g.memory_total_bytes]
+    used = [g.memory_used_bytes for g in egpus if g.memory_used_bytes is not None]
+    free = [g.memory_free_bytes for g in egpus if g.memory_free_bytes is not None]
+    utils = [g.utilization_gpu for g in egpus if g.utilization_gpu is not None]
+    v["gpu_total_bytes"] = min(totals) if totals else None
+    v["gpu_used_bytes"] = max(used) if used else None
+    if v["gpu_total_bytes"] and v["gpu_used_bytes"] is not None:
+        v["gpu_used_fraction"] = v["gpu_used_bytes"] / v["gpu_total_bytes"]
+    v["gpu_free_bytes"] = min(free) if free else None
+    v["gpu_util"] = max(utils) if utils else None
+    v["gpu_util_known"] = bool(utils)
+    empty = [g.index for g in visible if (g.memory_used_bytes or 0) < GiB and not g.processes]
+    v["empty_gpus"], v["empty_gpu_count"] = empty, len(empty)
+    full = [
+        g.index
+        for g in visible
+        if g.memory_total_bytes and g.memory_used_bytes is not None and g.memory_used_bytes >= 0.95 * g.memory_total_bytes
+    ]
+    v["full_gpus"], v["full_gpu_count"] = full, len(full)
+    v["gpu_mig"] = any(g.mig_enabled for g in egpus)
+    slow = ("thermal", "power", "hw_slowdown", "slowdown")
+    v["throttle_reasons"] = sorted({r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)})
+    if len(egpus) > 1 and all(g.memory_used_bytes is not None for g in egpus):
+        heavy = max(egpus, key=lambda g: g.memory_used_bytes or 0)
+        light = min(egpus, key=lambda g: g.memory_used_bytes or 0)
+        v["rank_spread_bytes"] = (heavy.memory_used_bytes or 0) - (light.memory_used_bytes or 0)
+        v["rank_heavy_gpu"] = heavy.index
+    if totals:
+        v["engine_gpu_total_min_bytes"], v["engine_gpu_total_max_bytes"] = min(totals), max(totals)
+    for g in visible:
+        holders = [p for p in g.processes if _is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB]
+        if len(holders) >= 2:
+            v["stacked_gpu"] = g.index
+            v["stacked_pids"] = [p.pid for p in holders]
+            v["stacked_desc"] = _desc([(p, g.index) for p in holders])
+            break
+
+    # Foreign and orphaned processes.
+    log = snapshot.log
+    starts = _run_start_lines(log) if log is not None else []
+    old_pids = _pids_before(log, starts[-1]) if (log is not None and len(starts) > 1) else set()
+    live = {p.pid for p in snapshot.processes} if snapshot.process_table_known else None
+    servers_alive = any(p.vllm_role == "api_server" for p in snapshot.processes) if snapshot.process_table_known else None
+    foreign: list[tuple[GpuProcess, int]] = []
+    orphans: list[tuple[GpuProcess, int]] = []
+    reasons: set[str] = set()
+    startup_refused = log is not None and log.last("free_memory_below_util") is not None
+    egpu_idx = set(v["engine_gpus"] or [])
+    for g in visible:
+        for p in g.processes:
+            vllm_like = _is_vllm_process(p.name)
+            if vllm_like and p.pid not in engine_pids:
+                if live is not None and p.pid not in live:
+                    orphans.append((p, g.index))
+                    reasons.add("its pid is not in the host's process table")
+                    continue
+                if p.pid in old_pids:
+                    orphans.append((p, g.index))
+                    reasons.add("it belongs to an earlier run in the log; the server was restarted since")
+                    continue
+                if servers_alive is False:
+                    orphans.append((p, g.index))
+                    reasons.add("no vLLM API server is running")
+                    continue
+            # Without the engine's own pids a process can only be called foreign when the engine
+            # never got to allocate anything (it failed the startup free-memory check).
+            if g.index in egpu_idx and p.pid not in engine_pids and not vllm_like and (engine_pids or startup_refused):
+                foreign.append((p, g.index))
+    v["foreign_pids"] = [p.pid for p, _ in foreign]
+    v["foreign_bytes"] = sum(p.used_bytes or 0 for p, _ in foreign)
+    v["foreign_desc"] = _desc(foreign) if foreign else None
+    v["orphan_pids"] = [p.pid for p, _ in orphans]
+    v["orphan_bytes"] = sum(p.used_bytes or 0 for p, _ in orphans)
+    v["orphan_gpus"] = sorted({i for _, i in orphans})
+    v["orphan_desc"] = _desc(orphans) if orphans else None
+    v["orphan_reason"] = "; ".join(sorted(reasons)) if reasons else None
+    cpus = [p.cpu_percent for p in snapshot.processes if p.vllm_role and p.cpu_percent is not None]
+    v["engine_cpu_percent"] = max(cpus) if cpus else None
+
+
+def _model_vars(v: dict[str, Any], cfg: EngineConfig, arch: ModelArch | None, log: VllmLog | None) -> None:
+    from kvdoctor import kvmath
+
+    logged = None
+    if log is not None:
+        loads = log.of("model_loading")
+        if loads:
+            logged = max(e.values.get("weights_bytes") or 0 for e in loads) or None
+    v["weights_logged_bytes"] = logged
+    v["model_known"] = arch is not None
+    v["arch"] = arch
+    if logged:
+        v["weights_bytes"] = logged * v["tp_pp"]
+    if arch is None:
+        return
+    v["num_attention_heads"] = arch.num_attention_heads
+    v["num_kv_heads"] = arch.num_key_value_heads
+    try:
+        if v["weights_bytes"] is None:
+            v["weights_bytes"] = kvmath.weights_bytes(arch, dtype=cfg.dtype, quantization=cfg.quantization)
+        v["kv_bytes_per_token"] = kvmath.kv_bytes_per_token(
+            arch, tensor_parallel_size=v["tp"], pipeline_parallel_size=v["pp"], kv_cache_dtype=_valid_dtype(v["kv_cache_dtype"])
+        )
+        v["kv_bytes_per_token_fp8"] = kvmath.kv_bytes_per_token(
+            arch, tensor_parallel_size=v["tp"], pipeline_parallel_size=v["pp"], kv_cache_dtype="fp8"
+        )
+    except (ValueError, ZeroDivisionError, KeyError, TypeError):
+        pass
+
+
+def _valid_dtype(dtype: str) -> str:
+    from kvdoctor.vllm_flags import valid_kv_cache_dtypes
+
+    return dtype if dtype in valid_kv_cache_dtypes(None) else "auto"
+
+
+def _log_vars(v: dict[str, Any], log: VllmLog, cfg: EngineConfig) -> None:
+    avail = log.of("available_kv_memory")
+    if avail:
+        low = min(avail, key=lambda e: e.values.get("bytes") or 0)
+        v["log_available_kv_bytes"], v["log_available_kv_line"] = low.values.get("bytes"), low.line
+    size = log.last("kv_cache_size")
+    blocks = log.last("v0_blocks")
+    if blocks is not None:
+        v["log_num_gpu_blocks"] = blocks.values.get("gpu_blocks")
+    if size is not None:
+        v["log_kv_tokens"], v["log_kv_line"] = size.values.get("tokens"), size.line
+    elif blocks is not None and blocks.values.get("gpu_blocks") is not None:
+        v["log_kv_tokens"] = int(blocks.values["gpu_blocks"]) * int(v["block_size"] or 16)
+        v["log_kv_line"] = blocks.line
+    prof = log.last("memory_profile_v0")
+    if prof is not None:
+        pv = prof.values
+        v["v0_profile_kv_bytes"] = pv.get("kv_bytes")
+        v["v0_profile_total_bytes"] = pv.get("total_bytes")
+        v["v0_profile_weights_bytes"] = pv.get("weights_bytes")
+        v["v0_profile_activation_bytes"] = pv.get("activation_peak_bytes")
+        v["v0_profile_non_torch_bytes"] = pv.get("non_torch_bytes")
+        v["v0_profile_line"] = prof.line
+    nok = log.last("no_available_kv_memory")
+    v["no_kv_memory"] = nok is not None
+    v["no_kv_memory_line"] = nok.line if nok else None
+    mml = log.last("max_seq_len_exceeds_kv")
+    mml0 = log.last("v0_max_seq_len_exceeds_kv")
+    if mml is not None:
+        mv = mml.values
+        v["mml_error"], v["mml_error_line"] = True, mml.line
+        v["mml_error_max_model_len"] = mv.get("max_model_len")
+        v["mml_error_needed_bytes"] = mv.get("needed_bytes")
+        v["mml_error_available_bytes"] = mv.get("available_bytes")
+        v["mml_error_estimate"] = mv.get("estimated_max_len")
+    elif mml0 is not None:
+        v["mml_error"], v["mml_error_line"] = True, mml0.line
+        v["mml_error_max_model_len"] = mml0.values.get("max_model_len")
+        v["mml_error_kv_tokens"] = mml0.values.get("kv_tokens")
+    else:
+        v["mml_error"] = False
+    fbu = log.last("free_memory_below_util")
+    v["free_below_util"] = fbu is not None
+    if fbu is not None:
+        fv = fbu.values
+        v["fbu_line"], v["fbu_free_bytes"], v["fbu_total_bytes"], v["fbu_gmu"] = (
+            fbu.line,
+            fv.get("free_bytes"),
+            fv.get("total_bytes"),
+            fv.get("gmu"),
+        )
+    inv = log.last("invalid_kv_cache_dtype")
+    if inv is not None:
+        v["invalid_kv_dtype"] = True
+        v["invalid_kv_dtype_value"] = inv.values.get("value")
+        v["invalid_kv_dtype_line"] = inv.line
+    so = log.last("sampler_warmup_oom")
+    v["sampler_oom"] = so is not None
+    if so is not None:
+        v["sampler_oom_requests"], v["sampler_oom_line"] = so.values.get("num_requests"), so.line
+    caps = log.of("graph_capture_done")
+    if caps:
+        v["graph_capture_bytes"] = max(e.values.get("bytes") or 0 for e in caps)
+    ooms = log.of("cuda_oom")
+    v["oom_count"] = len(ooms)
+    v["oom_phases"] = [e.values.get("phase") for e in ooms]
+    if ooms:
+        last = ooms[-1].values
+        v["oom_line"], v["oom_phase"] = ooms[-1].line, last.get("phase")
+        v["oom_requested_bytes"] = last.get("requested_bytes")
+        v["oom_free_bytes"] = last.get("free_bytes")
+        v["oom_total_bytes"] = last.get("total_bytes")
+        v["oom_reserved_unallocated_bytes"] = last.get("reserved_unallocated_bytes")
+        v["oom_gpu"] = last.get("gpu")
+    phases = set(v["oom_phases"])
+    v["weight_loading_oom"] = "weight_loading" in phases or bool(log.of("load_model_oom"))
+    v["graph_capture_oom"] = "cuda_graph_capture" in phases
+    v["runtime_oom"] = "runtime" in phases
+    v["engine_failed"] = bool(log.of("engine_failed"))
+    startup_ooms = [p for p in v["oom_phases"] if p not in ("runtime", None)]
+    v["startup_failed"] = bool(
+        v["engine_failed"]
+        or startup_ooms
+        or v["weight_loading_oom"]
+        or v["sampler_oom"]
+        or v["mml_error"]
+        or v["no_kv_memory"]
+        or v["free_below_util"]
+        or inv is not None
+        or log.of("profiling_assertion")
+    )
+    # Only the latest run's stats lines describe the present: a restart or crash after them
+    # makes them history.
+    starts = _run_start_lines(log)
+    first_line = starts[-1] if starts else 0
+    stats = [e for e in log.of("stats") if e.line >= first_line]
+    v["log_stats_count"] = len(stats)
+    if stats:
+        kvs = [e.values.get("kv_usage") for e in stats if e.values.get("kv_usage") is not None]
+        waits = [(e.values.get("waiting") or 0) + (e.values.get("pending") or 0) for e in stats]
+        runs = [e.values.get("running") for e in stats if e.values.get("running") is not None]
+        gens = [e.values.get("generation_throughput") or 0 for e in stats]
+        v["log_kv_usage_max"] = max(kvs) if kvs else None
+        v["log_waiting_max"] = max(waits) if waits else None
+        v["log_running_first"] = runs[0] if runs else None
+        v["log_running_last"] = runs[-1] if runs else None
+        v["log_gen_throughput_max"] = max(gens) if gens else None
+    pre = sum(int(e.values.get("preemptions") or 0) for e in stats) + len(
+        [e for e in log.of("preempted_v0") if e.line >= first_line]
+    )
+    v["log_preemptions_sum"] = pre
+
+
+def _metrics_vars(v: dict[str, Any], series: list[EngineMetrics], window_s: float) -> None:
+    from kvdoctor import timeline as tl
+
+    v["metrics_present"] = bool(series)
+    if not series:
+        return
+    latest = series[-1]
+    v["stats_enabled"] = latest.stats_enabled
+    v["kv_usage"] = latest.kv_cache_usage
+    v["running"] = latest.num_requests_running
+    v["waiting"] = latest.num_requests_waiting
+    win = tl.window(series, window_s)
+    ts = [m.timestamp for m in win if m.timestamp is not None]
+    v["window_seconds"] = (max(ts) - min(ts)) if len(ts) >= 2 else 0.0
+    kv = tl.gauge_stats(series, "kv_cache_usage", window_s)
+    if kv is not None:
+        v["kv_usage_max"], v["kv_usage_min"] = kv.max, kv.min
+    wt = tl.gauge_stats(series, "num_requests_waiting", window_s)
+    if wt is not None:
+        v["waiting_max"], v["waiting_trend"] = wt.max, wt.last - wt.first
+    rn = tl.gauge_stats(series, "num_requests_running", window_s)
+    if rn is not None:
+        v["running_trend"] = rn.last - rn.first
+    rate = tl.counter_rate(series, "num_preemptions_total", window_s)
+    v["preemptions_per_min"] = rate * 60 if rate is not None else None
+    v["preemptions_in_window"] = tl.counter_increase(series, "num_preemptions_total", window_s)
+    v["prompt_tokens_per_s"] = tl.counter_rate(series, "prompt_tokens_total", window_s)
+    v["generation_tokens_per_s"] = tl.counter_rate(series, "generation_tokens_total", window_s)
+    v["requests_per_s"] = tl.counter_rate(series, "request_success_total", window_s)
+    hist = tl.histogram_delta(series, "vllm:request_prompt_tokens", window_s)
+    v["prompt_hist_recent"] = hist is not None and hist.count > 0
+    if hist is None or hist.count <= 0:
+        hist = tl.histogram_latest(series, "vllm:request_prompt_tokens")
+    if hist is not None and hist.count > 0:
+        v["prompt_p50"] = tl.histogram_quantile(hist, 0.5)
+        v["prompt_p99"] = tl.histogram_quantile(hist, 0.99)
+        v["prompt_max_bucket"] = tl.histogram_max_bucket(hist)
+    gh = tl.histogram_delta(series, "vllm:request_generation_tokens", window_s)
+    if gh is None or gh.count <= 0:
+        gh = tl.histogram_latest(series, "vllm:request_generation_tokens")
+    if gh is not None and gh.count > 0:
+        v["generation_p50"] = tl.histogram_quantile(gh, 0.5)
+    cc = latest.cache_config
+    blocks = _num(cc.get("num_gpu_blocks"))
+    v["cache_num_gpu_blocks"] = int(blocks) if blocks is not None else None
+    tokens = _num(cc.get("kv_cache_size_tokens"))
+    bs = _num(cc.get("block_size")) or v["block_size"] or 16
+    if tokens is not None:
+        v["kv_capacity_tokens"] = int(tokens)
+    elif blocks is not None:
+        v["kv_capacity_tokens"] = int(blocks * bs)
+
+
+def _num(s: str | None) -> float | None:
+    if s in (None, "", "None"):
+        return None
+    try:
+        return float(s)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+def _combined_vars(v: dict[str, Any], cfg: EngineConfig, log: VllmLog | None) -> None:
+    from kvdoctor.vllm_flags import nearest_valid_kv_cache_dtype, valid_kv_cache_dtypes
+
+    # The KV usage and queue: metrics first, the log's stats lines otherwise.
+    if v["kv_usage_max"] is None:
+        v["kv_usage_max"] = v["log_kv_usage_max"] if v["log_kv_usage_max"] is not None else v["kv_usage"]
+    if v["waiting_max"] is None:
+        v["waiting_max"] = v["log_waiting_max"] if v["log_waiting_max"] is not None else v["waiting"]
+    if v["running_trend"] is None and v["log_running_first"] is not None and v["log_running_last"] is not None:
+        v["running_trend"] = v["log_running_last"] - v["log_running_first"]
+    if v["kv_capacity_tokens"] is None and v["log_kv_tokens"] is not None:
+        v["kv_capacity_tokens"] = v["log_kv_tokens"]
+    tokens_flowing = any((x or 0) > 0 for x in (v["prompt_tokens_per_s"], v["generation_tokens_per_s"], v["requests_per_s"]))
+    busy = (v["running"] or 0) > 0 or (v["waiting"] or 0) > 0 or (v["waiting_max"] or 0) > 0
+    log_busy = (v["log_gen_throughput_max"] or 0) > 0 or (v["log_running_last"] or 0) > 0
+    v["traffic"] = bool(tokens_flowing or busy or log_busy)
+    # vLLM's device default for max_num_seqs (vllm-facts §4.2) when not set.
+    if v["max_num_seqs"] is not None:
+        v["max_num_seqs_effective"] = v["max_num_seqs"]
+    elif v["gpu_total_bytes"]:
+        big = v["gpu_total_bytes"] >= 70 * GiB and "A100" not in (v["gpu_name"] or "")
+        v["max_num_seqs_effective"] = 1024 if big and (v["vllm_version"] is None or _ver(v["vllm_version"]) >= (0, 10)) else 256
+    else:
+        v["max_num_seqs_effective"] = 256
+    # Launch-time validity of --kv-cache-dtype for the version.
+    dtype = cfg.kv_cache_dtype or "auto"
+    if not v["invalid_kv_dtype"]:
+        valid = valid_kv_cache_dtypes(v["vllm_version"])
+        v["invalid_kv_dtype"] = dtype not in valid
+        if v["invalid_kv_dtype"]:
+            v["invalid_kv_dtype_value"] = dtype
+    from kvdoctor import catalog
+
+    try:
+        spec = catalog.gpu(v["gpu_name"]) if v["gpu_name"] else None
+    except (KeyError, ValueError):
+        spec = None
+    v["fp8_supported"] = spec.fp8 if spec is not None else None
+    if not v["invalid_kv_dtype"] and dtype.startswith("fp8") and v["fp8_supported"] is False:
+        v["invalid_kv_dtype"], v["invalid_kv_dtype_value"] = True, dtype
+        v["suggested_kv_dtype"] = "auto"
+    elif v["invalid_kv_dtype"] and v["invalid_kv_dtype_value"]:
+        v["suggested_kv_dtype"] = nearest_valid_kv_cache_dtype(str(v["invalid_kv_dtype_value"]), v["vllm_version"])
+
+
+def _ver(s: str) -> tuple[int, ...]:
+    out = []
+    for part in re.findall(r"\d+", s)[:3]:
+        out.append(int(part))
+    return tuple(out)
