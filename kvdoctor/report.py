@@ -281,12 +281,12 @@ def _finding_panel(f: Finding) -> Panel:
             table.add_row(Text(e.fact), Text(e.value), Text(e.source))
         parts.append(Text(""))
         parts.append(table)
-    scope = [f.rule]
+    scope = []
     if f.engine:
         scope.append(f"engine {f.engine}")
     if f.gpus:
         scope.append("GPU " + ",".join(str(g) for g in f.gpus))
-    footer = Text(" · ".join(scope) + " · ", style="dim")
+    footer = Text("".join(s + " · " for s in scope), style="dim")
     footer.append(f.docs, style="italic")
     parts.append(Text(""))
     parts.append(footer)

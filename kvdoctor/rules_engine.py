@@ -66,8 +66,8 @@ def coalesce(*values: Any) -> Any:
     return None
 
 
-#: Functions callable from rule expressions. ``kvdoctor.derive`` adds the KV arithmetic ones
-#: with :func:`register_function` at import time (before rules are loaded with its catalogue).
+#: Functions callable from rule expressions; the KV arithmetic ones come from
+#: ``kvdoctor.rule_functions`` (kvmath wrappers), merged below. More via :func:`register_function`.
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "min": min,
     "max": max,
@@ -89,6 +89,15 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "fmt_bytes": fmt_bytes,
     "coalesce": coalesce,
 }
+
+
+def _kv_functions() -> dict[str, Callable[..., Any]]:
+    from kvdoctor.rule_functions import RULE_FUNCTIONS
+
+    return RULE_FUNCTIONS
+
+
+FUNCTIONS.update(_kv_functions())
 
 #: Constants visible to every expression (a rule may write ``x * GiB``).
 CONSTANTS: dict[str, Any] = {"GiB": GiB, "MiB": MiB}
@@ -202,13 +211,15 @@ def load_yaml_with_lines(path: str | Path, display: str | None = None) -> Any:
         raw = Path(path).read_bytes()
     except OSError as err:
         raise RuleFileError(shown, None, f"cannot read: {err.strerror or err}") from None
+    if b"\x00" in raw:
+        raise RuleFileError(
+            shown, raw[: raw.index(b"\x00")].count(b"\n") + 1, "binary data (NUL byte), not YAML text"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise RuleFileError(shown, line, "not UTF-8 text") from None
-    if "\x00" in text:
-        raise RuleFileError(shown, text[: text.index("\x00")].count("\n") + 1, "binary data (NUL byte)")
     try:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as err:
