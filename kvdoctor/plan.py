@@ -239,7 +239,7 @@ def build_plan(
     else:
         weights_total = kvmath.weights_bytes(arch, dtype=dtype, quantization=quantization)
         weights_source = "config estimate"
-    common = dict(
+    common: dict[str, Any] = dict(
         block_size=block_size,
         gpu=gpu,
         total_bytes=total,
