@@ -79,7 +79,10 @@ class Sampler:
             procs = list_processes()
             snap.processes = procs
             snap.process_table_known = True
-            snap.sources.append(SourceStatus("processes", "psutil", "ok", f"{len(procs)} vLLM process(es)"))
+            if procs:
+                snap.sources.append(SourceStatus("processes", "psutil", "ok", f"{len(procs)} vLLM process(es)"))
+            else:
+                snap.sources.append(SourceStatus("processes", "psutil", "missing", "no vLLM server or engine process running"))
             return procs
         except Exception as e:
             snap.sources.append(SourceStatus("processes", "psutil", "error", f"psutil: {_one_line(e)}"))

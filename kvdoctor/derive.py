@@ -526,11 +526,11 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
             if vllm_like and p.pid not in engine_pids:
                 if live is not None and p.pid not in live:
                     orphans.append((p, g.index))
-                    reasons.add("its pid is not in the host's process table")
+                    reasons.add("their pids are not in the host's process table")
                     continue
                 if p.pid in old_pids:
                     orphans.append((p, g.index))
-                    reasons.add("it belongs to an earlier run in the log; the server was restarted since")
+                    reasons.add("their pids belong to an earlier run in the log and the server was restarted since")
                     continue
                 if servers_alive is False:
                     orphans.append((p, g.index))

@@ -113,6 +113,8 @@ def diagnose_command(
         if bundle is not None:
             loaded = load_bundle(bundle)
             timeline, configs = loaded.timeline, loaded.configs
+            if demo:
+                _relabel(timeline, str(bundle), f"demo:{DEMO_CASE}")
         elif any(files):
             # Offline artifacts; a URL among them is scraped once.
             art = Artifacts(
@@ -147,6 +149,13 @@ def diagnose_command(
     from kvdoctor.report import exit_code
 
     raise click.exceptions.Exit(exit_code(report))
+
+
+def _relabel(timeline: Any, prefix: str, label: str) -> None:
+    """Show the bundled demo's files as demo:CASE/FILE rather than a site-packages path."""
+    for s in timeline.latest.sources:
+        s.origin = s.origin.replace(prefix, label)
+        s.detail = s.detail.replace(prefix, label)
 
 
 def _scrape_once(url: str) -> tuple[tuple[str, float] | None, str]:
