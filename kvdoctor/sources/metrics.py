@@ -99,7 +99,7 @@ _ALL_VLLM_RE = re.compile(r"\n(vllm:[a-zA-Z0-9_:]*(?<!_created)[{ \t][^\n]*)")
 # line. Cleared when full, so memory stays bounded.
 _Parsed = tuple[str, dict[str, str], float]
 _LINE_CACHE: dict[str, _Parsed] = {}
-_LINE_CACHE_MAX = 20_000
+_LINE_CACHE_MAX = 8192
 
 
 @functools.lru_cache(maxsize=16)
@@ -123,36 +123,40 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None
     library stops at the first line it cannot read and gives no line number, so on failure each
     new line is parsed alone (error path only, once per line) and bad ones are dropped.
     """
-    out: list[_Parsed] = []
     cache = _LINE_CACHE
-    todo = [ln for ln in dict.fromkeys(lines) if ln not in cache]
+    # Work from a local map so a concurrent clear() (another sampler thread) loses nothing.
+    got: dict[str, _Parsed] = {}
+    todo: list[str] = []
+    for ln in dict.fromkeys(lines):
+        hit = cache.get(ln)
+        if hit is None:
+            todo.append(ln)
+        else:
+            got[ln] = hit
     bad_line, reason = None, ""
     if todo:
-        if len(cache) + len(todo) > _LINE_CACHE_MAX:
-            cache.clear()
         try:
             fams = list(text_string_to_metric_families("\n".join(todo)))
             if len(fams) != len(todo):
                 raise ValueError("line/sample mismatch")
             for ln, fam in zip(todo, fams, strict=True):
                 smp = fam.samples[0]
-                cache[ln] = (smp.name, smp.labels, float(smp.value))
+                got[ln] = (smp.name, smp.labels, float(smp.value))
         except Exception:  # noqa: BLE001 - the library raises ValueError, IndexError, …
             for ln in todo:
                 try:
                     fam = next(iter(text_string_to_metric_families(ln)))
                     smp = fam.samples[0]
-                    cache[ln] = (smp.name, smp.labels, float(smp.value))
+                    got[ln] = (smp.name, smp.labels, float(smp.value))
                 except Exception as exc:  # noqa: BLE001
                     if bad_line is None:
                         pos = text.find(ln)
                         bad_line = _line_no(text, pos) if pos >= 0 else None
                         reason = f"unparsable line ({type(exc).__name__}): {ln[:80]!r}"
-    for ln in lines:
-        parsed = cache.get(ln)
-        if parsed is not None:
-            out.append(parsed)
-    return out, bad_line, reason
+        if len(cache) + len(todo) > _LINE_CACHE_MAX:
+            cache.clear()
+        cache.update((ln, got[ln]) for ln in todo if ln in got)
+    return [got[ln] for ln in lines if ln in got], bad_line, reason
 
 
 def _line_no(text: str, pos: int) -> int:
@@ -411,7 +415,10 @@ def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -
     refused`` / ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text
     (Content-Type: text/html)``.
     """
-    target = _metrics_url(url)
+    try:
+        target = _metrics_url(url)
+    except ValueError as exc:
+        raise SourceError(f"GET {_redact_url(url)}: bad URL ({exc})") from None
     label = f"GET {_redact_url(target)}"
     own = client is None
     c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
@@ -420,7 +427,7 @@ def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -
         ts = time.time()
     except httpx.HTTPError as exc:
         raise _http_error(label, exc, timeout) from None
-    except ValueError as exc:  # malformed URL
+    except (httpx.InvalidURL, ValueError) as exc:  # malformed URL
         raise SourceError(f"{label}: bad URL ({exc})") from None
     finally:
         if own:
@@ -447,11 +454,15 @@ def probe_endpoints(
     "errors": ["GET …: why", …]}``; ``max_model_len`` is the effective one (after auto-fit).
     Never raises: a dead or protected endpoint only adds a line to ``errors``.
     """
+    result: dict[str, Any] = {"version": None, "models": [], "errors": []}
     if "://" not in base_url:
         base_url = "http://" + base_url
-    parts = urlsplit(base_url)
+    try:
+        parts = urlsplit(base_url)
+    except ValueError as exc:
+        result["errors"].append(f"{_redact_url(base_url)}: bad URL ({exc})")
+        return result
     root = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
-    result: dict[str, Any] = {"version": None, "models": [], "errors": []}
     own = client is None
     c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
     try:
@@ -461,9 +472,12 @@ def probe_endpoints(
                 resp = c.get(root + path, timeout=httpx.Timeout(timeout, connect=timeout))
             except httpx.HTTPError as exc:
                 result["errors"].append(str(_http_error(label, exc, timeout)))
-                if isinstance(exc, httpx.ConnectError):
-                    break  # nobody listens: the second request would fail the same way
+                if isinstance(exc, (httpx.ConnectError, httpx.UnsupportedProtocol)):
+                    break  # the second request would fail the same way
                 continue
+            except (httpx.InvalidURL, ValueError) as exc:
+                result["errors"].append(f"{label}: bad URL ({exc})")
+                break
             if resp.status_code != 200:
                 result["errors"].append(f"{label}: HTTP {resp.status_code} {resp.reason_phrase}".rstrip())
                 continue

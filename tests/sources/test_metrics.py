@@ -442,3 +442,12 @@ def test_probe_dead_endpoint_never_raises() -> None:
     info = probe_endpoints(f"http://127.0.0.1:{port}", timeout=1.0)
     assert info["version"] is None and info["models"] == []
     assert info["errors"] == [f"GET http://127.0.0.1:{port}/version: connection refused"]
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "ftp://127.0.0.1/metrics", "ht!tp://x"])
+def test_bad_urls_are_one_line_errors(url: str) -> None:
+    with pytest.raises(SourceError) as ei:
+        scrape(url, timeout=0.5)
+    assert str(ei.value).startswith("GET ") and "\n" not in str(ei.value)
+    info = probe_endpoints(url, timeout=0.5)
+    assert info["version"] is None and len(info["errors"]) == 1
