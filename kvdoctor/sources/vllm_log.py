@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import json
 import os
 import re
 from collections.abc import Callable
@@ -304,6 +305,11 @@ def _value(text: str) -> Any:
             return ast.literal_eval(t)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             pass
+        if t[0] in "[{":  # compilation_config etc. are printed as JSON (true/false/null)
+            try:
+                return json.loads(t)
+            except (ValueError, RecursionError):
+                pass
     if t == "true":
         return True
     if t == "false":
@@ -381,66 +387,68 @@ _RE = {
     "chunked": re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
     "max_len_used": re.compile(r"Using max model len (\d+)"),
     "model_loading": re.compile(
-        r"Model loading took (-?[\d.]+) ?(GiB|GB)(?: memory)? and ([\d.]+) ?s(?:ec(?:ond)?s?)?"
+        r"Model loading took (-?\d+(?:\.\d+)?) ?(GiB|GB)(?: memory)? and (\d+(?:\.\d+)?) ?s(?:ec(?:ond)?s?)?"
     ),
-    "v0_weights": re.compile(r"Loading model weights took (-?[\d.]+) ?(GiB|GB)"),
-    "v0_prof_1": re.compile(r"^Memory profiling takes ([\d.]+) seconds\.?\s*$"),
+    "v0_weights": re.compile(r"Loading model weights took (-?\d+(?:\.\d+)?) ?(GiB|GB)"),
+    "v0_prof_1": re.compile(r"^Memory profiling takes (\d+(?:\.\d+)?) seconds\.?\s*$"),
     "v0_prof_2": re.compile(
-        r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = (-?[\d.]+) ?GiB"
+        r"total_gpu_memory \((\d+(?:\.\d+)?) ?GiB\) x gpu_memory_utilization \((\d+(?:\.\d+)?)\) = (-?\d+(?:\.\d+)?) ?GiB"
     ),
     "v0_prof_3": re.compile(
-        r"model weights take (-?[\d.]+) ?GiB; non_torch_memory takes (-?[\d.]+) ?GiB; "
-        r"PyTorch activation peak memory takes (-?[\d.]+) ?GiB; "
-        r"the rest of the memory reserved for KV Cache is (-?[\d.]+) ?GiB"
+        r"model weights take (-?\d+(?:\.\d+)?) ?GiB; non_torch_memory takes (-?\d+(?:\.\d+)?) ?GiB; "
+        r"PyTorch activation peak memory takes (-?\d+(?:\.\d+)?) ?GiB; "
+        r"the rest of the memory reserved for KV Cache is (-?\d+(?:\.\d+)?) ?GiB"
     ),
     "v06_prof": re.compile(r"(?i)memory profiling results:(.*)$"),
-    "v06_field": re.compile(r"(\w+)=(-?[\d.]+) ?(GiB|GB)?", re.I),
-    "v1_prof": re.compile(r"Memory profiling takes ([\d.]+) seconds\. ?(.*)$"),
-    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]*?): (-?[\d.]+) ?GiB"),
+    "v06_field": re.compile(r"(\w+)=(-?\d+(?:\.\d+)?) ?(GiB|GB)?", re.I),
+    "v1_prof": re.compile(r"Memory profiling takes (\d+(?:\.\d+)?) seconds\. ?(.*)$"),
+    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]*?): (-?\d+(?:\.\d+)?) ?GiB"),
     "mem_request": re.compile(
-        r"Initial free memory: (-?[\d.]+) ?GiB; Requested memory: ([\d.]+) \(util\), (-?[\d.]+) ?GiB"
+        r"Initial free memory: (-?\d+(?:\.\d+)?) ?GiB; Requested memory: (\d+(?:\.\d+)?) \(util\), (-?\d+(?:\.\d+)?) ?GiB"
     ),
-    "avail_kv": re.compile(r"Available KV cache memory: (-?[\d.]+) ?GiB"),
+    "avail_kv": re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"),
     "kv_size": re.compile(r"(\w+) KV cache size: ([\d,]+) tokens"),
     "max_conc": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
     "blocks_override": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
     "v0_blocks": re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
-    "capture_done": re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took (-?[\d.]+) ?GiB)?"),
-    "cg_estimate": re.compile(r"Estimated CUDA graph memory: (-?[\d.]+) ?GiB"),
+    "capture_done": re.compile(
+        r"Graph capturing finished in (\d+(?:\.\d+)?) secs?(?:, took (-?\d+(?:\.\d+)?) ?GiB)?"
+    ),
+    "cg_estimate": re.compile(r"Estimated CUDA graph memory: (-?\d+(?:\.\d+)?) ?GiB"),
     "cg_pool": re.compile(
-        r"CUDA graph pool memory: (-?[\d.]+) ?GiB \(actual\), (-?[\d.]+) ?GiB \(estimated\)"
+        r"CUDA graph pool memory: (-?\d+(?:\.\d+)?) ?GiB \(actual\), (-?\d+(?:\.\d+)?) ?GiB \(estimated\)"
     ),
     "cg_enabled": re.compile(
-        r"--gpu-memory-utilization=([\d.]+) is equivalent to --gpu-memory-utilization=([\d.]+) "
-        r"without CUDA graph memory profiling.*?increase --gpu-memory-utilization to ([\d.]+)"
+        r"--gpu-memory-utilization=(\d+(?:\.\d+)?) is equivalent to --gpu-memory-utilization=(\d+(?:\.\d+)?) "
+        r"without CUDA graph memory profiling.*?increase --gpu-memory-utilization to (\d+(?:\.\d+)?)"
     ),
-    "cg_disabled": re.compile(r"increasing --gpu-memory-utilization from ([\d.]+) to ([\d.]+)"),
+    "cg_disabled": re.compile(r"increasing --gpu-memory-utilization from (\d+(?:\.\d+)?) to (\d+(?:\.\d+)?)"),
     "summary_head": re.compile(
-        r"Free memory on device (?:\S+ )?\((-?[\d.]+)/([\d.]+) GiB\) on startup\. "
-        r"Desired GPU memory utilization is \(([\d.]+), (-?[\d.]+) GiB\)"
+        r"Free memory on device (?:\S+ )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup\. "
+        r"Desired GPU memory utilization is \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
     ),
-    "summary_consumed": re.compile(r"(-?[\d.]+) GiB for consumed memory"),
-    "summary_weight": re.compile(r"(-?[\d.]+) GiB for weights?\b"),
-    "summary_act": re.compile(r"(-?[\d.]+) GiB for peak activation"),
-    "summary_nontorch": re.compile(r"(-?[\d.]+) GiB for non-torch memory"),
-    "summary_cg": re.compile(r"(-?[\d.]+) GiB for CUDAGraph memory"),
+    "summary_consumed": re.compile(r"(-?\d+(?:\.\d+)?) GiB for consumed memory"),
+    "summary_weight": re.compile(r"(-?\d+(?:\.\d+)?) GiB for weights?\b"),
+    "summary_act": re.compile(r"(-?\d+(?:\.\d+)?) GiB for peak activation"),
+    "summary_nontorch": re.compile(r"(-?\d+(?:\.\d+)?) GiB for non-torch memory"),
+    "summary_cg": re.compile(r"(-?\d+(?:\.\d+)?) GiB for CUDAGraph memory"),
     "summary_kvmem": re.compile(r"--kv-cache-memory=(\d+)"),
-    "summary_inuse": re.compile(r"kv cache memory in use is (-?[\d.]+) ?(GiB|bytes)?", re.I),
+    "summary_inuse": re.compile(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
     "kv_reserved": re.compile(
-        r"Initial free memory (-?[\d.]+) ?GiB, reserved (-?[\d.]+) ?GiB memory for KV Cache"
+        r"Initial free memory (-?\d+(?:\.\d+)?) ?GiB, reserved (-?\d+(?:\.\d+)?) ?GiB memory for KV Cache"
     ),
     "below_util": re.compile(
-        r"Free memory on device (?:(\S+) )?\((-?[\d.]+)/([\d.]+) GiB\) on startup is less than "
-        r"desired GPU memory utilization \(([\d.]+), (-?[\d.]+) GiB\)"
+        r"Free memory on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
+        r"desired GPU memory utilization \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
     ),
-    "ext_device": re.compile(r"on device (?:(\S+) )?\((-?[\d.]+)/([\d.]+) GiB\)"),
-    "ext_util": re.compile(r"\(([\d.]+), (-?[\d.]+) GiB\)"),
+    "ext_device": re.compile(r"on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)"),
+    "ext_util": re.compile(r"\((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"),
     "prof_assert": re.compile(
-        r"Error in memory profiling\. Initial free memory (-?[\d.]+) ?(GiB)?, current free memory (-?[\d.]+) ?(GiB)?"
+        r"Error in memory profiling\. Initial free memory (-?\d+(?:\.\d+)?) ?(GiB)?, current free memory (-?\d+(?:\.\d+)?) ?(GiB)?"
     ),
     "max_seq_v1": re.compile(
-        r"To serve at least one request with the models?'s max seq len \((\d+)\), \((-?[\d.]+) GiB KV cache "
-        r"is needed, which is larger than the available KV cache memory \((-?[\d.]+) GiB\)\.\s*"
+        r"To serve at least one request with the models?'s max seq len \((\d+)\), \((-?\d+(?:\.\d+)?) GiB KV cache "
+        r"is needed, which is larger than the available KV cache memory \((-?\d+(?:\.\d+)?) GiB\)\.\s*"
         r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?"
     ),
     "max_seq_v0": re.compile(
@@ -462,21 +470,23 @@ _RE = {
     ),
     "input_too_long": re.compile(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
     "oom_modern": re.compile(
-        r"Tried to allocate ([\d.]+ ?\w+)\. GPU (\d+) has a total capac(?:i)?ty of ([\d.]+ ?\w+) "
-        r"of which ([\d.]+ ?\w+) is free\."
+        r"Tried to allocate (\d+(?:\.\d+)? ?\w+)\. GPU (\d+) has a total capac(?:i)?ty of (\d+(?:\.\d+)? ?\w+) "
+        r"of which (\d+(?:\.\d+)? ?\w+) is free\."
     ),
     "oom_legacy": re.compile(
-        r"Tried to allocate ([\d.]+ ?\w+) \(GPU (\d+); ([\d.]+ ?\w+) total capacity; ([\d.]+ ?\w+) already "
-        r"allocated; ([\d.]+ ?\w+) free; (?:([\d.]+ ?\w+) allowed; )?([\d.]+ ?\w+) reserved in total by PyTorch"
+        r"Tried to allocate (\d+(?:\.\d+)? ?\w+) \(GPU (\d+); (\d+(?:\.\d+)? ?\w+) total capacity; (\d+(?:\.\d+)? ?\w+) already "
+        r"allocated; (\d+(?:\.\d+)? ?\w+) free; (?:(\d+(?:\.\d+)? ?\w+) allowed; )?(\d+(?:\.\d+)? ?\w+) reserved in total by PyTorch"
     ),
-    "oom_proc": re.compile(r"Process (\d+) has ([\d.]+ ?\w+) memory in use"),
-    "oom_self": re.compile(r"Including non-PyTorch memory, this process has ([\d.]+ ?\w+) memory in use"),
-    "oom_allowed": re.compile(r"([\d.]+ ?\w+) allowed;"),
+    "oom_proc": re.compile(r"Process (\d+) has (\d+(?:\.\d+)? ?\w+) memory in use"),
+    "oom_self": re.compile(
+        r"Including non-PyTorch memory, this process has (\d+(?:\.\d+)? ?\w+) memory in use"
+    ),
+    "oom_allowed": re.compile(r"(\d+(?:\.\d+)? ?\w+) allowed;"),
     "oom_alloc": re.compile(
-        r"Of the allocated memory ([\d.]+ ?\w+) is allocated by PyTorch, (?:with ([\d.]+ ?\w+) allocated in "
-        r"private pools \(e\.g\., CUDA Graphs\), )?and ([\d.]+ ?\w+) is reserved by PyTorch but unallocated"
+        r"Of the allocated memory (\d+(?:\.\d+)? ?\w+) is allocated by PyTorch, (?:with (\d+(?:\.\d+)? ?\w+) allocated in "
+        r"private pools \(e\.g\., CUDA Graphs\), )?and (\d+(?:\.\d+)? ?\w+) is reserved by PyTorch but unallocated"
     ),
-    "oom_requested": re.compile(r"Requested size: ([\d.]+ ?\w+)"),
+    "oom_requested": re.compile(r"Requested size: (\d+(?:\.\d+)? ?\w+)"),
     "sampler_oom": re.compile(
         r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
     ),
@@ -485,26 +495,26 @@ _RE = {
         r"argument --kv-cache-dtype: invalid choice: '([^']*)' \(choose from (.*?)\)\s*$"
     ),
     "stats_engine": re.compile(r"^(?:Engine (\d+)|(\d+) Engines Aggregated):"),
-    "st_prompt": re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s"),
-    "st_gen": re.compile(r"Avg generation throughput: ([\d.]+) tokens/s"),
+    "st_prompt": re.compile(r"Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s"),
+    "st_gen": re.compile(r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s"),
     "st_running": re.compile(r"Running: (\d+) reqs"),
     "st_waiting": re.compile(r"Waiting: (\d+) reqs"),
     "st_swapped": re.compile(r"Swapped: (\d+) reqs"),
     "st_pending": re.compile(r"Pending: (\d+) reqs"),
     "st_deferred": re.compile(r"Deferred: (\d+) reqs"),
     "st_preempt": re.compile(r"Preemptions: (\d+)"),
-    "st_kv": re.compile(r"(\w+) KV cache usage: ([\d.]+)%"),
-    "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?([\d.]+)%"),
+    "st_kv": re.compile(r"(\w+) KV cache usage: (\d+(?:\.\d+)?)%"),
+    "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"),
     "preempted": re.compile(
         r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
         r"total_num_cumulative_preemption=(\d+)"
     ),
     "swap": re.compile(
-        r"(Possibly too|Too) large swap space\. ([\d.]+) GiB out of the ([\d.]+) GiB total CPU memory"
+        r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
     ),
     "hybrid_bs": re.compile(r"Setting attention block size to (\d+) tokens"),
-    "mamba_pad": re.compile(r"Padding mamba page size by ([\d.]+)%"),
-    "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most ([\d.]+)%"),
+    "mamba_pad": re.compile(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
+    "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
 }
 
 _ERROR_KINDS = frozenset(
@@ -547,13 +557,13 @@ _SERVING_NEEDLES = (
     "Added request",
     '"POST /v1/',
 )
+# traceback frames of CUDA graph capture (V0 capture_model/graph_runner.capture, V1 _capture_cudagraphs)
 _CAPTURE_HINTS = (
     "capture_model",
     "graph_runner.capture",
-    "cuda graph",
-    "cudagraph",
+    "_capture_cudagraphs",
     "capture_graphs",
-    "_capture",
+    "cudagraph capture",
 )
 _WEIGHT_HINTS = ("load_model", "load_weights", "get_model(", "init_model", "Failed to load model")
 _PROFILE_HINTS = ("profile_run", "determine_num_available_blocks", "determine_available_memory")
