@@ -33,7 +33,7 @@ MARK = "***"
 _SECRET_LAST_PARTS = frozenset(
     {"token", "key", "apikey", "secret", "password", "passwd", "pass", "pwd", "credential", "credentials"}
 )
-# Name parts that make a name secret wherever they stand ("AWS_SECRET_ACCESS_KEY_ID").
+# Words that make a name secret wherever they stand ("AWS_SECRET_ACCESS_KEY_ID", "PGPASSWORD").
 _SECRET_ANY_PARTS = frozenset({"secret", "password", "passwd"})
 # Values that are clearly not secrets even under a secret name ("api_key=None" in a Namespace).
 _NOT_SECRET_VALUES = frozenset({"", "none", "null", "false", "true", "''", '""', MARK})
@@ -52,6 +52,10 @@ _AUTH_HEADER = re.compile(
 _URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@'\"]+:)([^\s@/'\"]+)(@)")
 # --flag value / --flag=value in free text (a log line quoting a command).
 _FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)('[^']*'|\"[^\"]*\"|\S+)")
+# --api-key K1 K2 (a list of keys in recent vLLM): every key up to the next flag.
+_API_KEYS_IN_TEXT = re.compile(
+    r"(?<![\w-])(--api[-_]key[ \t]+)((?:(?!-)\S+)(?:[ \t]+(?!-)\S+)*)", re.IGNORECASE
+)
 # ['--api-key', 'X'] in a Python list repr of argv.
 _FLAG_IN_LIST = re.compile(r"(['\"])(--?[A-Za-z][\w-]*)\1(\s*,\s*)(['\"])([^'\"]*)\4")
 # NAME=value, name='value' (Namespace repr), export NAME="value".
@@ -71,7 +75,7 @@ def is_secret_name(name: str) -> bool:
 
     ``name`` may be a flag (``--api-key``), a dest (``api_key``) or a variable (``HF_TOKEN``);
     case and ``-``/``_`` do not matter. Secret when its last part is token/key/secret/password/
-    pass/credential(s) or any part is secret/password. ``--max-num-batched-tokens``,
+    pass/credential(s) or any part contains secret/password/passwd. ``--max-num-batched-tokens``,
     ``--ssl-keyfile``, ``TOKENIZERS_PARALLELISM`` and ``--kv-cache-dtype`` are not secrets.
     """
     parts = _name_parts(name)
@@ -79,7 +83,7 @@ def is_secret_name(name: str) -> bool:
         return False
     if parts[-1] in _SECRET_LAST_PARTS:
         return True
-    return any(p in _SECRET_ANY_PARTS for p in parts)
+    return any(word in p for p in parts for word in _SECRET_ANY_PARTS)
 
 
 def is_secret_env_name(name: str) -> bool:
@@ -139,6 +143,7 @@ def redact_text(text: str) -> str:
     out = _AUTH_HEADER.sub(lambda m: m.group(1) + MARK, text)
     out = _URL_USERINFO.sub(lambda m: m.group(1) + MARK + m.group(3), out)
     out = _FLAG_IN_LIST.sub(list_sub, out)
+    out = _API_KEYS_IN_TEXT.sub(lambda m: m.group(1) + re.sub(r"\S+", MARK, m.group(2)), out)
     out = _FLAG_IN_TEXT.sub(flag_sub, out)
     out = _DICT_ITEM.sub(dict_sub, out)
     out = _ASSIGN.sub(assign_sub, out)
@@ -151,20 +156,23 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     """Redact a command line given as a list of arguments (``/proc/PID/cmdline``, psutil).
 
     ``--api-key X`` → ``--api-key ***``; ``--api-key=X`` → ``--api-key=***``; the same for every
-    secret flag name (:func:`is_secret_name`). A secret flag followed by another flag (``--hf-token``
+    secret flag name (:func:`is_secret_name`); after ``--api-key`` every value up to the next flag
+    (recent vLLM takes a list of keys). A secret flag followed by another flag (``--hf-token``
     used as a switch) redacts nothing. Every other argument goes through :func:`redact_text`
     (``-e HF_TOKEN=…``, ``Authorization: Bearer …``, token shapes, URL passwords). Returns a new
     list of the same length.
     """
     out: list[str] = []
     redact_next = False
+    redact_more = False  # --api-key takes a list of keys in recent vLLM
     for arg in argv:
         arg = str(arg)
-        if redact_next:
+        if redact_next or redact_more:
             redact_next = False
             if not arg.startswith("-"):
                 out.append(MARK)
                 continue
+            redact_more = False
         if arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit():
             name, eq, value = arg.partition("=")
             if is_secret_name(name):
@@ -173,6 +181,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
                 else:
                     out.append(arg)
                     redact_next = True
+                    redact_more = _name_parts(name) == ["api", "key"]
                 continue
         out.append(redact_text(arg))
     return out

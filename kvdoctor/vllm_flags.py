@@ -165,7 +165,7 @@ FLAGS: tuple[Flag, ...] = (
     # server
     _f("host", kind="str", field="host"),
     _f("port", kind="int", field="port"),
-    _f("api_key", doc="secret; always redacted"),
+    _f("api_key", kind="list", doc="secret, always redacted; a list of keys in recent vLLM"),
     _f("ssl_keyfile"),
     _f("ssl_certfile"),
     _f("root_path"),

@@ -64,6 +64,8 @@ _DOCKER_BOOL_LONG = {
 }
 _DOCKER_BOOL_SHORT = set("ditPq")
 _MAX_CONFIG_BYTES = 1 << 20
+_SHELL_OPS = {"|", "||", "&&", ";", "&", "|&"}
+_REDIRECT = re.compile(r"^(\d*>>?|<|&>)")
 
 
 def _check_text(text: str, origin: str, allow_nul: bool) -> None:
@@ -167,7 +169,7 @@ def locate_vllm_args(argv: list[str]) -> tuple[list[str], dict[str, str]] | None
             k, _, v = tok.partition("=")
             env[k] = v
             i += 1
-        elif tok in ("env", "exec", "nohup", "sudo", "time", "command"):
+        elif tok in ("env", "exec", "nohup", "sudo", "time", "command", "$"):
             i += 1
         else:
             break
@@ -383,6 +385,11 @@ def _build_config(
     if found is None:
         return None
     vllm_args, env = found
+    # `vllm serve m > log 2>&1 &`: shell operators end vLLM's arguments.
+    for k, tok in enumerate(vllm_args):
+        if tok in _SHELL_OPS or _REDIRECT.match(tok):
+            vllm_args = vllm_args[:k]
+            break
     values, positional = _parse_vllm_args(vllm_args, origin, line)
     cfg = EngineConfig()
     cfg.command = shlex.join(redact_argv(full_argv))
