@@ -188,11 +188,13 @@ def _source_line(s: SourceStatus) -> str:
 
 
 def _skipped_text(skipped: list[Skipped]) -> str:
-    parts = []
+    """ "no gpus: rule-a, rule-b; no metrics: rule-c" (engine named only with several)."""
+    several = len({s.engine for s in skipped}) > 1
+    groups: dict[str, list[str]] = {}
     for s in skipped:
-        eng = f"[{s.engine}]" if s.engine else ""
-        parts.append(f"{s.rule}{eng} (no {', '.join(s.missing)})")
-    return "; ".join(parts)
+        name = f"{s.rule}[{s.engine}]" if several and s.engine else s.rule
+        groups.setdefault(", ".join(s.missing), []).append(name)
+    return "; ".join(f"no {missing}: {', '.join(rules)}" for missing, rules in groups.items())
 
 
 # --------------------------------------------------------------------------- markdown
@@ -274,9 +276,9 @@ def _finding_panel(f: Finding) -> Panel:
     parts.append(Text(f.summary))
     if f.evidence:
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
-        table.add_column("fact")
-        table.add_column("value")
-        table.add_column("source", style="dim")
+        table.add_column("fact", overflow="fold")
+        table.add_column("value", overflow="fold")
+        table.add_column("source", style="dim", overflow="fold")
         for e in f.evidence:
             table.add_row(Text(e.fact), Text(e.value), Text(e.source))
         parts.append(Text(""))

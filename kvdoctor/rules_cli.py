@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
@@ -124,7 +125,7 @@ def rules_command(fmt: str, rules_dirs: tuple[Path, ...]) -> None:
         console.print("No rules found.")
         return
     fam_order = {k: i for i, k in enumerate(FAMILIES)}
-    table = Table(title=f"kvdoctor rules ({len(rules)})", title_justify="left")
+    table = Table(title=f"kvdoctor rules ({len(rules)})", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("id", no_wrap=True)
     table.add_column("family")
     table.add_column("severity")

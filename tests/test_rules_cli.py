@@ -114,3 +114,14 @@ def test_resolve_rules_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVDOCTOR_RULES_DIR", "/a:/b")
     assert rules_cli.resolve_rules_dirs(()) == [Path("/a"), Path("/b")]
     assert rules_cli.resolve_rules_dirs((Path("/c"),)) == [Path("/c")]
+
+
+_REAL_CATALOGUE = rules_cli.variable_catalogue
+
+
+def test_shipped_catalogue_is_valid_against_derive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rules_cli, "variable_catalogue", _REAL_CATALOGUE)
+    res = run("rules", "--format", "json")
+    assert res.exit_code == 0, res.output
+    for rule in json.loads(res.output):
+        assert rule["severity"] in ("critical", "warning", "info") and rule["family"] in "WKLUP"

@@ -491,3 +491,11 @@ def test_thirty_rules_evaluate_in_well_under_2ms(tmp_path: Path) -> None:
     median = statistics.median(times)
     print(f"30 rules, all firing, one context: median {median * 1e3:.2f} ms")
     assert median < 0.004  # target < 2 ms; slack for slow CI machines
+
+
+def test_comprehension_targets_are_not_free_names(tmp_path: Path) -> None:
+    p = write_variant(tmp_path, 'gpus: "engine_gpus"', 'gpus: "[g for g in engine_gpus if g >= 0]"')
+    rule = load_rule_file(p, KNOWN)
+    assert rule.gpus is not None and rule.gpus.names == frozenset({"engine_gpus"})
+    (f,) = evaluate([rule], [ctx(engine_gpus=[3, 1])]).findings
+    assert f.gpus == [1, 3]
