@@ -103,6 +103,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
+from kvdoctor.redact import MARK, is_secret_name, redact_text
 from kvdoctor.units import GiB, parse_size
 
 __all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
@@ -121,23 +122,6 @@ _LEVEL_RE = re.compile(
 )
 _UVICORN_RE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 
-_SECRET_PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"(--api-key[= ])(\S+)"), r"\1***"),
-    (
-        re.compile(r"""(\bapi_key['"]?\s*[=:]\s*)(?!None\b)(\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,)]+)"""),
-        r"\1'***'",
-    ),
-    (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)(?:bearer\s+|basic\s+)?[^\s'\",)]+"), r"\1***"),
-    (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}"), "Bearer ***"),
-    (re.compile(r"\b([A-Z][A-Z0-9_]*(?:_TOKEN|_KEY|_SECRET))=(\S+)"), r"\1=***"),
-    (
-        re.compile(
-            r"""(['"]?\b(?:hf_token|\w+_api_key)['"]?\s*[=:]\s*)(?!None\b)('[^']*'|"[^"]*"|[^\s,)]+)"""
-        ),
-        r"\1'***'",
-    ),
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_***"),
-]
 # "Received request X: prompt: '…', params: …, prompt_token_ids: [...]" (V0 and V1 request log).
 _PROMPT_END_RE = re.compile(r", (?:params|sampling_params|prompt_token_ids|prompt_embeds|lora_request)\b")
 _PROMPT_IDS_RE = re.compile(r"(\bprompt_token_ids: )\[([^\]]*)\]?")
@@ -157,13 +141,45 @@ def _redact_prompt(text: str) -> str:
     return f"{text[:start]}'<redacted {len(body)} chars>'{text[end:]}"
 
 
+# Cheap gate before the full redaction: every shape kvdoctor.redact handles contains one of these
+# (a secret-named key/flag/variable, an Authorization header, a URL password, a token shape).
+# "tokens/s" of the stats line is not a secret name, "HF_TOKEN" and "--hf-token" are.
+_SECRET_NEEDLES = (
+    "key",
+    "secret",
+    "pass",
+    "pwd",
+    "credential",
+    "auth",
+    "://",
+    "hf_",
+    "sk-",
+    "xox",
+    "akia",
+    "github_pat",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+)
+_TOKEN_NAME_RE = re.compile(r"token(?!s)")
+
+
+def _maybe_secret(text: str) -> bool:
+    low = text.lower()
+    if any(n in low for n in _SECRET_NEEDLES):
+        return True
+    return "token" in low and _TOKEN_NAME_RE.search(low) is not None
+
+
 def redact(text: str) -> str:
     """Return ``text`` with secrets and prompt text replaced.
 
-    ``--api-key X``/``api_key='X'``/``'api_key': 'X'`` → "***"; ``*_TOKEN``/``*_KEY``/``HF_TOKEN``
-    values, Authorization headers and bearer tokens → "***"; the prompt of vLLM's request log
-    ("Received request …: prompt: '…'") → "<redacted N chars>" and its token ids →
-    "<redacted N tokens>". Never raises.
+    Secrets (``--api-key X``, ``api_key='X'``, ``'api_key': 'X'``, ``*_TOKEN``/``*_KEY`` values,
+    Authorization headers, token shapes) go through :func:`kvdoctor.redact.redact_text` → "***";
+    the prompt of vLLM's request log ("Received request …: prompt: '…'") becomes
+    "<redacted N chars>" and its token ids "<redacted N tokens>". Never raises.
     """
     if "prompt" in text:
         text = _redact_prompt(text)
@@ -173,11 +189,7 @@ def redact(text: str) -> str:
             ),
             text,
         )
-    low = text.lower()
-    if any(k in low for k in ("key", "token", "secret", "authorization", "bearer", "hf_")):
-        for pat, repl in _SECRET_PATTERNS:
-            text = pat.sub(repl, text)
-    return text
+    return redact_text(text) if _maybe_secret(text) else text
 
 
 @dataclass
@@ -363,13 +375,11 @@ def _strip_unbalanced_paren(text: str) -> str:
     return t
 
 
-_SECRET_ARG_RE = re.compile(r"(^|_)(api_key|token|secret|password)$|^hf_token$")
-
-
 def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Secret-named args (api_key, hf_token, …; kvdoctor.redact.is_secret_name) → "***"."""
     for k in list(args):
-        if _SECRET_ARG_RE.search(k) and args[k] not in (None, "", [], False):
-            args[k] = "***"
+        if is_secret_name(k) and args[k] not in (None, "", [], False):
+            args[k] = MARK
     return args
 
 
@@ -503,7 +513,7 @@ _RE = {
     "st_pending": re.compile(r"Pending: (\d+) reqs"),
     "st_deferred": re.compile(r"Deferred: (\d+) reqs"),
     "st_preempt": re.compile(r"Preemptions: (\d+)"),
-    "st_kv": re.compile(r"(\w+) KV cache usage: (\d+(?:\.\d+)?)%"),
+    "st_kv": re.compile(r"([A-Z]+) KV cache usage: (\d+(?:\.\d+)?)%"),
     "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"),
     "preempted": re.compile(
         r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
@@ -1546,6 +1556,8 @@ class LogFollower:
 
     #: at most this many bytes are read per poll, so a huge backlog is consumed in steps.
     max_read_bytes = 16 * 1024 * 1024
+    #: ``log.events`` keeps at most this many (the oldest are dropped) for days-long tails.
+    max_events = 50_000
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -1600,4 +1612,7 @@ class LogFollower:
         for raw in complete.split(b"\n"):
             events.extend(self._parser.feed(raw.decode("utf-8", errors="replace")))
         events.sort(key=lambda e: e.line)
+        kept = self._parser.log.events
+        if len(kept) > self.max_events:
+            del kept[: len(kept) - self.max_events]
         return events

@@ -1240,3 +1240,12 @@ def test_parse_speed():
     t0 = time.perf_counter()
     parse_log(text)
     assert n / (time.perf_counter() - t0) > 10_000
+
+
+def test_follower_bounds_kept_events(tmp_path):
+    p = tmp_path / "vllm.log"
+    p.write_text("INFO 01-01 00:00:00 [m.py:1] Using max model len 4096\n" * 30)
+    f = LogFollower(p)
+    f.max_events = 10
+    assert len(f.poll()) == 30  # every new event is returned
+    assert len(f.log.events) == 10 and f.log.events[-1].line == 30
