@@ -38,6 +38,8 @@ _SECRET_ANY_PARTS = frozenset({"secret", "password", "passwd"})
 # Values that are clearly not secrets even under a secret name ("api_key=None" in a Namespace).
 _NOT_SECRET_VALUES = frozenset({"", "none", "null", "false", "true", "''", '""', MARK})
 
+# A text without any of these (lower-cased) cannot hold a secret this module recognises.
+_TRIGGER = re.compile(r"token|key|secret|pass|pwd|credential|auth|://|hf_|sk-|gh[pousr]_|github_pat|xox|akia")
 _TOKEN_SHAPES = re.compile(
     r"\bhf_[A-Za-z0-9]{20,}\b"
     r"|\bsk-[A-Za-z0-9_-]{16,}"
@@ -140,14 +142,27 @@ def redact_text(text: str) -> str:
             return m.group(1) + m.group(2) + m.group(3) + _mask_quoted(m.group(4))
         return m.group(0)
 
-    out = _AUTH_HEADER.sub(lambda m: m.group(1) + MARK, text)
-    out = _URL_USERINFO.sub(lambda m: m.group(1) + MARK + m.group(3), out)
-    out = _FLAG_IN_LIST.sub(list_sub, out)
-    out = _API_KEYS_IN_TEXT.sub(lambda m: m.group(1) + re.sub(r"\S+", MARK, m.group(2)), out)
-    out = _FLAG_IN_TEXT.sub(flag_sub, out)
-    out = _DICT_ITEM.sub(dict_sub, out)
-    out = _ASSIGN.sub(assign_sub, out)
-    out = _LINE_KEY.sub(line_key_sub, out)
+    # Cheap gates first: the log parser redacts every line, and most hold nothing secret-like.
+    low = text.lower()
+    if not _TRIGGER.search(low):
+        return text
+    out = text
+    if "auth" in low:
+        out = _AUTH_HEADER.sub(lambda m: m.group(1) + MARK, out)
+    if "://" in out and "@" in out:
+        out = _URL_USERINFO.sub(lambda m: m.group(1) + MARK + m.group(3), out)
+    if "-" in out:
+        if "'" in out or '"' in out:
+            out = _FLAG_IN_LIST.sub(list_sub, out)
+        if "api" in low:
+            out = _API_KEYS_IN_TEXT.sub(lambda m: m.group(1) + re.sub(r"\S+", MARK, m.group(2)), out)
+        out = _FLAG_IN_TEXT.sub(flag_sub, out)
+    if "'" in out or '"' in out:
+        out = _DICT_ITEM.sub(dict_sub, out)
+    if "=" in out:
+        out = _ASSIGN.sub(assign_sub, out)
+    if ":" in out:
+        out = _LINE_KEY.sub(line_key_sub, out)
     out = _TOKEN_SHAPES.sub(MARK, out)
     return out
 
