@@ -20,12 +20,15 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psutil
 
 from kvdoctor.facts import HostProcess, SourceError
 from kvdoctor.redact import redact_argv
 
+_T = TypeVar("_T")
 _PSUTIL_ERRORS = (psutil.Error, OSError)
 # Process objects kept between calls so cpu_percent() measures since the previous call.
 _SEEN: dict[tuple[int, float | None], psutil.Process] = {}
@@ -123,14 +126,15 @@ def _listen_ports(proc: psutil.Process) -> list[int]:
     return sorted(ports)
 
 
-def _safe(call, default=None):  # type: ignore[no-untyped-def]
+def _safe(call: Callable[[], _T]) -> _T | None:
+    """``call()``, or None when psutil says the process is gone or hidden."""
     try:
         return call()
     except _PSUTIL_ERRORS:
-        return default
+        return None
 
 
-def _process_from_psutil(proc: psutil.Process, info: dict, role: str | None) -> HostProcess:  # type: ignore[type-arg]
+def _process_from_psutil(proc: psutil.Process, info: dict[str, Any], role: str | None) -> HostProcess:
     key = (proc.pid, info.get("create_time"))
     cached = _SEEN.get(key)
     cpu: float | None = None
@@ -170,7 +174,7 @@ def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> l
     Any psutil error for one process leaves that field None; a process that vanished mid-read
     is skipped. Never raises for psutil errors.
     """
-    wanted: list[tuple[psutil.Process, dict, str | None]] = []  # type: ignore[type-arg]
+    wanted: list[tuple[psutil.Process, dict[str, Any], str | None]] = []
     for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time"], ad_value=None):
         try:
             info = dict(proc.info)
@@ -194,7 +198,7 @@ def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> l
             key = (p.pid, i.get("create_time"))
             if key not in _SEEN:
                 _SEEN[key] = p
-                _safe(lambda p=p: p.cpu_percent(interval=None))
+                _safe(p.cpu_percent)  # primes the counter
         time.sleep(cpu_interval)
     out = [_process_from_psutil(p, i, r) for p, i, r in wanted]
     live = {(p.pid, i.get("create_time")) for p, i, _r in wanted}
