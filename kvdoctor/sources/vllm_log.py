@@ -1613,6 +1613,9 @@ class LogFollower:
             events.extend(self._parser.feed(raw.decode("utf-8", errors="replace")))
         events.sort(key=lambda e: e.line)
         kept = self._parser.log.events
+        tail = kept[-len(events) - 1 :]
+        if any(a.line > b.line for a, b in zip(tail, tail[1:], strict=False)):
+            kept.sort(key=lambda e: e.line)  # a multi-line message finished: keep file order
         if len(kept) > self.max_events:
             del kept[: len(kept) - self.max_events]
         return events

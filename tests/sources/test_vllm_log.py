@@ -1194,6 +1194,7 @@ def test_follower_multi_line_profile_across_polls(tmp_path):
         fh.write("".join(lines[18:]))
     kinds = [e.kind for e in f.poll()]
     assert "memory_profile_v0" in kinds and "no_available_kv_memory" in kinds
+    assert [(e.kind, e.line) for e in f.log.events] == [(e.kind, e.line) for e in parse_log_file(p).events]
 
 
 def test_follower_truncation_and_rotation_restart(tmp_path):
