@@ -78,7 +78,9 @@ def main() -> None:
     diag = cold([kvd, "diagnose", "--bundle", str(CASE), "--format", "json"], a.runs)
     ev = evaluation(max(50, a.runs * 20))
     print(f"python -c pass                 {base * 1000:8.1f} ms   (baseline)")
-    print(f"kvdoctor --help                {helps * 1000:8.1f} ms   ×{helps / base:.1f} baseline   budget 150 ms")
+    print(
+        f"kvdoctor --help                {helps * 1000:8.1f} ms   ×{helps / base:.1f} baseline   budget 150 ms"
+    )
     print(f"kvdoctor diagnose --bundle b20 {diag * 1000:8.1f} ms   ×{diag / base:.1f} baseline")
     print(f"one evaluation (55 KB /metrics + 8 GPUs + all rules) {ev * 1000:6.2f} ms   budget 5 ms")
 

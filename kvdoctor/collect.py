@@ -11,8 +11,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdoctor.facts import EngineConfig, HostProcess, Snapshot, SourceError, SourceStatus, Timeline, VllmLog
+
+if TYPE_CHECKING:
+    from kvdoctor.sources.nvml import NvmlReader
+    from kvdoctor.sources.vllm_log import LogFollower
 
 
 @dataclass
@@ -42,9 +47,9 @@ class Sampler:
 
     def __init__(self, opts: LiveOptions) -> None:
         self.opts = opts
-        self._nvml = None
+        self._nvml: NvmlReader | None = None
         self._nvml_error: str | None = None
-        self._follower = None
+        self._follower: LogFollower | None = None
         self._log: VllmLog | None = None
         self._log_error: str | None = None
         self._urls: list[str] = list(opts.metrics_urls)
@@ -68,7 +73,9 @@ class Sampler:
             self._nvml_error = _one_line(e)
             snap.sources.append(SourceStatus("nvml", "NVML", "error", self._nvml_error))
         except Exception as e:  # never let NVML take the other sources down
-            snap.sources.append(SourceStatus("nvml", "NVML", "error", f"NVML: {type(e).__name__}: {_one_line(e)}"))
+            snap.sources.append(
+                SourceStatus("nvml", "NVML", "error", f"NVML: {type(e).__name__}: {_one_line(e)}")
+            )
 
     def _processes(self, snap: Snapshot) -> list[HostProcess]:
         if not self.opts.use_processes:
@@ -80,9 +87,13 @@ class Sampler:
             snap.processes = procs
             snap.process_table_known = True
             if procs:
-                snap.sources.append(SourceStatus("processes", "psutil", "ok", f"{len(procs)} vLLM process(es)"))
+                snap.sources.append(
+                    SourceStatus("processes", "psutil", "ok", f"{len(procs)} vLLM process(es)")
+                )
             else:
-                snap.sources.append(SourceStatus("processes", "psutil", "missing", "no vLLM server or engine process running"))
+                snap.sources.append(
+                    SourceStatus("processes", "psutil", "missing", "no vLLM server or engine process running")
+                )
             return procs
         except Exception as e:
             snap.sources.append(SourceStatus("processes", "psutil", "error", f"psutil: {_one_line(e)}"))
@@ -105,7 +116,11 @@ class Sampler:
         from kvdoctor.sources.metrics import parse_metrics, scrape
 
         if not self._urls:
-            snap.sources.append(SourceStatus("metrics", "/metrics", "missing", "no vLLM server found to scrape (give --metrics URL)"))
+            snap.sources.append(
+                SourceStatus(
+                    "metrics", "/metrics", "missing", "no vLLM server found to scrape (give --metrics URL)"
+                )
+            )
             return
         for url in self._urls:
             try:
@@ -174,7 +189,9 @@ class Sampler:
                 pass
 
 
-def collect_live(opts: LiveOptions, *, sleep: Callable[[float], None] = time.sleep) -> tuple[Timeline, list[EngineConfig]]:
+def collect_live(
+    opts: LiveOptions, *, sleep: Callable[[float], None] = time.sleep
+) -> tuple[Timeline, list[EngineConfig]]:
     """Sample for ``opts.window_s`` seconds at ``opts.interval_s`` (at least one sample; two when a
     /metrics endpoint answers, so counter rates exist). Returns the timeline and engine configs."""
     sampler = Sampler(opts)

@@ -305,7 +305,9 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
             fill = {k: v for k, v in args.items() if k not in cfg.explicit}
             tmp = EngineConfig()
             update_config_from_args(tmp, {k: v for k, v in fill.items() if k in explicit_keys}, explicit=True)
-            update_config_from_args(tmp, {k: v for k, v in fill.items() if k not in explicit_keys}, explicit=False)
+            update_config_from_args(
+                tmp, {k: v for k, v in fill.items() if k not in explicit_keys}, explicit=False
+            )
             for name in vars(tmp):
                 if name in ("explicit", "args", "command"):
                     continue
@@ -322,8 +324,12 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
         if version and not cfg.vllm_version:
             cfg.vllm_version = version
         apply_defaults(cfg, cfg.vllm_version)
-        name = cfg.served_model_name or cfg.model or (snapshot.metrics[0].model_name if snapshot.metrics else None)
-        engines.append(Engine(id=name or f"engine{i}", config=cfg))
+        engine_name = (
+            cfg.served_model_name
+            or cfg.model
+            or (snapshot.metrics[0].model_name if snapshot.metrics else None)
+        )
+        engines.append(Engine(id=str(engine_name) if engine_name else f"engine{i}", config=cfg))
     return engines
 
 
@@ -374,7 +380,8 @@ def build_contexts(
         contexts.append((eng.id if eng else None, variables, inputs))
         if eng is not None:
             kv_report[eng.id] = {
-                "num_gpu_blocks": variables.get("cache_num_gpu_blocks") or variables.get("log_num_gpu_blocks"),
+                "num_gpu_blocks": variables.get("cache_num_gpu_blocks")
+                or variables.get("log_num_gpu_blocks"),
                 "block_size": variables.get("block_size"),
                 "capacity_tokens": variables.get("kv_capacity_tokens"),
                 "usage": variables.get("kv_usage"),
@@ -419,7 +426,9 @@ def _variables(
     return v, inputs
 
 
-def _config_vars(v: dict[str, Any], engine: Engine | None, cfg: EngineConfig, log: VllmLog | None, arch: ModelArch | None) -> None:
+def _config_vars(
+    v: dict[str, Any], engine: Engine | None, cfg: EngineConfig, log: VllmLog | None, arch: ModelArch | None
+) -> None:
     v["engine_id"] = engine.id if engine else None
     v["model_name"] = cfg.served_model_name or cfg.model
     v["vllm_version"] = cfg.vllm_version or (log.vllm_version if log else None)
@@ -488,12 +497,16 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
     full = [
         g.index
         for g in visible
-        if g.memory_total_bytes and g.memory_used_bytes is not None and g.memory_used_bytes >= 0.95 * g.memory_total_bytes
+        if g.memory_total_bytes
+        and g.memory_used_bytes is not None
+        and g.memory_used_bytes >= 0.95 * g.memory_total_bytes
     ]
     v["full_gpus"], v["full_gpu_count"] = full, len(full)
     v["gpu_mig"] = any(g.mig_enabled for g in egpus)
     slow = ("thermal", "power", "hw_slowdown", "slowdown")
-    v["throttle_reasons"] = sorted({r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)})
+    v["throttle_reasons"] = sorted(
+        {r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)}
+    )
     if len(egpus) > 1 and all(g.memory_used_bytes is not None for g in egpus):
         heavy = max(egpus, key=lambda g: g.memory_used_bytes or 0)
         light = min(egpus, key=lambda g: g.memory_used_bytes or 0)
@@ -514,7 +527,9 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
     starts = _run_start_lines(log) if log is not None else []
     old_pids = _pids_before(log, starts[-1]) if (log is not None and len(starts) > 1) else set()
     live = {p.pid for p in snapshot.processes} if snapshot.process_table_known else None
-    servers_alive = any(p.vllm_role == "api_server" for p in snapshot.processes) if snapshot.process_table_known else None
+    servers_alive = (
+        any(p.vllm_role == "api_server" for p in snapshot.processes) if snapshot.process_table_known else None
+    )
     foreign: list[tuple[GpuProcess, int]] = []
     orphans: list[tuple[GpuProcess, int]] = []
     reasons: set[str] = set()
@@ -530,7 +545,9 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
                     continue
                 if p.pid in old_pids:
                     orphans.append((p, g.index))
-                    reasons.add("their pids belong to an earlier run in the log and the server was restarted since")
+                    reasons.add(
+                        "their pids belong to an earlier run in the log and the server was restarted since"
+                    )
                     continue
                 if servers_alive is False:
                     orphans.append((p, g.index))
@@ -538,7 +555,12 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
                     continue
             # Without the engine's own pids a process can only be called foreign when the engine
             # never got to allocate anything (it failed the startup free-memory check).
-            if g.index in egpu_idx and p.pid not in engine_pids and not vllm_like and (engine_pids or startup_refused):
+            if (
+                g.index in egpu_idx
+                and p.pid not in engine_pids
+                and not vllm_like
+                and (engine_pids or startup_refused)
+            ):
                 foreign.append((p, g.index))
     v["foreign_pids"] = [p.pid for p, _ in foreign]
     v["foreign_bytes"] = sum(p.used_bytes or 0 for p, _ in foreign)
@@ -573,7 +595,10 @@ def _model_vars(v: dict[str, Any], cfg: EngineConfig, arch: ModelArch | None, lo
         if v["weights_bytes"] is None:
             v["weights_bytes"] = kvmath.weights_bytes(arch, dtype=cfg.dtype, quantization=cfg.quantization)
         v["kv_bytes_per_token"] = kvmath.kv_bytes_per_token(
-            arch, tensor_parallel_size=v["tp"], pipeline_parallel_size=v["pp"], kv_cache_dtype=_valid_dtype(v["kv_cache_dtype"])
+            arch,
+            tensor_parallel_size=v["tp"],
+            pipeline_parallel_size=v["pp"],
+            kv_cache_dtype=_valid_dtype(v["kv_cache_dtype"]),
         )
         v["kv_bytes_per_token_fp8"] = kvmath.kv_bytes_per_token(
             arch, tensor_parallel_size=v["tp"], pipeline_parallel_size=v["pp"], kv_cache_dtype="fp8"
@@ -686,7 +711,7 @@ def _log_vars(v: dict[str, Any], log: VllmLog, cfg: EngineConfig) -> None:
     stats = [e for e in log.of("stats") if e.line >= first_line]
     v["log_stats_count"] = len(stats)
     if stats:
-        kvs = [e.values.get("kv_usage") for e in stats if e.values.get("kv_usage") is not None]
+        kvs = [float(e.values["kv_usage"]) for e in stats if e.values.get("kv_usage") is not None]
         waits = [(e.values.get("waiting") or 0) + (e.values.get("pending") or 0) for e in stats]
         runs = [e.values.get("running") for e in stats if e.values.get("running") is not None]
         gens = [e.values.get("generation_throughput") or 0 for e in stats]
@@ -771,11 +796,17 @@ def _combined_vars(v: dict[str, Any], cfg: EngineConfig, log: VllmLog | None) ->
         v["kv_usage_max"] = v["log_kv_usage_max"] if v["log_kv_usage_max"] is not None else v["kv_usage"]
     if v["waiting_max"] is None:
         v["waiting_max"] = v["log_waiting_max"] if v["log_waiting_max"] is not None else v["waiting"]
-    if v["running_trend"] is None and v["log_running_first"] is not None and v["log_running_last"] is not None:
+    if (
+        v["running_trend"] is None
+        and v["log_running_first"] is not None
+        and v["log_running_last"] is not None
+    ):
         v["running_trend"] = v["log_running_last"] - v["log_running_first"]
     if v["kv_capacity_tokens"] is None and v["log_kv_tokens"] is not None:
         v["kv_capacity_tokens"] = v["log_kv_tokens"]
-    tokens_flowing = any((x or 0) > 0 for x in (v["prompt_tokens_per_s"], v["generation_tokens_per_s"], v["requests_per_s"]))
+    tokens_flowing = any(
+        (x or 0) > 0 for x in (v["prompt_tokens_per_s"], v["generation_tokens_per_s"], v["requests_per_s"])
+    )
     busy = (v["running"] or 0) > 0 or (v["waiting"] or 0) > 0 or (v["waiting_max"] or 0) > 0
     log_busy = (v["log_gen_throughput_max"] or 0) > 0 or (v["log_running_last"] or 0) > 0
     v["traffic"] = bool(tokens_flowing or busy or log_busy)
@@ -784,7 +815,9 @@ def _combined_vars(v: dict[str, Any], cfg: EngineConfig, log: VllmLog | None) ->
         v["max_num_seqs_effective"] = v["max_num_seqs"]
     elif v["gpu_total_bytes"]:
         big = v["gpu_total_bytes"] >= 70 * GiB and "A100" not in (v["gpu_name"] or "")
-        v["max_num_seqs_effective"] = 1024 if big and (v["vllm_version"] is None or _ver(v["vllm_version"]) >= (0, 10)) else 256
+        v["max_num_seqs_effective"] = (
+            1024 if big and (v["vllm_version"] is None or _ver(v["vllm_version"]) >= (0, 10)) else 256
+        )
     else:
         v["max_num_seqs_effective"] = 256
     # Launch-time validity of --kv-cache-dtype for the version.
@@ -805,7 +838,9 @@ def _combined_vars(v: dict[str, Any], cfg: EngineConfig, log: VllmLog | None) ->
         v["invalid_kv_dtype"], v["invalid_kv_dtype_value"] = True, dtype
         v["suggested_kv_dtype"] = "auto"
     elif v["invalid_kv_dtype"] and v["invalid_kv_dtype_value"]:
-        v["suggested_kv_dtype"] = nearest_valid_kv_cache_dtype(str(v["invalid_kv_dtype_value"]), v["vllm_version"])
+        v["suggested_kv_dtype"] = nearest_valid_kv_cache_dtype(
+            str(v["invalid_kv_dtype_value"]), v["vllm_version"]
+        )
 
 
 def _ver(s: str) -> tuple[int, ...]:

@@ -50,21 +50,68 @@ def run_diagnosis(
 
 
 @click.command("diagnose")
-@click.option("--bundle", "bundle", type=click.Path(path_type=Path), help="Support bundle directory or .tar.gz (spec/bundle.md).")
+@click.option(
+    "--bundle",
+    "bundle",
+    type=click.Path(path_type=Path),
+    help="Support bundle directory or .tar.gz (spec/bundle.md).",
+)
 @click.option("--demo", is_flag=True, help="Diagnose a bundled real incident (no GPU needed).")
-@click.option("--nvidia-smi", "nvidia_smi", multiple=True, type=click.Path(path_type=Path), help="nvidia-smi table, --query-gpu CSV or -q -x XML file.")
-@click.option("--compute-apps", type=click.Path(path_type=Path), help="nvidia-smi --query-compute-apps CSV file.")
-@click.option("--metrics", "metrics", multiple=True, help="vLLM /metrics: a file, a metrics/ directory of <unix-seconds>.txt scrapes, or a URL.")
+@click.option(
+    "--nvidia-smi",
+    "nvidia_smi",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="nvidia-smi table, --query-gpu CSV or -q -x XML file.",
+)
+@click.option(
+    "--compute-apps", type=click.Path(path_type=Path), help="nvidia-smi --query-compute-apps CSV file."
+)
+@click.option(
+    "--metrics",
+    "metrics",
+    multiple=True,
+    help="vLLM /metrics: a file, a metrics/ directory of <unix-seconds>.txt scrapes, or a URL.",
+)
 @click.option("--log", "log", type=click.Path(path_type=Path), help="vLLM log file.")
 @click.option("--cmdline", help="The launch command (a string or a file).")
 @click.option("--model-config", type=click.Path(path_type=Path), help="The model's config.json.")
 @click.option("--env", "env_file", type=click.Path(path_type=Path), help="env.txt with KEY=VALUE lines.")
-@click.option("--ps", "ps_file", type=click.Path(path_type=Path), help="ps -eo pid,ppid,pcpu,rss,etime,comm,args output.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default=None, help="Output format (default: text).")
-@click.option("--window", "window_s", type=float, default=None, help="Seconds of live sampling (default 5) / analysis window for recordings (default 60).")
-@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, help="Seconds between live samples.")
+@click.option(
+    "--ps",
+    "ps_file",
+    type=click.Path(path_type=Path),
+    help="ps -eo pid,ppid,pcpu,rss,etime,comm,args output.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "markdown"]),
+    default=None,
+    help="Output format (default: text).",
+)
+@click.option(
+    "--window",
+    "window_s",
+    type=float,
+    default=None,
+    help="Seconds of live sampling (default 5) / analysis window for recordings (default 60).",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between live samples.",
+)
 @click.option("--no-nvml", is_flag=True, help="Do not read NVML (live mode).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="User config (thresholds, disabled rules); default $KVDOCTOR_CONFIG or ~/.config/kvdoctor/config.yaml.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="User config (thresholds, disabled rules); default $KVDOCTOR_CONFIG or ~/.config/kvdoctor/config.yaml.",
+)
 @rules_dir_option
 def diagnose_command(
     bundle: Path | None,
@@ -103,7 +150,15 @@ def diagnose_command(
     rules = apply_user_config(rules, user)
 
     urls = [m for m in metrics if m.startswith(("http://", "https://"))]
-    files = [nvidia_smi, compute_apps, [m for m in metrics if m not in urls], cmdline, model_config, env_file, ps_file]
+    files = [
+        nvidia_smi,
+        compute_apps,
+        [m for m in metrics if m not in urls],
+        cmdline,
+        model_config,
+        env_file,
+        ps_file,
+    ]
     if bundle is not None and demo:
         _fail("--bundle and --demo are exclusive")
     if demo:
@@ -144,7 +199,12 @@ def diagnose_command(
         _fail(str(e))
         return
 
-    report = run_diagnosis(timeline, configs, rules=rules, window_s=60.0 if window_s is None or bundle is not None else max(window_s, 60.0))
+    report = run_diagnosis(
+        timeline,
+        configs,
+        rules=rules,
+        window_s=60.0 if window_s is None or bundle is not None else max(window_s, 60.0),
+    )
     _emit(report, fmt)
     from kvdoctor.report import exit_code
 
@@ -175,7 +235,9 @@ def _add_errors(timeline: Any, errors: list[tuple[str, str]]) -> None:
         timeline.latest.sources.append(SourceStatus("metrics", url, "error", err))
 
 
-def _live(urls: list[str], log: Path | None, window_s: float | None, interval_s: float, no_nvml: bool) -> tuple[Any, list[Any]]:
+def _live(
+    urls: list[str], log: Path | None, window_s: float | None, interval_s: float, no_nvml: bool
+) -> tuple[Any, list[Any]]:
     from kvdoctor.collect import LiveOptions, collect_live
 
     opts = LiveOptions(

@@ -8,13 +8,13 @@ Nothing in a bundle is executed and nothing is fetched from the network.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import tarfile
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,13 @@ def _guard(snap: Snapshot, kind: str, origin: str, fn: Callable[[], Any]) -> Any
     except (OSError, UnicodeError, ValueError) as e:
         _status(snap, kind, origin, "error", f"{origin}: {_one_line(e)}")
     except Exception as e:  # a parser bug must not take the other sources down
-        _status(snap, kind, origin, "error", f"{origin}: internal error in parser: {type(e).__name__}: {_one_line(e)}")
+        _status(
+            snap,
+            kind,
+            origin,
+            "error",
+            f"{origin}: internal error in parser: {type(e).__name__}: {_one_line(e)}",
+        )
     return None
 
 
@@ -134,7 +140,7 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
     gpus: list[Gpu] = []
     for path in art.nvidia_smi:
         origin = str(path)
-        moments = _guard(snap, "nvidia-smi", origin, lambda p=path: _parse_smi(p))
+        moments = _guard(snap, "nvidia-smi", origin, partial(_parse_smi, path))
         if moments is not None:
             from kvdoctor.sources.nvidia_smi import latest_gpus
 
@@ -180,7 +186,7 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
     for path in art.metrics:
         origin = str(path)
         if path.is_dir():
-            got = _guard(snap, "metrics", origin, lambda p=path: metrics_src.load_metrics_dir(p))
+            got = _guard(snap, "metrics", origin, partial(metrics_src.load_metrics_dir, path))
             if got is not None:
                 series, errors = got
                 for err in errors:
@@ -194,13 +200,18 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
                 snap,
                 "metrics",
                 origin,
-                lambda p=path, t=ts: metrics_src.parse_metrics(_read_text(p), origin=str(p), timestamp=t),
+                partial(_parse_metrics_file, path, ts),
             )
             if ms is not None:
                 scrapes.append((ts, ms))
                 _status(snap, "metrics", origin, "ok", f"{len(ms)} engine(s)")
     for text, ts, origin in art.metrics_texts:
-        ms = _guard(snap, "metrics", origin, lambda t=text, o=origin, s=ts: metrics_src.parse_metrics(t, origin=o, timestamp=s))
+        ms = _guard(
+            snap,
+            "metrics",
+            origin,
+            partial(metrics_src.parse_metrics, text, origin, ts),
+        )
         if ms is not None:
             scrapes.append((ts, ms))
             _status(snap, "metrics", origin, "ok", f"{len(ms)} engine(s)")
@@ -226,7 +237,9 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         arch = _guard(snap, "config", origin, _cfg)
         if arch is not None:
             snap.model = arch
-            _status(snap, "config", origin, "ok", f"{arch.model_type or 'model'}: {arch.num_hidden_layers} layers")
+            _status(
+                snap, "config", origin, "ok", f"{arch.model_type or 'model'}: {arch.num_hidden_layers} layers"
+            )
 
     # --- env
     if art.env is not None:
@@ -274,6 +287,12 @@ def _assemble(
     return Loaded(timeline=timeline, configs=configs)
 
 
+def _parse_metrics_file(path: Path, ts: float | None) -> list[EngineMetrics]:
+    from kvdoctor.sources.metrics import parse_metrics
+
+    return parse_metrics(_read_text(path), origin=str(path), timestamp=ts)
+
+
 def _parse_smi(path: Path) -> list[list[Gpu]]:
     from kvdoctor.sources.nvidia_smi import parse_nvidia_smi_file
 
@@ -308,11 +327,17 @@ def _parse_cmdline(text: str, base: Path | None) -> tuple[list[EngineConfig], st
             try:
                 mapping = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
             except (json.JSONDecodeError, yaml.YAMLError) as e:
-                raise SourceError(f"not valid {path.suffix[1:].upper()}: {_one_line(e)}", origin=str(path)) from e
+                raise SourceError(
+                    f"not valid {path.suffix[1:].upper()}: {_one_line(e)}", origin=str(path)
+                ) from e
             if not isinstance(mapping, dict):
-                raise SourceError("engine arguments must be a mapping of flag names to values", origin=str(path))
+                raise SourceError(
+                    "engine arguments must be a mapping of flag names to values", origin=str(path)
+                )
             cfg = EngineConfig()
-            update_config_from_args(cfg, {str(k).replace("-", "_"): v for k, v in mapping.items()}, explicit=True)
+            update_config_from_args(
+                cfg, {str(k).replace("-", "_"): v for k, v in mapping.items()}, explicit=True
+            )
             return [cfg], str(path)
         return parse_cmdline_text(_read_text(path), origin=str(path), base_dir=base or path.parent), str(path)
     return parse_cmdline_text(text, origin="--cmdline", base_dir=base), "--cmdline"
@@ -422,16 +447,3 @@ def _load_dir(root: Path, *, label: str) -> Loaded:
                 snap.log = sub_snap.log
             loaded.configs.extend(sub.configs)
     return loaded
-
-
-def text_bundle_member(path: Path, name: str) -> str | None:
-    """Read one member of a bundle directory or archive as text (None when absent)."""
-    if path.is_dir():
-        p = path / name
-        return _read_text(p) if p.is_file() else None
-    with tarfile.open(path, "r:*") as tar:
-        for m in tar.getmembers():
-            if m.isfile() and Path(m.name).name == name:
-                f = tar.extractfile(m)
-                return io.TextIOWrapper(f, encoding="utf-8", errors="replace").read() if f else None
-    return None
