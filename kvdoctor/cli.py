@@ -13,8 +13,14 @@ import click
 
 # name -> (module:attribute of the click command, one-line help shown by ``kvdoctor --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "diagnose": ("kvdoctor.diagnose:diagnose_command", "Find why a vLLM GPU is out of memory or idle, with the flag that fixes it."),
-    "plan": ("kvdoctor.plan:plan_command", "Plan KV-cache capacity for a model, GPU and vLLM flags (agrees with vLLM to the block)."),
+    "diagnose": (
+        "kvdoctor.diagnose:diagnose_command",
+        "Find why a vLLM GPU is out of memory or idle, with the flag that fixes it.",
+    ),
+    "plan": (
+        "kvdoctor.plan:plan_command",
+        "Plan KV-cache capacity for a model, GPU and vLLM flags (agrees with vLLM to the block).",
+    ),
     "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
     "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
 }

@@ -140,16 +140,13 @@ class Sampler:
                 from kvdoctor.sources.vllm_log import LogFollower
 
                 self._follower = LogFollower(path)
-                self._log = VllmLog(origin=str(path))
             except (SourceError, OSError) as e:
                 self._log_error = _one_line(e)
-        if self._follower is not None and self._log is not None:
+        if self._follower is not None:
             try:
-                from kvdoctor.sources.vllm_log import parse_log_file
-
-                # The follower reads what was appended; a full parse keeps run/phase context right.
+                # The follower parses only what was appended, with the run/phase context kept.
                 self._follower.poll()
-                self._log = parse_log_file(path)
+                self._log = self._follower.log
             except (SourceError, OSError) as e:
                 self._log_error = _one_line(e)
         if self._log_error is not None:
