@@ -311,8 +311,16 @@ def render_text(report: Report, console: Console) -> None:
     for f in report.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
     head = Text("kvdoctor: ", style="bold")
-    head.append(report.health.upper(), style=_SEVERITY_STYLE.get(report.health, "bold"))
-    if report.findings:
+    unknown = exit_code(report) == EXIT_UNKNOWN
+    if unknown:
+        # Nothing was read: "OK" would claim a diagnosis that never happened.
+        head.append("UNKNOWN", style="bold magenta")
+        head.append(" — no source could be read")
+    else:
+        head.append(report.health.upper(), style=_SEVERITY_STYLE.get(report.health, "bold"))
+    if unknown:
+        pass
+    elif report.findings:
         detail = ", ".join(f"{counts[s]} {s}" for s in ("critical", "warning", "info") if s in counts)
         head.append(f" — {len(report.findings)} finding{'s' if len(report.findings) != 1 else ''} ({detail})")
     else:
@@ -328,5 +336,14 @@ def render_text(report: Report, console: Console) -> None:
     console.print()
     for f in report.findings:
         console.print(_finding_panel(f))
-    if report.skipped:
+    if unknown:
+        console.print(
+            Text(
+                "Nothing to diagnose here. Point kvdoctor at a vLLM server (--metrics URL, --log FILE), a support "
+                "bundle (--bundle DIR|.tar.gz) or single artifacts (--nvidia-smi, --log, --cmdline); "
+                "or see an example with --demo.",
+                style="yellow",
+            )
+        )
+    elif report.skipped:
         console.print(Text(f"Skipped rules (missing inputs): {_skipped_text(report.skipped)}", style="dim"))

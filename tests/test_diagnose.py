@@ -200,3 +200,11 @@ def test_user_threshold_override_changes_the_verdict(tmp_path: Path) -> None:
     assert "preemption-storm" in {f["rule"] for f in json.loads(out)["findings"]}
     _, out, _ = run("diagnose", "--bundle", str(case), "--format", "json", "--config", str(cfg))
     assert "preemption-storm" not in {f["rule"] for f in json.loads(out)["findings"]}
+
+
+def test_text_says_unknown_when_nothing_was_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kvdoctor.sources.processes.list_processes", lambda *a, **k: [])
+    code, out, _ = run("diagnose", "--window", "0")
+    assert code == 3
+    assert "UNKNOWN" in out.splitlines()[0] and "OK" not in out.splitlines()[0]
+    assert "NVML unavailable: NVML Shared Library Not Found" in out and "--demo" in out

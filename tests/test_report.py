@@ -229,7 +229,8 @@ def test_text_header_sources_fix_before_summary_and_skipped() -> None:
 
 def test_text_without_findings_or_sources() -> None:
     out = render(build_report(Snapshot(), [], []))
-    assert out.startswith("kvdoctor: OK — no findings") and "no source was read" in out
+    # Nothing read is UNKNOWN (exit 3), never "OK".
+    assert out.startswith("kvdoctor: UNKNOWN — no source could be read") and "no source was read" in out
 
 
 def test_skipped_grouped_by_missing_input() -> None:
