@@ -127,148 +127,125 @@ def _metrics_timestamp(path: Path) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _read(
+    snap: Snapshot, kind: str, path: Path, parse: Callable[[Path], Any], describe: Callable[[Any], str]
+) -> Any:
+    """Parse one file; record "ok" with ``describe(result)`` or the error. Returns the result or None."""
+    result = _guard(snap, kind, str(path), partial(parse, path))
+    if result is not None:
+        _status(snap, kind, str(path), "ok", describe(result))
+    return result
+
+
+def _parse_log(path: Path) -> VllmLog:
+    from kvdoctor.sources.vllm_log import parse_log_file
+
+    return parse_log_file(path)
+
+
+def _describe_log(log: VllmLog) -> str:
+    detail = f"{log.line_count} lines, {len(log.events)} events"
+    return detail + (f", vLLM {log.vllm_version}" if log.vllm_version else "")
+
+
+def _parse_model(path: Path) -> Any:
+    from kvdoctor.sources.model_config import parse_model_config_file
+
+    return parse_model_config_file(path)
+
+
+def _parse_env(path: Path) -> dict[str, str]:
+    from kvdoctor.sources.env import parse_env_text
+
+    return parse_env_text(_read_text(path), origin=str(path))
+
+
+def _parse_ps(path: Path) -> Any:
+    from kvdoctor.sources.processes import parse_ps_text
+
+    return parse_ps_text(_read_text(path), origin=str(path))
+
+
+def _parse_apps(path: Path) -> Any:
+    from kvdoctor.sources.nvidia_smi import parse_compute_apps_csv
+
+    return parse_compute_apps_csv(_read_text(path), origin=str(path))
+
+
 def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
     """Read single artifacts into a Timeline. Never raises for bad input: each problem becomes a
     SourceStatus (kind, origin, "error", one-line reason)."""
     from kvdoctor.sources import metrics as metrics_src
+    from kvdoctor.sources.nvidia_smi import attach_processes, latest_gpus
 
     snap = Snapshot()
     configs: list[EngineConfig] = []
     scrapes: list[tuple[float | None, list[EngineMetrics]]] = []
 
-    # --- GPUs
-    gpus: list[Gpu] = []
+    # GPUs: every nvidia-smi file (table, CSV, XML) fills the same Gpu facts.
     for path in art.nvidia_smi:
-        origin = str(path)
-        moments = _guard(snap, "nvidia-smi", origin, partial(_parse_smi, path))
-        if moments is not None:
-            from kvdoctor.sources.nvidia_smi import latest_gpus
-
-            got = latest_gpus(moments)
-            if got:
-                gpus = _merge_gpus(gpus, got)
-                _status(snap, "nvidia-smi", origin, "ok", f"{len(got)} GPU(s)")
-            else:
-                _status(snap, "nvidia-smi", origin, "error", f"{origin}: no GPU rows found")
+        moments = _guard(snap, "nvidia-smi", str(path), partial(_parse_smi, path))
+        if moments is None:
+            continue
+        got = latest_gpus(moments)
+        if got:
+            snap.gpus = _merge_gpus(snap.gpus, got)
+            _status(snap, "nvidia-smi", str(path), "ok", f"{len(got)} GPU(s)")
+        else:
+            _status(snap, "nvidia-smi", str(path), "error", f"{path}: no GPU rows found")
     if art.compute_apps is not None:
-        origin = str(art.compute_apps)
+        procs = _read(snap, "nvidia-smi", art.compute_apps, _parse_apps, lambda p: f"{len(p)} compute app(s)")
+        if procs is not None:
+            attach_processes(snap.gpus, procs)
 
-        def _apps(p: Path = art.compute_apps) -> int:
-            from kvdoctor.sources.nvidia_smi import attach_processes, parse_compute_apps_csv
-
-            procs = parse_compute_apps_csv(_read_text(p), origin=str(p))
-            attach_processes(gpus, procs)
-            return len(procs)
-
-        n = _guard(snap, "nvidia-smi", origin, _apps)
-        if n is not None:
-            _status(snap, "nvidia-smi", origin, "ok", f"{n} compute app(s)")
-    snap.gpus = gpus
-
-    # --- log
     if art.log is not None:
-        origin = str(art.log)
+        snap.log = _read(snap, "log", art.log, _parse_log, _describe_log)
 
-        def _log(p: Path = art.log) -> VllmLog:
-            from kvdoctor.sources.vllm_log import parse_log_file
-
-            return parse_log_file(p)
-
-        log = _guard(snap, "log", origin, _log)
-        if log is not None:
-            snap.log = log
-            detail = f"{log.line_count} lines, {len(log.events)} events"
-            if log.vllm_version:
-                detail += f", vLLM {log.vllm_version}"
-            _status(snap, "log", origin, "ok", detail)
-
-    # --- metrics
     for path in art.metrics:
-        origin = str(path)
         if path.is_dir():
-            got = _guard(snap, "metrics", origin, partial(metrics_src.load_metrics_dir, path))
+            got = _guard(snap, "metrics", str(path), partial(metrics_src.load_metrics_dir, path))
             if got is not None:
                 series, errors = got
                 for err in errors:
-                    _status(snap, "metrics", origin, "error", _one_line(err))
+                    _status(snap, "metrics", str(path), "error", _one_line(err))
                 scrapes.extend(series)
                 if series:
-                    _status(snap, "metrics", origin, "ok", f"{len(series)} scrapes")
+                    _status(snap, "metrics", str(path), "ok", f"{len(series)} scrapes")
         else:
             ts = _metrics_timestamp(path)
-            ms = _guard(
-                snap,
-                "metrics",
-                origin,
-                partial(_parse_metrics_file, path, ts),
+            ms = _read(
+                snap, "metrics", path, partial(_parse_metrics_file, ts=ts), lambda m: f"{len(m)} engine(s)"
             )
             if ms is not None:
                 scrapes.append((ts, ms))
-                _status(snap, "metrics", origin, "ok", f"{len(ms)} engine(s)")
     for text, ts, origin in art.metrics_texts:
-        ms = _guard(
-            snap,
-            "metrics",
-            origin,
-            partial(metrics_src.parse_metrics, text, origin, ts),
-        )
+        ms = _guard(snap, "metrics", origin, partial(metrics_src.parse_metrics, text, origin, ts))
         if ms is not None:
             scrapes.append((ts, ms))
             _status(snap, "metrics", origin, "ok", f"{len(ms)} engine(s)")
 
-    # --- launch command
     if art.cmdline is not None:
         origin = art.cmdline if len(art.cmdline) < 200 and "\n" not in art.cmdline else "command line"
-        got = _guard(snap, "cmdline", origin, lambda: _parse_cmdline(art.cmdline or "", art.cmdline_base))
+        got = _guard(snap, "cmdline", origin, partial(_parse_cmdline, art.cmdline, art.cmdline_base))
         if got is not None:
             cfgs, origin = got
             configs.extend(cfgs)
             _status(snap, "cmdline", origin, "ok", f"{len(cfgs)} engine command(s)")
 
-    # --- model config
     if art.model_config is not None:
-        origin = str(art.model_config)
-
-        def _cfg(p: Path = art.model_config) -> Any:
-            from kvdoctor.sources.model_config import parse_model_config_file
-
-            return parse_model_config_file(p)
-
-        arch = _guard(snap, "config", origin, _cfg)
-        if arch is not None:
-            snap.model = arch
-            _status(
-                snap, "config", origin, "ok", f"{arch.model_type or 'model'}: {arch.num_hidden_layers} layers"
-            )
-
-    # --- env
+        snap.model = _read(
+            snap,
+            "config",
+            art.model_config,
+            _parse_model,
+            lambda a: f"{a.model_type or 'model'}: {a.num_hidden_layers} layers",
+        )
     if art.env is not None:
-        origin = str(art.env)
-
-        def _env(p: Path = art.env) -> dict[str, str]:
-            from kvdoctor.sources.env import parse_env_text
-
-            return parse_env_text(_read_text(p), origin=str(p))
-
-        env = _guard(snap, "env", origin, _env)
-        if env is not None:
-            snap.env = env
-            _status(snap, "env", origin, "ok", f"{len(env)} variable(s)")
-
-    # --- ps
+        snap.env = _read(snap, "env", art.env, _parse_env, lambda e: f"{len(e)} variable(s)") or {}
     if art.ps is not None:
-        origin = str(art.ps)
-
-        def _ps(p: Path = art.ps) -> Any:
-            from kvdoctor.sources.processes import parse_ps_text
-
-            return parse_ps_text(_read_text(p), origin=str(p))
-
-        procs = _guard(snap, "processes", origin, _ps)
+        procs = _read(snap, "processes", art.ps, _parse_ps, lambda p: f"{len(p)} process(es)")
         if procs is not None:
-            snap.processes = procs
-            snap.process_table_known = True
-            _status(snap, "processes", origin, "ok", f"{len(procs)} process(es)")
+            snap.processes, snap.process_table_known = procs, True
 
     return _assemble(snap, scrapes, configs)
 
@@ -287,7 +264,7 @@ def _assemble(
     return Loaded(timeline=timeline, configs=configs)
 
 
-def _parse_metrics_file(path: Path, ts: float | None) -> list[EngineMetrics]:
+def _parse_metrics_file(path: Path, ts: float | None = None) -> list[EngineMetrics]:
     from kvdoctor.sources.metrics import parse_metrics
 
     return parse_metrics(_read_text(path), origin=str(path), timestamp=ts)
