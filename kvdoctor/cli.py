@@ -57,11 +57,29 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Console-script entry point (exit codes: spec/report.md)."""
+    """Console-script entry point. Exit codes (spec/report.md): 0 ok, 1 warning, 2 critical,
+    3 unknown — including a command-line error, so a typo in a probe never pages as CRITICAL
+    (click's own convention would be 2)."""
     try:
-        cli.main(prog_name="kvdoctor", standalone_mode=True)
+        rv = cli.main(prog_name="kvdoctor", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        e.show()
+        sys.exit(3)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(3)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:
+        # The reader (``| head``) went away; nothing more to say.
+        sys.stderr.close()
+        sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

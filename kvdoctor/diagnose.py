@@ -86,7 +86,7 @@ def run_diagnosis(
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["text", "json", "markdown"]),
+    type=click.Choice(["text", "json", "markdown"], case_sensitive=False),
     default=None,
     help="Output format (default: text).",
 )

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from kvdoctor.facts import Snapshot, SourceStatus
 from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, sort_findings, worst_health
+from kvdoctor.redact import redact_text
 
 SCHEMA = "kvdoctor.report/1"
 
@@ -76,6 +77,9 @@ class Report:
             "engines": self.engines,
             "findings": [f.to_dict() for f in self.findings],
             "skipped": [s.to_dict() for s in self.skipped],
+            # Added in report/1 (fields may be added): the process exit code, 3 = nothing readable,
+            # so a consumer of the JSON need not re-derive "unknown" from the sources.
+            "exit_code": exit_code(self),
         }
 
 
@@ -128,10 +132,19 @@ def build_report(
                 "kv": {name: kv_src.get(name) for name in ENGINE_KV_FIELDS},
             }
         )
+    # The last line of defence for "secrets never leave": whatever a source echoed back
+    # (an unparsable command line, a URL with credentials) is redacted here too.
+    sources = [
+        SourceStatus(s.kind, redact_text(s.origin), s.status, redact_text(s.detail)) for s in snapshot.sources
+    ]
+    for f in findings:
+        f.summary = redact_text(f.summary)
+        for ev in f.evidence:
+            ev.value, ev.source = redact_text(ev.value), redact_text(ev.source)
     return Report(
         generated_at=_iso_utc(now),
         health=worst_health(findings),
-        sources=list(snapshot.sources),
+        sources=sources,
         gpus=gpus,
         engines=engines,
         findings=sort_findings(findings),
@@ -209,7 +222,7 @@ def render_markdown(report: Report) -> str:
     collapsed ``<details>`` evidence table; then the sources table and skipped rules."""
     n = len(report.findings)
     lines = [
-        f"## kvdoctor: {report.health.upper()}",
+        f"## kvdoctor: {'UNKNOWN (no source could be read)' if exit_code(report) == EXIT_UNKNOWN else report.health.upper()}",
         "",
         f"{n} finding{'s' if n != 1 else ''} · generated {report.generated_at} · `{report.schema}`",
         "",

@@ -208,3 +208,39 @@ def test_text_says_unknown_when_nothing_was_read(monkeypatch: pytest.MonkeyPatch
     assert code == 3
     assert "UNKNOWN" in out.splitlines()[0] and "OK" not in out.splitlines()[0]
     assert "NVML unavailable: NVML Shared Library Not Found" in out and "--demo" in out
+
+
+def test_the_readme_config_example_is_accepted(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(block)
+    code, out, err = run("diagnose", "--bundle", str(HEALTHY), "--config", str(cfg), "--format", "json")
+    assert code == 0, err
+    assert "idle-preallocation" not in {f["rule"] for f in json.loads(out)["findings"]}
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        'vllm serve m --api-key "SECRET123',
+        'curl -H "Authorization: Bearer SECRET123" x',
+        "vllm serve m --api-key SECRET123",
+    ],
+)
+@pytest.mark.parametrize("fmt", ["json", "markdown", "text"])
+def test_unparsable_command_lines_are_redacted_too(
+    cmd: str, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kvdoctor.sources.processes.list_processes", lambda *a, **k: [])
+    _, out, err = run("diagnose", "--cmdline", cmd, "--no-nvml", "--window", "0", "--format", fmt)
+    assert "SECRET123" not in out + err
+
+
+def test_usage_errors_exit_3_not_critical() -> None:
+    import subprocess
+    import sys
+
+    for args in (["diagnose", "--format", "jsn"], ["diagnose", "--bogus"], ["explain"]):
+        r = subprocess.run([sys.executable, "-m", "kvdoctor", *args], capture_output=True, text=True)
+        assert r.returncode == 3 and "Traceback" not in r.stderr, (args, r.stderr)

@@ -225,7 +225,9 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
             _status(snap, "metrics", origin, "ok", f"{len(ms)} engine(s)")
 
     if art.cmdline is not None:
-        origin = art.cmdline if len(art.cmdline) < 200 and "\n" not in art.cmdline else "command line"
+        # A literal command is named "--cmdline", never echoed: it may hold an --api-key.
+        is_file = len(art.cmdline) < 4096 and "\n" not in art.cmdline and Path(art.cmdline).is_file()
+        origin = art.cmdline if is_file else "--cmdline"
         got = _guard(snap, "cmdline", origin, partial(_parse_cmdline, art.cmdline, art.cmdline_base))
         if got is not None:
             cfgs, origin = got
