@@ -161,7 +161,12 @@ def gpu(name: str, memory_bytes: int | None = None) -> GpuSpec:
     if key is None and n:
         # Truncated nvidia-smi names ("A100-SXM...") and suffixed ones ("H100 80GB HBM3 PCIe"):
         # the longest alias that is a prefix, preferring one whose memory matches.
-        cands = [a for a in _ALIASES if n.startswith(a) or (len(n) >= 3 and a.startswith(n))]
+        # A prefix must end at a word boundary: "h100" does not match "h1000".
+        cands = [
+            a
+            for a in _ALIASES
+            if (n.startswith(a) and not n[len(a) : len(a) + 1].isalnum()) or (len(n) >= 3 and a.startswith(n))
+        ]
         if memory_bytes is not None and cands:
             close = [a for a in cands if abs(_GPUS[_ALIASES[a]].memory_bytes - memory_bytes) <= 2048 * MiB]
             cands = close or cands

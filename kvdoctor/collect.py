@@ -137,8 +137,9 @@ class Sampler:
             return
         if self._log_error is None and self._follower is None:
             try:
-                from kvdoctor.sources.vllm_log import LogFollower
+                from kvdoctor.sources.vllm_log import LogFollower, check_log_file
 
+                check_log_file(path)
                 self._follower = LogFollower(path)
             except (SourceError, OSError) as e:
                 self._log_error = _one_line(e)
@@ -153,7 +154,9 @@ class Sampler:
             snap.sources.append(SourceStatus("log", str(path), "error", self._log_error))
         elif self._log is not None:
             snap.log = self._log
-            snap.sources.append(SourceStatus("log", str(path), "ok", f"{self._log.line_count} lines"))
+            from kvdoctor.sources.bundle import describe_log
+
+            snap.sources.append(SourceStatus("log", str(path), "ok", describe_log(self._log)))
 
     def sample(self) -> Snapshot:
         """Read every live source once."""

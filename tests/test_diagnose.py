@@ -137,7 +137,7 @@ def test_empty_log_is_read_not_an_error(tmp_path: Path) -> None:
     code, out, _ = run("diagnose", "--log", str(tmp_path / "vllm.log"), "--window", "0", "--format", "json")
     r = json.loads(out)
     log = next(s for s in r["sources"] if s["kind"] == "log")
-    assert log["status"] == "ok" and log["detail"] == "0 lines"
+    assert log["status"] == "ok" and log["detail"] == "0 lines, 0 events"
     assert code == 0 and r["findings"] == []
 
 

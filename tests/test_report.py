@@ -78,7 +78,9 @@ def test_json_shape_matches_spec() -> None:
         "engines",
         "findings",
         "skipped",
+        "exit_code",  # added field (report/1 allows additions)
     ]
+    assert doc["exit_code"] == 2
     assert doc["schema"] == "kvdoctor.report/1" and doc["generated_at"] == "2026-11-29T18:00:00Z"
     assert doc["health"] == "critical"
     assert doc["sources"][2] == {

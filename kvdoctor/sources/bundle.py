@@ -143,7 +143,8 @@ def _parse_log(path: Path) -> VllmLog:
     return parse_log_file(path)
 
 
-def _describe_log(log: VllmLog) -> str:
+def describe_log(log: VllmLog) -> str:
+    """One-line summary of a parsed log for its SourceStatus."""
     detail = f"{log.line_count} lines, {len(log.events)} events"
     return detail + (f", vLLM {log.vllm_version}" if log.vllm_version else "")
 
@@ -199,7 +200,7 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
             attach_processes(snap.gpus, procs)
 
     if art.log is not None:
-        snap.log = _read(snap, "log", art.log, _parse_log, _describe_log)
+        snap.log = _read(snap, "log", art.log, _parse_log, describe_log)
 
     for path in art.metrics:
         if path.is_dir():

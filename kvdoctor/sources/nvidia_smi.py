@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import re
+import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
@@ -355,6 +356,8 @@ def parse_nvidia_smi_table(text: str, origin: str = "") -> list[list[Gpu]]:
     ("No devices were found", "NVIDIA-SMI has failed …") and text with no GPU rows.
     """
     text = _check_text(text, origin, "nvidia-smi table")
+    # A table pasted with an indent (a chat, an issue's quote) is still a table.
+    text = textwrap.dedent(text)
     _check_failure(text, origin)
     tables = [t for t in _split_tables(text, origin) if t.gpus]
     if not tables:

@@ -1508,6 +1508,19 @@ def parse_log(text: str, origin: str = "") -> VllmLog:
     return parser.log
 
 
+def check_log_file(path: str | os.PathLike[str]) -> None:
+    """Raise SourceError when ``path`` cannot be read or is not a text log (binary content), by
+    the same test :func:`parse_log_file` applies; used before following a file live."""
+    origin = str(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+    except OSError as exc:
+        raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=origin) from None
+    if head[:2] != b"\x1f\x8b":
+        _decode(head, origin)
+
+
 def _decode(data: bytes, origin: str) -> str:
     """Bytes → text (utf-8, errors replaced); SourceError when the content is not text."""
     if data[:2] == b"\x1f\x8b":
