@@ -84,7 +84,8 @@ VARIABLES: dict[str, str] = {
     "orphan_reason": "str; why they are orphans",
     "engine_cpu_percent": "percent of one core; engine processes' largest CPU use (psutil / ps.txt)",
     # --- model and KV arithmetic (config.json + kvmath)
-    "model_known": "bool; config.json was read",
+    "model_known": "bool; the model's architecture is known (config.json, else the built-in catalogue by --model name)",
+    "model_source": "str; 'config.json' or 'catalogue'",
     "arch": "ModelArch object, for kvmath functions",
     "num_attention_heads": "int; config.json",
     "num_kv_heads": "int; config.json num_key_value_heads",
@@ -398,6 +399,10 @@ def _variables(
     log = snapshot.log
     cfg = engine.config if engine else EngineConfig()
     arch = snapshot.model
+    model_source = "config.json" if arch is not None else None
+    if arch is None and cfg.model:
+        arch = _catalogue_arch(cfg.model)
+        model_source = "catalogue" if arch is not None else None
 
     if snapshot.gpus:
         inputs.add("gpus")
@@ -419,6 +424,7 @@ def _variables(
     v["engine_pids_known"] = bool(engine_pids)
     _gpu_vars(v, snapshot, engine, engine_pids)
     _model_vars(v, cfg, arch, log)
+    v["model_source"] = model_source
     if log is not None:
         _log_vars(v, log, cfg)
     _metrics_vars(v, series, window_s)
@@ -605,6 +611,22 @@ def _model_vars(v: dict[str, Any], cfg: EngineConfig, arch: ModelArch | None, lo
         )
     except (ValueError, ZeroDivisionError, KeyError, TypeError):
         pass
+
+
+def _catalogue_arch(model: str) -> ModelArch | None:
+    """The built-in catalogue's architecture for a model id (``meta-llama/Llama-3.1-70B``), so a
+    bundle without config.json still gets weights and KV sizes; None when not catalogued."""
+    from kvdoctor import catalog
+    from kvdoctor.facts import SourceError
+    from kvdoctor.sources.model_config import parse_model_config
+
+    raw = catalog.model_config(model)
+    if raw is None:
+        return None
+    try:
+        return parse_model_config(raw, origin=f"catalogue:{model}")
+    except SourceError:
+        return None
 
 
 def _valid_dtype(dtype: str) -> str:

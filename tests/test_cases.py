@@ -15,8 +15,14 @@ from click.testing import CliRunner
 from kvdoctor.cli import cli
 from tests.check_cases import check
 
-CASES = Path(__file__).parent / "data" / "cases"
-CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "expected.json").is_file())
+DATA = Path(__file__).parent / "data"
+# The handed real-world cases, then bundles written by the team for situations they miss.
+CASE_DIRS = [
+    p
+    for root in (DATA / "cases", DATA / "bundles")
+    for p in sorted(root.iterdir())
+    if (p / "expected.json").is_file()
+]
 
 
 def diagnose_json(bundle: Path) -> tuple[int, dict]:
@@ -38,4 +44,4 @@ def test_case(case: Path) -> None:
 
 
 def test_there_are_cases() -> None:
-    assert len(CASE_DIRS) >= 15
+    assert len(CASE_DIRS) >= 17

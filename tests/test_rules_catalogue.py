@@ -197,3 +197,25 @@ def test_every_rule_file_names_only_known_variables(rule_file: Path) -> None:
     from kvdoctor.rules_engine import load_rule_file
 
     load_rule_file(rule_file, known_names=set(VARIABLES))
+
+
+def test_foreign_process_fix_is_never_a_gmu_too_small_for_the_weights() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    def refused(free_gib: float) -> Snapshot:
+        line = (
+            f"ERROR 09-01 10:00:00 [core.py:700] ValueError: Free memory on device cuda:0 ({free_gib:.2f}/79.19 GiB) on "
+            "startup is less than desired GPU memory utilization (0.92, 72.85 GiB). Decrease GPU memory utilization or "
+            "reduce GPU memory used by other processes."
+        )
+        foreign = GpuProcess(pid=12345, name="python3", used_bytes=int((79.19 - free_gib) * GiB))
+        return Snapshot(
+            gpus=[_gpu(0, 79.19 - free_gib, total_gib=79.19, procs=[foreign])], log=parse_log(line)
+        )
+
+    cfg = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", explicit={"model"})
+    ok = fired(refused(40.0), cfg)["gpu-shared-with-foreign-process"]
+    assert ok["flags"] == {"--gpu-memory-utilization": "0.49"}  # (40 − 0.5) / 79.19 = 0.4988, rounded down
+    big = EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", explicit={"model"})
+    stop = fired(refused(1.9), big)["gpu-shared-with-foreign-process"]
+    assert stop["flags"] == {} and "Stop the other process (kill 12345)" in stop["summary"]
