@@ -258,6 +258,6 @@ def _emit(report: Any, fmt: str | None) -> None:
     elif fmt == "markdown":
         sys.stdout.write(render_markdown(report) + "\n")
     else:
-        from rich.console import Console
+        from kvdoctor.report import make_console
 
-        render_text(report, Console())
+        render_text(report, make_console())

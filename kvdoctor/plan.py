@@ -362,10 +362,11 @@ def build_plan(
 
 def render_text(plan: dict[str, Any]) -> None:
     """Print the plan as rich tables on stdout."""
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from kvdoctor.report import make_console
+
+    con = make_console()
     gpu = plan["gpu"]
     title = f"{plan['model']} on {gpu['name'] if gpu else 'GPU'}" + (
         f" × {plan['tensor_parallel_size'] * plan['pipeline_parallel_size']}"

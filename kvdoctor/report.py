@@ -200,13 +200,29 @@ def _source_line(s: SourceStatus) -> str:
     return f"{s.kind} {s.origin}: {s.status}{detail}"
 
 
+#: rule input names (rules/*.yaml ``needs``) in the words of the artifacts that provide them.
+INPUT_WORDS = {
+    "gpus": "nvidia-smi/NVML",
+    "metrics": "/metrics",
+    "timeline": "two /metrics scrapes",
+    "log": "vLLM log",
+    "config": "launch command",
+    "model": "config.json",
+    "processes": "process table",
+}
+
+
+def _input_words(missing: str) -> str:
+    return " or ".join(INPUT_WORDS.get(part, part) for part in missing.split("|"))
+
+
 def _skipped_text(skipped: list[Skipped]) -> str:
-    """ "no gpus: rule-a, rule-b; no metrics: rule-c" (engine named only with several)."""
+    """ "no nvidia-smi/NVML: rule-a, rule-b; no /metrics: rule-c" (engine named only with several)."""
     several = len({s.engine for s in skipped}) > 1
     groups: dict[str, list[str]] = {}
     for s in skipped:
         name = f"{s.rule}[{s.engine}]" if several and s.engine else s.rule
-        groups.setdefault(", ".join(s.missing), []).append(name)
+        groups.setdefault(", ".join(_input_words(m) for m in s.missing), []).append(name)
     return "; ".join(f"no {missing}: {', '.join(rules)}" for missing, rules in groups.items())
 
 
@@ -314,6 +330,19 @@ def _finding_panel(f: Finding) -> Panel:
         border_style=_SEVERITY_STYLE.get(f.severity, "").replace("bold ", ""),
         expand=True,
     )
+
+
+def make_console(stream: Any = None) -> Console:
+    """The console every text face prints to: the terminal's width on a TTY; 120 columns when
+    piped (CI logs, ``tee``), where rich's 80-column default would fold every source line.
+    Colour is off for non-TTYs and with NO_COLOR (rich's own rules)."""
+    import os
+    import sys
+
+    out = stream or sys.stdout
+    tty = hasattr(out, "isatty") and out.isatty()
+    width = None if tty else int(os.environ.get("COLUMNS", "120"))
+    return Console(file=out, width=width, highlight=False)
 
 
 def render_text(report: Report, console: Console) -> None:

@@ -79,8 +79,9 @@ def load_rules_or_exit(
 
 
 def _console() -> Console:
-    # rich turns colour off for non-TTYs and honours NO_COLOR itself.
-    return Console(highlight=False, soft_wrap=False)
+    from kvdoctor.report import make_console
+
+    return make_console()
 
 
 def _threshold_text(rule: Rule) -> str:

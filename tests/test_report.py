@@ -193,7 +193,7 @@ def test_markdown_has_fix_first_and_collapsed_evidence() -> None:
         and "| KV cache capacity | 3,664 tokens | vllm.log line 31 |" in md
     )
     assert "| metrics | bundle/metrics | missing | not in bundle |" in md
-    assert "Skipped rules (missing inputs): no metrics: preemption-storm" in md
+    assert "Skipped rules (missing inputs): no /metrics: preemption-storm" in md
     assert f"`kvdoctor explain {MML}`" in md
 
 
@@ -225,7 +225,7 @@ def test_text_header_sources_fix_before_summary_and_skipped() -> None:
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
     assert "[sic]" in out  # rich markup in text is printed, not interpreted
     assert f"kvdoctor explain {MML}" in out and "vllm.log line 31" in out
-    assert "Skipped rules (missing inputs): no gpus: idle-preallocation" in out
+    assert "Skipped rules (missing inputs): no nvidia-smi/NVML: idle-preallocation" in out
     assert "\x1b[" not in out  # no colour when not a terminal
 
 
@@ -238,4 +238,4 @@ def test_text_without_findings_or_sources() -> None:
 def test_skipped_grouped_by_missing_input() -> None:
     skipped = [Skipped("a", ["gpus"], "x"), Skipped("b", ["metrics"], "y"), Skipped("c", ["gpus"], "y")]
     md = render_markdown(build_report(snapshot(), [], skipped))
-    assert "Skipped rules (missing inputs): no gpus: a[x], c[y]; no metrics: b[y]" in md
+    assert "Skipped rules (missing inputs): no nvidia-smi/NVML: a[x], c[y]; no /metrics: b[y]" in md
