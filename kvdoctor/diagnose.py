@@ -54,7 +54,7 @@ def run_diagnosis(
     "--bundle",
     "bundle",
     type=click.Path(path_type=Path),
-    help="Support bundle directory or .tar.gz (spec/bundle.md).",
+    help="Support bundle directory or .tar.gz (docs/spec/bundle.md).",
 )
 @click.option("--demo", is_flag=True, help="Diagnose a bundled real incident (no GPU needed).")
 @click.option(
