@@ -178,6 +178,11 @@ VARIABLES: dict[str, str] = {
     "kv_capacity_tokens": "tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size",
     # --- host
     "engine_pids_known": "bool; the engine's own pids are known (live, ps.txt, or log prefixes)",
+    "expandable_segments_on": "bool; PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True (env.txt / live env)",
+    "max_num_seqs_explicit": "bool; --max-num-seqs was given",
+    "max_num_batched_tokens_explicit": "bool; --max-num-batched-tokens was given",
+    "typical_request_tokens": "tokens; p50 prompt + p50 generation (histograms), else KV in use / running requests, else max_model_len",
+    "dp_engine": "str; the data-parallel engine label this context is about (None without DP)",
 }
 
 #: inputs a rule can need (``needs:`` in rules/*.yaml) → what provides them.
@@ -206,17 +211,44 @@ def _last(events: list[LogEvent]) -> LogEvent | None:
     return events[-1] if events else None
 
 
+#: events a server prints while it starts, before it does anything that a restart would repeat.
+_CONFIG_KINDS = frozenset({"version", "args", "chunked_prefill", "max_model_len_used"})
+
+
 def _run_start_lines(log: VllmLog) -> list[int]:
-    """Lines where a server (re)start begins: version / args lines of a new APIServer pid."""
+    """Lines where a server run begins: its "vLLM API server version" line or its args dump
+    (``non-default args`` / ``args: Namespace``), once the previous run had got past its
+    configuration lines. A log cut mid-run has no start: all of it is one run."""
     starts: list[int] = []
-    seen_pid: int | None = None
+    progressed = True
     for e in log.events:
-        if e.kind in ("version", "args"):
-            if e.kind == "version" or e.pid is None or e.pid != seen_pid:
-                if not starts or e.pid != seen_pid:
-                    starts.append(e.line)
-                seen_pid = e.pid
+        candidate = (e.kind == "version" and "server version" in e.text.lower()) or (
+            e.kind == "args" and e.values.get("source") in ("non_default", "namespace")
+        )
+        if candidate:
+            if progressed:
+                starts.append(e.line)
+                progressed = False
+        elif e.kind not in _CONFIG_KINDS:
+            progressed = True
     return starts
+
+
+def current_run(log: VllmLog) -> VllmLog:
+    """The log's latest run only: an error of an earlier run that was restarted since is
+    history, not the present state (its pids still matter for orphan detection)."""
+    starts = _run_start_lines(log)
+    if len(starts) <= 1:
+        return log
+    first = starts[-1]
+    return VllmLog(
+        origin=log.origin,
+        events=[e for e in log.events if e.line >= first],
+        vllm_version=log.vllm_version,
+        engine_generation=log.engine_generation,
+        args=log.args,
+        line_count=log.line_count,
+    )
 
 
 def _pids_after(log: VllmLog, line: int) -> set[int]:
@@ -255,6 +287,23 @@ def _engine_gpus(snapshot: Snapshot, engine: Engine, engine_pids: set[int], tp_p
         if got:
             return got
     return visible[: max(1, tp_pp)]
+
+
+def _engine_bytes_on(g: Gpu, engine_pids: set[int]) -> int:
+    """Bytes the engine holds on one GPU: its processes' memory when the process table lists
+    them (vLLM-named or known engine pids), else the GPU's used memory."""
+    mine = [p for p in g.processes if p.pid in engine_pids or _is_vllm_process(p.name)]
+    if mine and all(p.used_bytes is not None for p in mine):
+        return sum(p.used_bytes or 0 for p in mine)
+    return g.memory_used_bytes or 0
+
+
+def _looks_like_the_engine(p: GpuProcess, g: Gpu, gmu: float | None) -> bool:
+    """A process holding gmu × total (±2 % of the card) is the engine itself, whatever its
+    name or pid namespace (a container's ``/usr/bin/python3``)."""
+    if gmu is None or not g.memory_total_bytes or p.used_bytes is None:
+        return False
+    return abs(p.used_bytes - gmu * g.memory_total_bytes) <= 0.02 * g.memory_total_bytes
 
 
 def _desc(items: list[tuple[GpuProcess, int]]) -> str:
@@ -324,7 +373,7 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
             _fill_from_cache_config(cfg, cc)
         if version and not cfg.vllm_version:
             cfg.vllm_version = version
-        apply_defaults(cfg, cfg.vllm_version)
+        cfg = apply_defaults(cfg, cfg.vllm_version)
         engine_name = (
             cfg.served_model_name
             or cfg.model
@@ -371,13 +420,25 @@ def build_contexts(
     snapshot.engines = engines
     contexts: list[tuple[str | None, dict[str, Any], set[str]]] = []
     kv_report: dict[str, dict[str, Any]] = {}
-    targets: list[Engine | None] = list(engines) or [None]
-    for idx, eng in enumerate(targets):
-        label = None
-        if snapshot.metrics and len({m.engine for m in snapshot.metrics}) > 1:
-            label = "0"
-        series = _series_for(timeline.snapshots, label) if idx == 0 else []
-        variables, inputs = _variables(snapshot, eng, series, window_s)
+    # Data parallelism: one PrometheusStatLogger serves every DP engine, told apart by the
+    # ``engine`` label (vllm-facts §1.1): each label is an engine of its own for the rules.
+    labels = sorted({m.engine for s in timeline.snapshots for m in s.metrics if m.engine is not None})
+    targets: list[tuple[Engine | None, str | None]] = []
+    for idx, eng in enumerate(engines or [None]):
+        if idx == 0 and eng is not None and len(labels) > 1:
+            for dp_label in labels:
+                dp = Engine(id=f"{eng.id} [engine {dp_label}]", config=eng.config, pid=eng.pid)
+                targets.append((dp, dp_label))
+        else:
+            targets.append((eng, labels[0] if (idx == 0 and labels) else None))
+    if len(labels) > 1 and engines:
+        engines = [t for t, _ in targets if t is not None] + engines[1:]
+        snapshot.engines = engines
+    for idx, (eng, label) in enumerate(targets):
+        series = _series_for(timeline.snapshots, label) if (label is not None or idx == 0) else []
+        variables, inputs = _variables(
+            snapshot, eng, series, window_s, dp_label=label if len(labels) > 1 else None
+        )
         contexts.append((eng.id if eng else None, variables, inputs))
         if eng is not None:
             kv_report[eng.id] = {
@@ -392,11 +453,16 @@ def build_contexts(
 
 
 def _variables(
-    snapshot: Snapshot, engine: Engine | None, series: list[EngineMetrics], window_s: float
+    snapshot: Snapshot,
+    engine: Engine | None,
+    series: list[EngineMetrics],
+    window_s: float,
+    *,
+    dp_label: str | None = None,
 ) -> tuple[dict[str, Any], set[str]]:
     v: dict[str, Any] = dict.fromkeys(VARIABLES)
     inputs: set[str] = set()
-    log = snapshot.log
+    log = current_run(snapshot.log) if snapshot.log is not None else None
     cfg = engine.config if engine else EngineConfig()
     arch = snapshot.model
     model_source = "config.json" if arch is not None else None
@@ -426,10 +492,30 @@ def _variables(
     _model_vars(v, cfg, arch, log)
     v["model_source"] = model_source
     if log is not None:
-        _log_vars(v, log, cfg)
+        _log_vars(v, log, cfg, dp_label)
     _metrics_vars(v, series, window_s)
     _combined_vars(v, cfg, log)
+    v["dp_engine"] = dp_label
+    conf = (snapshot.env.get("PYTORCH_CUDA_ALLOC_CONF") or "").replace(" ", "").lower()
+    v["expandable_segments_on"] = "expandable_segments:true" in conf
+    v["max_num_seqs_explicit"] = "max_num_seqs" in cfg.explicit
+    v["max_num_batched_tokens_explicit"] = "max_num_batched_tokens" in cfg.explicit
+    _typical_request(v)
     return v, inputs
+
+
+def _typical_request(v: dict[str, Any]) -> None:
+    """Tokens a typical request holds in the KV cache, for "how many sequences fit"."""
+    if v["prompt_p50"]:
+        v["typical_request_tokens"] = int(v["prompt_p50"] + (v["generation_p50"] or 0))
+        return
+    running = v["running"] if v["running"] else v["log_running_last"]
+    usage = v["kv_usage_max"]
+    if running and usage and v["kv_capacity_tokens"]:
+        # What the running batch actually holds per request (V0 logs without histograms).
+        v["typical_request_tokens"] = max(1, int(usage * v["kv_capacity_tokens"] / running))
+        return
+    v["typical_request_tokens"] = v["max_model_len"]
 
 
 def _config_vars(
@@ -514,10 +600,12 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
         {r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)}
     )
     if len(egpus) > 1 and all(g.memory_used_bytes is not None for g in egpus):
-        heavy = max(egpus, key=lambda g: g.memory_used_bytes or 0)
-        light = min(egpus, key=lambda g: g.memory_used_bytes or 0)
-        v["rank_spread_bytes"] = (heavy.memory_used_bytes or 0) - (light.memory_used_bytes or 0)
-        v["rank_heavy_gpu"] = heavy.index
+        # Compare what the engine itself holds on each rank: another job on one GPU is
+        # gpu-shared-with-foreign-process, not an imbalance of the engine's ranks.
+        own = {g.index: _engine_bytes_on(g, engine_pids) for g in egpus}
+        heavy_idx = max(own, key=lambda i: own[i])
+        v["rank_spread_bytes"] = own[heavy_idx] - min(own.values())
+        v["rank_heavy_gpu"] = heavy_idx
     if totals:
         v["engine_gpu_total_min_bytes"], v["engine_gpu_total_max_bytes"] = min(totals), max(totals)
     for g in visible:
@@ -539,8 +627,12 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
     foreign: list[tuple[GpuProcess, int]] = []
     orphans: list[tuple[GpuProcess, int]] = []
     reasons: set[str] = set()
-    startup_refused = log is not None and log.last("free_memory_below_util") is not None
+    startup_refused = log is not None and current_run(log).last("free_memory_below_util") is not None
     egpu_idx = set(v["engine_gpus"] or [])
+    # The log's pids may come from a container's pid namespace: trust them for "this process is
+    # not the engine" only when some GPU process carries one of them (or the table is live).
+    on_gpu = {p.pid for g in visible for p in g.processes}
+    pids_comparable = snapshot.process_table_known or bool(engine_pids & on_gpu)
     for g in visible:
         for p in g.processes:
             vllm_like = _is_vllm_process(p.name)
@@ -561,11 +653,15 @@ def _gpu_vars(v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engi
                     continue
             # Without the engine's own pids a process can only be called foreign when the engine
             # never got to allocate anything (it failed the startup free-memory check).
+            # MIG instances have memory of their own: a neighbour in another instance is not
+            # on the engine's device.
             if (
                 g.index in egpu_idx
+                and not g.mig_enabled
                 and p.pid not in engine_pids
                 and not vllm_like
-                and (engine_pids or startup_refused)
+                and ((engine_pids and pids_comparable) or startup_refused)
+                and (startup_refused or not _looks_like_the_engine(p, g, v["gmu"]))
             ):
                 foreign.append((p, g.index))
     v["foreign_pids"] = [p.pid for p, _ in foreign]
@@ -635,7 +731,14 @@ def _valid_dtype(dtype: str) -> str:
     return dtype if dtype in valid_kv_cache_dtypes(None) else "auto"
 
 
-def _log_vars(v: dict[str, Any], log: VllmLog, cfg: EngineConfig) -> None:
+def _stats_engine(e: LogEvent) -> int:
+    try:
+        return int(e.values.get("engine") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _log_vars(v: dict[str, Any], log: VllmLog, cfg: EngineConfig, dp_label: str | None = None) -> None:
     avail = log.of("available_kv_memory")
     if avail:
         low = min(avail, key=lambda e: e.values.get("bytes") or 0)
@@ -726,11 +829,11 @@ def _log_vars(v: dict[str, Any], log: VllmLog, cfg: EngineConfig) -> None:
         or inv is not None
         or log.of("profiling_assertion")
     )
-    # Only the latest run's stats lines describe the present: a restart or crash after them
-    # makes them history.
-    starts = _run_start_lines(log)
-    first_line = starts[-1] if starts else 0
-    stats = [e for e in log.of("stats") if e.line >= first_line]
+    # ``log`` is the latest run already; with data parallelism each engine reads its own
+    # "Engine 00N:" lines.
+    stats = log.of("stats")
+    if dp_label is not None and dp_label.isdigit():
+        stats = [e for e in stats if _stats_engine(e) == int(dp_label)]
     v["log_stats_count"] = len(stats)
     if stats:
         kvs = [float(e.values["kv_usage"]) for e in stats if e.values.get("kv_usage") is not None]
@@ -742,9 +845,7 @@ def _log_vars(v: dict[str, Any], log: VllmLog, cfg: EngineConfig) -> None:
         v["log_running_first"] = runs[0] if runs else None
         v["log_running_last"] = runs[-1] if runs else None
         v["log_gen_throughput_max"] = max(gens) if gens else None
-    pre = sum(int(e.values.get("preemptions") or 0) for e in stats) + len(
-        [e for e in log.of("preempted_v0") if e.line >= first_line]
-    )
+    pre = sum(int(e.values.get("preemptions") or 0) for e in stats) + len(log.of("preempted_v0"))
     v["log_preemptions_sum"] = pre
 
 

@@ -45,8 +45,17 @@ def run_diagnosis(
     _engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
     ctxs = [RuleContext(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
     result = evaluate(rules, ctxs)
+    # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
+    # context: report it once.
+    seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
+    findings = []
+    for f in result.findings:
+        key = (f.rule, f.summary, tuple(sorted(f.suggested_flags.items())))
+        if key not in seen:
+            seen.add(key)
+            findings.append(f)
     snapshot = timeline.latest
-    return build_report(snapshot, result.findings, result.skipped, engine_kv=kv)
+    return build_report(snapshot, findings, result.skipped, engine_kv=kv)
 
 
 @click.command("diagnose")
