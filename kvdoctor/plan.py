@@ -534,13 +534,34 @@ def plan_command(
     else:
         render_text(plan)
         if not plan["fits"]:
-            click.echo(
-                f"Does not fit: one request of {plan['max_model_len']:,} tokens needs more KV memory than "
-                f"{fmt_bytes(plan['available_kv_bytes_per_gpu'])}; largest max_model_len that fits: "
-                f"{plan['largest_max_model_len']:,}",
-                err=True,
-            )
+            click.echo(_does_not_fit(plan), err=True)
     sys.exit(EXIT_OK if plan["fits"] else EXIT_DOES_NOT_FIT)
+
+
+def _does_not_fit(plan: dict[str, Any]) -> str:
+    """The stderr line for a plan that cannot serve one request, with what would fit."""
+    avail = plan["available_kv_bytes_per_gpu"]
+    tp = plan.get("tensor_parallel_size")
+    better = [
+        r
+        for r in plan.get("grid") or []
+        if r["fits"]
+        and r["kv_cache_dtype"] == plan.get("kv_cache_dtype")
+        and (tp is None or r["tensor_parallel_size"] > tp)
+    ]
+    hint = ""
+    if better:
+        hint = f"; --tensor-parallel-size {better[0]['tensor_parallel_size']} fits"
+    if avail is not None and avail <= 0:
+        # Not a context-length problem: the weights (and overheads) already exceed the budget.
+        return (
+            f"Does not fit: weights ({fmt_bytes(plan['weights_bytes_per_gpu'])} per GPU) and overheads leave "
+            f"{fmt_bytes(avail)} for the KV cache{hint}, or use a quantized model or larger GPUs"
+        )
+    return (
+        f"Does not fit: one request of {plan['max_model_len']:,} tokens needs more KV memory than "
+        f"{fmt_bytes(avail)}; largest max_model_len that fits: {plan['largest_max_model_len']:,}{hint}"
+    )
 
 
 __all__ = ["plan_command", "build_plan", "resolve_model", "ResolvedModel", "PlanError", "GiB"]

@@ -143,6 +143,7 @@ def rules_command(fmt: str, rules_dirs: tuple[Path, ...]) -> None:
 def explain_command(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
     """Show one rule's documentation: what, why, how to confirm, the fix, sources."""
     rules = {r.id: r for r in load_rules_or_exit(rules_dirs, variable_catalogue())}
+    rule_id = rule_id.strip().lower()  # ids are lowercase slugs; PREEMPTION-STORM is the same rule
     rule = rules.get(rule_id)
     if rule is None:
         close = difflib.get_close_matches(rule_id, list(rules), n=3, cutoff=0.5)
