@@ -31,13 +31,15 @@ import re
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
+
+if TYPE_CHECKING:  # httpx costs ~60 ms to import: only the HTTP functions load it
+    import httpx
 
 __all__ = [
     "DISPLAY_HISTOGRAMS",
@@ -396,6 +398,8 @@ def _metrics_url(url: str) -> str:
 
 
 def _http_error(method_url: str, exc: httpx.HTTPError, timeout: float) -> SourceError:
+    import httpx
+
     msg = str(exc)
     if isinstance(exc, httpx.TimeoutException):
         why = f"timed out after {timeout:g} s"
@@ -415,6 +419,8 @@ def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -
     refused`` / ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text
     (Content-Type: text/html)``.
     """
+    import httpx
+
     try:
         target = _metrics_url(url)
     except ValueError as exc:
@@ -454,6 +460,8 @@ def probe_endpoints(
     "errors": ["GET …: why", …]}``; ``max_model_len`` is the effective one (after auto-fit).
     Never raises: a dead or protected endpoint only adds a line to ``errors``.
     """
+    import httpx
+
     result: dict[str, Any] = {"version": None, "models": [], "errors": []}
     if "://" not in base_url:
         base_url = "http://" + base_url
