@@ -93,6 +93,12 @@ def run_diagnosis(
     help="ps -eo pid,ppid,pcpu,rss,etime,comm,args output.",
 )
 @click.option(
+    "--dmesg",
+    "dmesg_file",
+    type=click.Path(path_type=Path),
+    help="Kernel log (dmesg / journalctl -k) with NVIDIA XID errors.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json", "markdown"], case_sensitive=False),
@@ -133,6 +139,7 @@ def diagnose_command(
     model_config: Path | None,
     env_file: Path | None,
     ps_file: Path | None,
+    dmesg_file: Path | None,
     fmt: str | None,
     window_s: float | None,
     interval_s: float,
@@ -167,6 +174,7 @@ def diagnose_command(
         model_config,
         env_file,
         ps_file,
+        dmesg_file,
     ]
     if bundle is not None and demo:
         _fail("--bundle and --demo are exclusive")
@@ -190,6 +198,7 @@ def diagnose_command(
                 model_config=model_config,
                 env=env_file,
                 ps=ps_file,
+                dmesg=dmesg_file,
             )
             errors = []
             for url in urls:

@@ -377,6 +377,15 @@ class Snapshot:
     sources: list[SourceStatus] = field(default_factory=list)
     #: True when the host process table is known (live, or ps.txt): a pid absent from it is dead.
     process_table_known: bool = False
+    #: NVIDIA XID errors from the kernel log (a bundle's ``dmesg.txt``, ``--dmesg FILE``), file
+    #: order; each {"xid": int, "bus_id": "00000000:07:00.0" | None, "pid": int | None,
+    #: "name": str | None, "message": str, "line": int, "hardware": bool} (see
+    #: ``kvdoctor.sources.dmesg``).
+    xid_events: list[dict[str, Any]] = field(default_factory=list)
+    #: GPU readings over time (nvidia-smi ``-l`` loops: a ``--query-gpu`` CSV with a timestamp
+    #: column, or repeated tables), oldest moment first, each moment one list of :class:`Gpu`
+    #: with ``timestamp`` set; empty when only one moment was read. ``gpus`` is the latest.
+    gpu_series: list[list[Gpu]] = field(default_factory=list)
 
 
 @dataclass

@@ -72,6 +72,7 @@ class Artifacts:
     model_config: Path | None = None
     env: Path | None = None
     ps: Path | None = None
+    dmesg: Path | None = None
 
 
 @dataclass
@@ -189,6 +190,10 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         if moments is None:
             continue
         got = latest_gpus(moments)
+        timed = [list(m) for m in moments if m and all(g.timestamp is not None for g in m)]
+        if len(timed) >= 2 and len(timed) > len(snap.gpu_series):
+            # an nvidia-smi -l loop: keep the readings over time (gpu-memory-growth)
+            snap.gpu_series = timed
         if got:
             snap.gpus = _merge_gpus(snap.gpus, got)
             _status(snap, "nvidia-smi", str(path), "ok", f"{len(got)} GPU(s)")
@@ -250,7 +255,18 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         if procs is not None:
             snap.processes, snap.process_table_known = procs, True
 
+    if art.dmesg is not None:
+        xids = _read(snap, "log", art.dmesg, _parse_dmesg, lambda x: f"{len(x)} NVIDIA XID event(s)")
+        if xids is not None:
+            snap.xid_events = xids
+
     return _assemble(snap, scrapes, configs)
+
+
+def _parse_dmesg(path: Path) -> list[dict[str, Any]]:
+    from kvdoctor.sources.dmesg import parse_dmesg_file
+
+    return parse_dmesg_file(path)
 
 
 def _assemble(
@@ -348,6 +364,8 @@ def artifacts_in_dir(root: Path) -> Artifacts:
         art.env = root / "env.txt"
     if (root / "ps.txt").is_file():
         art.ps = root / "ps.txt"
+    if (root / "dmesg.txt").is_file():
+        art.dmesg = root / "dmesg.txt"
     return art
 
 

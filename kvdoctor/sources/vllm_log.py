@@ -73,6 +73,9 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
   is kept once; different workers (ranks) stay separate. ``phase``: "weight_loading",
   "profile_run", "kv_cache_init", "cuda_graph_capture", "sampler_warmup", "runtime" or "startup",
   from the events before it in the same process (globally for unprefixed lines) and the traceback.
+  ``hints``: what the traceback around it mentions, a sorted subset of "logprobs" (logprobs /
+  prompt_logprobs / log_softmax code), "sampler", "prefill" and "multimodal" (multimodal encoder /
+  embedding code), for telling a logprobs or multimodal OOM from a prefill burst.
 - ``cuda_error_oom`` {}: "CUDA error: out of memory" (a CUDA runtime error, not the allocator's).
 - ``load_model_oom`` {}: "Failed to load model - not enough GPU memory" (§3.5);
   ``sampler_warmup_oom`` {num_requests}; ``mm_profile`` {}: multimodal profiling warnings.
@@ -577,6 +580,25 @@ _CAPTURE_HINTS = (
 )
 _WEIGHT_HINTS = ("load_model", "load_weights", "get_model(", "init_model", "Failed to load model")
 _PROFILE_HINTS = ("profile_run", "determine_num_available_blocks", "determine_available_memory")
+#: traceback text → the ``hints`` of a cuda_oom event (what code ran out of memory).
+_OOM_HINTS: dict[str, tuple[str, ...]] = {
+    "logprobs": ("logprobs", "log_softmax", "_get_logprobs", "_get_prompt_logprob"),
+    "sampler": ("sampler.py", "_sample(", "self.sampler(", "Sampler.forward"),
+    "prefill": ("prefill", "_prepare_prompt", "context_attention_fwd"),
+    "multimodal": (
+        "get_multimodal_embeddings",
+        "embed_multimodal",
+        "_execute_mm_encoder",
+        "mm_encoder",
+        "multi_modal",
+        "multimodal",
+        "vision_tower",
+        "get_image_features",
+        "pixel_values",
+        "image_encoder",
+        "visual(",
+    ),
+}
 _CROSS_PROCESS_WINDOW = 2000  # lines within which a re-print by another process is the same failure
 
 
@@ -592,6 +614,11 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 def _is_worker(process: str | None) -> bool:
     return process is not None and ("Worker" in process or process.startswith("RayWorker"))
+
+
+def _hints(block: _Block) -> list[str]:
+    low = "\n".join(block.text).lower()
+    return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
 
 
 @dataclass
@@ -728,6 +755,7 @@ class _Parser:
             return
         for ev, state, serving in block.ooms:
             ev.values["phase"] = self._phase(state, block, serving)
+            ev.values["hints"] = _hints(block)
 
     def _phase(self, state: str, block: _Block, serving: bool) -> str:
         text = "\n".join(block.text)
@@ -1434,6 +1462,7 @@ class _Parser:
             block.ooms.append((ev, state, self._serving))
         # final for a closed block; provisional (refined when the block closes) for a follower
         ev.values["phase"] = self._phase(state, block, self._serving)
+        ev.values["hints"] = _hints(block)
 
     def _match_stats(self, pl: ParsedLine, key: Any, msg: str) -> None:
         R = _RE
