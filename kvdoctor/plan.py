@@ -295,9 +295,11 @@ def build_plan(
     flags: dict[str, str] = {}
     if main["fits"]:
         flags["--max-model-len"] = str(mml)
-        per_req = typical if typical > 0 else mml
-        cap_seqs = kvmath.max_num_seqs_for(main["kv_cache_tokens"], min(per_req, mml))
-        flags["--max-num-seqs"] = str(max(1, min(mns, cap_seqs)))
+        # Only with a workload: capping at the concurrency of full-length requests would cut
+        # throughput for the short requests most traffic is made of.
+        if typical > 0:
+            cap_seqs = kvmath.max_num_seqs_for(main["kv_cache_tokens"], min(typical, mml))
+            flags["--max-num-seqs"] = str(max(1, min(mns, cap_seqs)))
         flags["--gpu-memory-utilization"] = f"{gmu:.2f}"
     else:
         largest = main["largest_max_model_len"]
