@@ -11,6 +11,7 @@ a rule that names anything else. A value that could not be read is ``None``.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +184,55 @@ VARIABLES: dict[str, str] = {
     "max_num_batched_tokens_explicit": "bool; --max-num-batched-tokens was given",
     "typical_request_tokens": "tokens; p50 prompt + p50 generation (histograms), else KV in use / running requests, else max_model_len",
     "dp_engine": "str; the data-parallel engine label this context is about (None without DP)",
+    # --- KV pressure (max-num-seqs-exceeds-kv)
+    "kv_pressure": "bool; preemptions in the window (increase of vllm:num_preemptions_total; without a metrics timeline, 'Preemptions: N' stats lines / V0 preemption warnings of the log's current run), or requests waiting while KV usage ≥ 0.9 in two or more samples (scrapes in the window, or stats lines); never for pooling models",
+    # --- V0 swapping (swap-preemption-stall)
+    "swapped": "requests; vllm:num_requests_swapped, latest (V0 engines only)",
+    "log_swapped_max": "requests; largest 'Swapped: N reqs' in V0 stats lines",
+    "swap_preemptions": "count; V0 'Sequence group … is preempted by PreemptionMode.SWAP mode' warnings",
+    "swap_stall": "bool; V0 stats line with Swapped > 0, Running > 0 and 'Avg generation throughput: 0.0' (or a SWAP preemption followed by such a zero-throughput line), or /metrics num_requests_swapped > 0 with running > 0 and no generated tokens in the window",
+    "swap_stall_line": "int; log line of the first stalled stats line (None when from /metrics)",
+    "swap_space_gib": "GiB; --swap-space (V0 default 4, removed in 0.18)",
+    # --- run-time and profile OOMs by the code they hit (vllm_log cuda_oom ``hints``)
+    "oom_hints": "list[str]; what the traceback of the last OOM mentions: logprobs, sampler, prefill, multimodal",
+    "runtime_oom_hints": "list[str]; the same, over every run-time OOM",
+    "runtime_oom_line": "int; log line of the last run-time OOM",
+    "iteration_tokens_max_bucket": "tokens; upper bound of the highest non-empty bucket of vllm:iteration_tokens_total (tokens per engine step; window deltas, else lifetime)",
+    "chunked_prefill_on": "bool; chunked prefill enabled (--enable-chunked-prefill, 'Chunked prefill is enabled' log line, vLLM ≥0.8 default); None when unknown",
+    "mm_profile_oom": "bool; an OOM before serving whose traceback is in multimodal encoder / embedding code (the multimodal profile run)",
+    "mm_profile_too_short": "bool; 'The sequence length used for profiling … is too short to hold the multi-modal embeddings in the worst case' warning",
+    "mm_profile_line": "int; log line of that OOM or warning",
+    "limit_mm_per_prompt": "str; --limit-mm-per-prompt as given (None when unset)",
+    # --- hardware health (NVML / nvidia-smi ECC, kernel log XIDs)
+    "xid_hw_count": "count; hardware XID errors (48, 63, 64, 74, 79, 92, 94, 95, 119, …) in dmesg.txt / --dmesg",
+    "xid_app_count": "count; XIDs usually caused by the application (13, 31, 43, 45, …)",
+    "xid_desc": "str; 'Xid 79 on GPU 1 (00000000:07:00.0, dmesg line 3): GPU has fallen off the bus, …'",
+    "ecc_gpus": "list[int]; GPUs with uncorrectable ECC errors (nvidia-smi 'Volatile Uncorr. ECC' / NVML)",
+    "ecc_desc": "str; 'GPU 0: 2 uncorrectable ECC errors, …'",
+    "hw_error_gpus": "list[int]; GPUs with hardware XIDs or uncorrectable ECC errors",
+    "hw_error_bus_ids": "list[str]; their PCI bus ids (XIDs whose bus id matches no listed GPU included)",
+    # --- used memory over time (nvidia-smi -l loop / live samples)
+    "mem_growth_gpu": "int; the engine GPU whose used memory rises fastest",
+    "mem_growth_points": "int; readings of it over time",
+    "mem_growth_span_s": "seconds; time the readings span",
+    "mem_growth_rise_bytes": "bytes; last − first used memory",
+    "mem_growth_bytes_per_hour": "bytes/hour; least-squares slope of used memory over all readings",
+    "mem_growth_recent_bytes_per_hour": "bytes/hour; least-squares slope over the later half of the readings",
+    "mem_growth_plateau": "bool; the later half is flat (slope under a quarter of the overall one): warm-up, not a leak",
+    "mem_growth_hours_to_full": "hours; (total − last used) / slope, when growing",
+    "mem_growth_used_bytes": "bytes; last used memory of that GPU",
+    # --- several engines on one GPU (colocated-engines-overcommit)
+    "colocated_gpu": "int; a GPU that two or more vLLM engines share (processes on it, or command lines not pinned apart)",
+    "colocated_count": "int; engines on it",
+    "colocated_gmus": "list[fraction]; each engine's --gpu-memory-utilization (its command line via ps.txt / cmdline.txt; else its used memory / total)",
+    "colocated_gmu_sum": "fraction; their sum",
+    "colocated_reserved_bytes": "bytes; Σ gmu × card total: what the engines reserve together",
+    "colocated_total_bytes": "bytes; the card's total memory",
+    "colocated_desc": "str; 'pid 5120 (Llama-3.1-8B) gmu 0.60, pid 5388 (Qwen3-4B) gmu 0.50'",
+    "colocated_split": "list[fraction]; a gmu per engine, proportional to what each asked for, summing to ≤ 0.95",
+    "colocated_split_desc": "str; 'Llama-3.1-8B 0.51, Qwen3-4B 0.43'",
+    "colocated_gmu_fix": "fraction; this engine's share of that split (None when it is not one of them)",
+    "colocated_start_gap_s": "seconds; smallest gap between the engines' start times (live process table only)",
 }
 
 #: inputs a rule can need (``needs:`` in rules/*.yaml) → what provides them.
@@ -437,7 +487,13 @@ def build_contexts(
     for idx, (eng, label) in enumerate(targets):
         series = _series_for(timeline.snapshots, label) if (label is not None or idx == 0) else []
         variables, inputs = _variables(
-            snapshot, eng, series, window_s, dp_label=label if len(labels) > 1 else None
+            snapshot,
+            eng,
+            series,
+            window_s,
+            dp_label=label if len(labels) > 1 else None,
+            history=timeline.snapshots,
+            all_engines=engines,
         )
         contexts.append((eng.id if eng else None, variables, inputs))
         if eng is not None:
@@ -459,6 +515,8 @@ def _variables(
     window_s: float,
     *,
     dp_label: str | None = None,
+    history: list[Snapshot] | None = None,
+    all_engines: list[Engine] | None = None,
 ) -> tuple[dict[str, Any], set[str]]:
     v: dict[str, Any] = dict.fromkeys(VARIABLES)
     inputs: set[str] = set()
@@ -501,6 +559,12 @@ def _variables(
     v["max_num_seqs_explicit"] = "max_num_seqs" in cfg.explicit
     v["max_num_batched_tokens_explicit"] = "max_num_batched_tokens" in cfg.explicit
     _typical_request(v)
+    _pressure_vars(v, log, series)
+    _swap_vars(v, cfg, log, series, window_s)
+    _oom_code_vars(v, cfg, log, series, window_s)
+    _hardware_vars(v, snapshot)
+    _growth_vars(v, snapshot, history or [snapshot])
+    _colocation_vars(v, snapshot, engine, all_engines or ([engine] if engine else []))
     return v, inputs
 
 
@@ -971,3 +1035,361 @@ def _ver(s: str) -> tuple[int, ...]:
     for part in re.findall(r"\d+", s)[:3]:
         out.append(int(part))
     return tuple(out)
+
+
+# --------------------------------------------------------------------------- more rules' inputs
+
+
+def _pressure_vars(v: dict[str, Any], log: VllmLog | None, series: list[EngineMetrics]) -> None:
+    """KV pressure seen in the window: preemptions, or a queue with the KV cache nearly full."""
+    if v["is_pooling"]:
+        v["kv_pressure"] = False
+        return
+    if len(series) >= 2 and v["preemptions_in_window"] is not None:
+        preempted = v["preemptions_in_window"] > 0
+    else:
+        preempted = (v["log_preemptions_sum"] or 0) > 0
+    # A queue with the cache nearly full, seen more than once: one scrape of a busy server
+    # catching two requests in the queue is not pressure.
+    from kvdoctor import timeline as tl
+
+    win = tl.window(series, 60.0) if series else []
+    samples = sum(1 for m in win if (m.num_requests_waiting or 0) > 0 and (m.kv_cache_usage or 0) >= 0.9)
+    if log is not None:
+        stats = log.of("stats")
+        if v["dp_engine"] is not None and str(v["dp_engine"]).isdigit():
+            stats = [e for e in stats if _stats_engine(e) == int(v["dp_engine"])]
+        samples_log = sum(
+            1
+            for e in stats
+            if ((e.values.get("waiting") or 0) + (e.values.get("pending") or 0)) > 0
+            and (e.values.get("kv_usage") or 0) >= 0.9
+        )
+        samples = max(samples, samples_log)
+    v["kv_pressure"] = bool(preempted or samples >= 2)
+
+
+def _swap_vars(
+    v: dict[str, Any], cfg: EngineConfig, log: VllmLog | None, series: list[EngineMetrics], window_s: float
+) -> None:
+    """V0 swap preemption followed by a stall (vllm-facts §1.5 V0 metrics, §3.4 V0 stats line)."""
+    v["swap_space_gib"] = cfg.swap_space_gib
+    stall_line: int | None = None
+    if log is not None:
+        stats = log.of("stats")
+        swapped = [int(e.values["swapped"]) for e in stats if e.values.get("swapped") is not None]
+        v["log_swapped_max"] = max(swapped) if swapped else None
+        swaps = [e for e in log.of("preempted_v0") if "swap" in str(e.values.get("mode") or "")]
+        v["swap_preemptions"] = len(swaps)
+        first_swap = swaps[0].line if swaps else None
+        for e in stats:
+            ev = e.values
+            stalled = (ev.get("running") or 0) > 0 and (ev.get("generation_throughput") or 0) == 0
+            if not stalled:
+                continue
+            if (ev.get("swapped") or 0) > 0 or (first_swap is not None and e.line > first_swap):
+                stall_line = e.line
+                break
+    if series:
+        v["swapped"] = series[-1].num_requests_swapped
+    metric_stall = (
+        (v["swapped"] or 0) > 0
+        and (v["running"] or 0) > 0
+        and v["generation_tokens_per_s"] is not None
+        and v["generation_tokens_per_s"] == 0
+    )
+    v["swap_stall"] = stall_line is not None or bool(metric_stall)
+    v["swap_stall_line"] = stall_line
+
+
+def _oom_code_vars(
+    v: dict[str, Any], cfg: EngineConfig, log: VllmLog | None, series: list[EngineMetrics], window_s: float
+) -> None:
+    """Which code the OOMs hit, the biggest engine step, chunked prefill, multimodal profiling."""
+    from kvdoctor import timeline as tl
+
+    v["chunked_prefill_on"] = cfg.enable_chunked_prefill
+    limit = cfg.args.get("limit_mm_per_prompt")
+    v["limit_mm_per_prompt"] = (
+        None
+        if limit in (None, "", {})
+        else (limit if isinstance(limit, str) else json.dumps(limit, separators=(",", ":")))
+    )
+    hist = tl.histogram_delta(series, "vllm:iteration_tokens_total", window_s) if series else None
+    if hist is None or hist.count <= 0:
+        hist = tl.histogram_latest(series, "vllm:iteration_tokens_total") if series else None
+    if hist is not None and hist.count > 0:
+        v["iteration_tokens_max_bucket"] = tl.histogram_max_bucket(hist)
+    if log is None:
+        return
+    if log.of("chunked_prefill"):
+        v["chunked_prefill_on"] = True
+    ooms = log.of("cuda_oom")
+    if ooms:
+        v["oom_hints"] = list(ooms[-1].values.get("hints") or [])
+    runtime = [e for e in ooms if e.values.get("phase") == "runtime"]
+    v["runtime_oom_hints"] = sorted({h for e in runtime for h in (e.values.get("hints") or [])})
+    v["runtime_oom_line"] = runtime[-1].line if runtime else None
+    mm_oom = [
+        e
+        for e in ooms
+        if e.values.get("phase") not in ("runtime", "sampler_warmup")
+        and "multimodal" in (e.values.get("hints") or [])
+    ]
+    short = [e for e in log.of("mm_profile") if "too short" in e.text]
+    v["mm_profile_oom"] = bool(mm_oom)
+    v["mm_profile_too_short"] = bool(short)
+    picked = mm_oom[-1] if mm_oom else (short[-1] if short else None)
+    v["mm_profile_line"] = picked.line if picked is not None else None
+
+
+def _hardware_vars(v: dict[str, Any], snapshot: Snapshot) -> None:
+    """Uncorrectable ECC (nvidia-smi / NVML) and NVIDIA XIDs from the kernel log, by GPU."""
+    from kvdoctor.sources.nvidia_smi import normalize_bus_id
+
+    by_bus = {normalize_bus_id(g.bus_id): g for g in snapshot.gpus if g.bus_id}
+    hw = [x for x in snapshot.xid_events if x.get("hardware")]
+    v["xid_hw_count"] = len(hw)
+    v["xid_app_count"] = len(snapshot.xid_events) - len(hw)
+    gpus: set[int] = set()
+    buses: list[str] = []
+    parts: list[str] = []
+    seen: set[tuple[Any, Any]] = set()
+    for x in hw:
+        g = by_bus.get(x.get("bus_id"))
+        if g is not None:
+            gpus.add(g.index)
+        if x.get("bus_id") and x["bus_id"] not in buses:
+            buses.append(x["bus_id"])
+        key = (x.get("xid"), x.get("bus_id"))
+        if key in seen:
+            continue
+        seen.add(key)
+        where = f"GPU {g.index} ({x.get('bus_id')})" if g is not None else f"PCI {x.get('bus_id') or '?'}"
+        parts.append(f"Xid {x.get('xid')} on {where}, dmesg line {x.get('line')}: {x.get('message')}")
+    v["xid_desc"] = "; ".join(parts) if parts else None
+    ecc = [g for g in snapshot.gpus if (g.ecc_uncorrectable or 0) > 0]
+    v["ecc_gpus"] = [g.index for g in ecc]
+    v["ecc_desc"] = (
+        ", ".join(f"GPU {g.index}: {g.ecc_uncorrectable} uncorrectable ECC error(s)" for g in ecc)
+        if ecc
+        else None
+    )
+    for g in ecc:
+        gpus.add(g.index)
+        bid = normalize_bus_id(g.bus_id)
+        if bid and bid not in buses:
+            buses.append(bid)
+    v["hw_error_gpus"] = sorted(gpus)
+    v["hw_error_bus_ids"] = buses
+
+
+def _slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, bytes) points, in bytes per hour."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var <= 0:
+        return None
+    cov = sum((t - mt) * (y - my) for t, y in points)
+    return cov / var * 3600.0
+
+
+def _growth_vars(v: dict[str, Any], snapshot: Snapshot, history: list[Snapshot]) -> None:
+    """Used memory of the engine's GPUs over time: slope, plateau or steady growth."""
+    moments: list[list[Gpu]] = list(snapshot.gpu_series)
+    if not moments:
+        moments = [
+            [dataclass_replace_ts(g, s.timestamp) for g in s.gpus]
+            for s in history
+            if s.gpus and (s.timestamp is not None or all(g.timestamp is not None for g in s.gpus))
+        ]
+    wanted = set(v["engine_gpus"] or [])
+    series: dict[int, list[tuple[float, float]]] = {}
+    totals: dict[int, int] = {}
+    for moment in moments:
+        for g in moment:
+            if g.timestamp is None or g.memory_used_bytes is None or (wanted and g.index not in wanted):
+                continue
+            series.setdefault(g.index, []).append((g.timestamp, float(g.memory_used_bytes)))
+            if g.memory_total_bytes:
+                totals[g.index] = g.memory_total_bytes
+    best: tuple[float, int, list[tuple[float, float]]] | None = None
+    for idx, pts in series.items():
+        pts.sort()
+        if len(pts) < 3:
+            continue
+        slope = _slope_per_hour(pts)
+        if slope is None:
+            continue
+        if best is None or slope > best[0]:
+            best = (slope, idx, pts)
+    if best is None:
+        return
+    slope, idx, pts = best
+    half = pts[len(pts) // 2 :]
+    recent = _slope_per_hour(half) if len(half) >= 2 else None
+    v["mem_growth_gpu"] = idx
+    v["mem_growth_points"] = len(pts)
+    v["mem_growth_span_s"] = pts[-1][0] - pts[0][0]
+    v["mem_growth_rise_bytes"] = int(pts[-1][1] - pts[0][1])
+    v["mem_growth_bytes_per_hour"] = slope
+    v["mem_growth_recent_bytes_per_hour"] = recent
+    v["mem_growth_used_bytes"] = int(pts[-1][1])
+    v["mem_growth_plateau"] = slope > 0 and recent is not None and recent < 0.25 * slope
+    total = totals.get(idx)
+    rate = recent if recent is not None and recent > 0 and not v["mem_growth_plateau"] else slope
+    if total and rate > 0:
+        v["mem_growth_hours_to_full"] = max(0.0, (total - pts[-1][1]) / rate)
+
+
+def dataclass_replace_ts(g: Gpu, ts: float | None) -> Gpu:
+    """A copy of a GPU reading stamped with its snapshot's time when it has none of its own."""
+    from dataclasses import replace
+
+    return g if g.timestamp is not None or ts is None else replace(g, timestamp=ts)
+
+
+def _cmdline_gmu(argv: list[str], version: str | None) -> tuple[float | None, str | None]:
+    """(gmu, model) of a vLLM launch command line; (None, None) when it is not one."""
+    from kvdoctor.facts import SourceError
+    from kvdoctor.sources.cmdline import parse_argv
+    from kvdoctor.vllm_flags import apply_defaults
+
+    try:
+        cfg = apply_defaults(parse_argv(argv), version)
+    except (SourceError, ValueError, TypeError):
+        return None, None
+    return cfg.gpu_memory_utilization, cfg.served_model_name or cfg.model
+
+
+def _server_of(snapshot: Snapshot, pid: int) -> Any:
+    """The process (this pid or an ancestor) whose command line launched vLLM, from ps / psutil."""
+    from kvdoctor.sources.cmdline import locate_vllm_args
+
+    procs = {p.pid: p for p in snapshot.processes}
+    cur = procs.get(pid)
+    seen: set[int] = set()
+    while cur is not None and cur.pid not in seen:
+        seen.add(cur.pid)
+        if cur.cmdline and locate_vllm_args(list(cur.cmdline)) is not None:
+            return cur
+        cur = procs.get(cur.ppid) if cur.ppid is not None else None
+    return None
+
+
+def _pinned_devices(cfg: EngineConfig, visible: list[Gpu], tp_pp: int) -> list[int]:
+    """GPU indices an engine started from a command line lands on: its CUDA_VISIBLE_DEVICES
+    prefix when given (first tp×pp of them), else the first tp×pp visible devices."""
+    env = cfg.args.get("_env") or {}
+    cvd = str(env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    if cvd:
+        ids = [int(x) for x in re.findall(r"\d+", cvd)]
+        if ids and len(ids) == len([x for x in cvd.split(",") if x.strip()]):
+            return ids[: max(1, tp_pp)]
+    base = [g.index for g in visible] or list(range(max(1, tp_pp)))
+    return base[: max(1, tp_pp)]
+
+
+def _colocation_vars(
+    v: dict[str, Any], snapshot: Snapshot, engine: Engine | None, engines: list[Engine]
+) -> None:
+    """Two or more engines on one GPU: what each asked for (gmu) and whether it fits the card."""
+    from kvdoctor.units import floor_to
+
+    visible = [g for g in _visible(snapshot) if not g.mig_enabled]
+    version = v["vllm_version"]
+    configs = [e.config for e in engines]
+    entries: list[dict[str, Any]] = []
+    gpu: Gpu | None = None
+    for g in visible:
+        holders = [p for p in g.processes if _is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB]
+        if len(holders) < 2:
+            continue
+        found: list[dict[str, Any]] = []
+        servers: set[int] = set()
+        for p in holders:
+            server = _server_of(snapshot, p.pid)
+            if server is not None and server.pid in servers:
+                continue  # two processes of one engine
+            if server is not None:
+                servers.add(server.pid)
+            gmu, model = _cmdline_gmu(list(server.cmdline), version) if server is not None else (None, None)
+            found.append(
+                {
+                    "pid": p.pid,
+                    "gmu": gmu,
+                    "model": model,
+                    "bytes": p.used_bytes,
+                    "start": server.create_time if server is not None else None,
+                }
+            )
+        if len(found) < 2:
+            continue
+        if all(e["gmu"] is None for e in found) and len(configs) == len(found):
+            for e, c in zip(found, configs, strict=True):
+                e["gmu"], e["model"] = c.gpu_memory_utilization, c.served_model_name or c.model
+        gpu, entries = g, found
+        break
+    if gpu is None and len(configs) >= 2 and not any(g.processes for g in snapshot.gpus):
+        # Only command lines: engines not pinned apart land on the same device.
+        placed = [
+            (c, _pinned_devices(c, visible, (c.tensor_parallel_size or 1) * (c.pipeline_parallel_size or 1)))
+            for c in configs
+        ]
+        for dev in sorted({d for _, ds in placed for d in ds}):
+            on = [c for c, ds in placed if dev in ds]
+            if len(on) >= 2:
+                gpu = next((g for g in visible if g.index == dev), None) or Gpu(index=dev)
+                entries = [
+                    {"pid": None, "gmu": c.gpu_memory_utilization, "model": c.served_model_name or c.model,
+                     "bytes": None, "start": None}
+                    for c in on
+                ]  # fmt: skip
+                break
+    if gpu is None or len(entries) < 2:
+        return
+    total = gpu.memory_total_bytes
+    for e in entries:
+        if e["gmu"] is None and e["bytes"] is not None and total:
+            e["gmu"] = round(e["bytes"] / total, 2)
+    gmus = [e["gmu"] for e in entries]
+    v["colocated_gpu"] = gpu.index
+    v["colocated_count"] = len(entries)
+    v["colocated_gmus"] = gmus
+    v["colocated_total_bytes"] = total
+    known = [x for x in gmus if x is not None]
+    if len(known) == len(gmus):
+        gsum = round(sum(known), 4)
+        v["colocated_gmu_sum"] = gsum
+        if total:
+            v["colocated_reserved_bytes"] = int(sum(x * total for x in known))
+        scale = min(1.0, 0.95 / gsum) if gsum > 0 else 1.0
+        split = [floor_to(x * scale, 0.01) for x in known]
+        v["colocated_split"] = split
+        names = [
+            str(e["model"] or (f"pid {e['pid']}" if e["pid"] else f"engine {i}"))
+            for i, e in enumerate(entries)
+        ]
+        v["colocated_split_desc"] = ", ".join(f"{n} {x:.2f}" for n, x in zip(names, split, strict=True))
+        mine = None
+        if engine is not None:
+            ids = {engine.config.served_model_name, engine.config.model, engine.id}
+            for e, x in zip(entries, split, strict=True):
+                if e["model"] is not None and e["model"] in ids:
+                    mine = x
+                    break
+        v["colocated_gmu_fix"] = mine
+    desc = []
+    for e in entries:
+        who = f"pid {e['pid']}" if e["pid"] else "engine"
+        what = f" ({e['model']})" if e["model"] else ""
+        share = f" gmu {e['gmu']:.2f}" if e["gmu"] is not None else ""
+        desc.append(f"{who}{what}{share}")
+    v["colocated_desc"] = ", ".join(desc)
+    starts = sorted(e["start"] for e in entries if e["start"] is not None)
+    if len(starts) >= 2:
+        v["colocated_start_gap_s"] = min(b - a for a, b in zip(starts, starts[1:], strict=False))
