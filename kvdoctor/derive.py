@@ -90,6 +90,7 @@ VARIABLES: dict[str, str] = {
     "arch": "ModelArch object, for kvmath functions",
     "num_attention_heads": "int; config.json",
     "num_kv_heads": "int; config.json num_key_value_heads",
+    "vocab_size": "int; config.json vocab_size (logits per token)",
     "weights_bytes": "bytes; whole-model weights: 'Model loading took X GiB' × tp×pp, else estimate from config.json",
     "weights_logged_bytes": "bytes; per-worker 'Model loading took X GiB' (V0 'Loading model weights took X GB')",
     "kv_bytes_per_token": "bytes per token per GPU rank at the configured kv_cache_dtype (kvmath)",
@@ -757,6 +758,7 @@ def _model_vars(v: dict[str, Any], cfg: EngineConfig, arch: ModelArch | None, lo
         return
     v["num_attention_heads"] = arch.num_attention_heads
     v["num_kv_heads"] = arch.num_key_value_heads
+    v["vocab_size"] = arch.vocab_size
     try:
         if v["weights_bytes"] is None:
             v["weights_bytes"] = kvmath.weights_bytes(arch, dtype=cfg.dtype, quantization=cfg.quantization)

@@ -5,7 +5,7 @@ realistic bundles under tests/data/bundles exercise them end to end through test
 
 from __future__ import annotations
 
-from kvdoctor.facts import EngineConfig, Snapshot
+from kvdoctor.facts import EngineConfig, HistogramData, Snapshot
 from kvdoctor.sources.vllm_log import parse_log
 from tests.test_rules_catalogue import _gpu, _metrics, fired
 
@@ -83,3 +83,92 @@ def test_swap_preemption_stall_from_v0_metrics() -> None:
     assert "swap-preemption-stall" in fired(snaps[-1], EngineConfig(model="m"), extra=snaps[:-1])
     snaps[-1].metrics[0].generation_tokens_total = 9000.0
     assert "swap-preemption-stall" not in fired(snaps[-1], EngineConfig(model="m"), extra=snaps[:-1])
+
+
+# --------------------------------------------------------------------------- run-time OOMs by code path
+
+OOM_MSG = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. GPU 0 has a total capacity of 79.19 GiB "
+    "of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in use. Of the "
+    "allocated memory 74.20 GiB is allocated by PyTorch, with 1.12 GiB allocated in private pools (e.g., CUDA Graphs), "
+    "and 402.00 MiB is reserved by PyTorch but unallocated."
+)
+STARTED = [
+    "(APIServer pid=1) INFO 03-10 10:00:11 [api_utils.py:347] vLLM server version 0.33.0, serving model m",
+    "(APIServer pid=1) INFO 03-10 10:00:17 [scheduler.py:246] Chunked prefill is enabled with max_num_batched_tokens=16384.",
+    "(EngineCore pid=140) INFO 03-10 10:00:58 [kv_cache_utils.py:1147] GPU KV cache size: 434,640 tokens, Maximum concurrency for 8,192 tokens per request: 53.06x",
+    "(APIServer pid=1) INFO 03-10 10:01:00 [entry.py:140] Starting vLLM server on http://0.0.0.0:8000",
+    "(APIServer pid=1) INFO 03-10 10:05:00 [loggers.py:335] Engine 000: Avg prompt throughput: 9120.0 tokens/s, Avg generation throughput: 660.2 tokens/s, Running: 12 reqs, Waiting: 0 reqs, GPU KV cache usage: 41.0%, Prefix cache hit rate: 8.5%",
+]  # fmt: skip
+
+
+def _oom_log(frames: list[tuple[str, str, str]], before: list[str] | None = None) -> str:
+    lines = list(before if before is not None else STARTED)
+    lines += [PFX + "EngineCore encountered a fatal error.", PFX + "Traceback (most recent call last):"]
+    for path, func, code in frames:
+        lines.append(
+            PFX + f'  File "/usr/local/lib/python3.12/dist-packages/vllm/{path}", line 100, in {func}'
+        )
+        lines.append(PFX + f"    {code}")
+    lines.append(PFX + OOM_MSG)
+    return "\n".join(lines)
+
+
+PREFILL_FRAMES = [
+    ("v1/worker/gpu_model_runner.py", "execute_model", "hidden_states = self.model("),
+    ("v1/attention/backends/flash_attn.py", "forward", "if attn_metadata.prefill_metadata is not None:"),
+]
+LOGPROBS_FRAMES = [
+    ("v1/worker/gpu_model_runner.py", "_get_prompt_logprobs_dict", "prompt_logprobs = self.sampler.compute_logprobs(logits)"),
+    ("v1/sample/sampler.py", "compute_logprobs", "return logits.log_softmax(dim=-1, dtype=torch.float32)"),
+]  # fmt: skip
+PLAIN_FRAMES = [("model_executor/layers/activation.py", "forward_cuda", "out = torch.empty(output_shape)")]
+
+
+def test_prefill_burst_oom_from_the_traceback() -> None:
+    got = fired(Snapshot(log=parse_log(_oom_log(PREFILL_FRAMES))), EngineConfig(model="m"))
+    f = got["prefill-burst-oom"]
+    assert f["severity"] == "critical"
+    assert f["flags"] == {"--max-num-batched-tokens": "4096"}  # chunked prefill is on (V1)
+    assert "logprobs-oom" not in got
+
+
+def test_prefill_burst_oom_from_the_iteration_histogram() -> None:
+    les = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf")]
+
+    def hist(top: float) -> HistogramData:
+        counts = [0.0] * len(les)
+        counts[les.index(512)] = 50.0
+        counts[les.index(top)] += 3.0
+        cum, buckets = 0.0, []
+        for le, c in zip(les, counts, strict=True):
+            cum += c
+            buckets.append((float(le), cum))
+        return HistogramData(buckets=buckets, count=cum)
+
+    log = parse_log(_oom_log(PLAIN_FRAMES))
+    snap = Snapshot(
+        timestamp=0.0,
+        log=log,
+        metrics=[_metrics(0.0, histograms={"vllm:iteration_tokens_total": hist(16384)})],
+    )
+    assert "prefill-burst-oom" in fired(snap, EngineConfig(model="m"))
+    snap.metrics = [_metrics(0.0, histograms={"vllm:iteration_tokens_total": hist(2048)})]
+    assert "prefill-burst-oom" not in fired(snap, EngineConfig(model="m"))
+
+
+def test_prefill_burst_oom_needs_a_runtime_oom() -> None:
+    # The same prefill frames during the profiling run (before serving) are a startup problem.
+    startup = _oom_log(PREFILL_FRAMES, before=STARTED[:2])
+    got = fired(Snapshot(log=parse_log(startup)), EngineConfig(model="m"))
+    assert "prefill-burst-oom" not in got and "logprobs-oom" not in got
+
+
+def test_logprobs_oom() -> None:
+    got = fired(Snapshot(log=parse_log(_oom_log(LOGPROBS_FRAMES))), EngineConfig(model="m"))
+    f = got["logprobs-oom"]
+    assert f["severity"] == "critical" and f["flags"] == {"--max-num-batched-tokens": "4096"}
+    assert "prompt_logprobs" in f["summary"]
+    assert "prefill-burst-oom" not in got
+    plain = fired(Snapshot(log=parse_log(_oom_log(PLAIN_FRAMES))), EngineConfig(model="m"))
+    assert "logprobs-oom" not in plain and "prefill-burst-oom" not in plain
