@@ -172,3 +172,37 @@ def test_logprobs_oom() -> None:
     assert "prefill-burst-oom" not in got
     plain = fired(Snapshot(log=parse_log(_oom_log(PLAIN_FRAMES))), EngineConfig(model="m"))
     assert "logprobs-oom" not in plain and "prefill-burst-oom" not in plain
+
+
+# --------------------------------------------------------------------------- multimodal-profile-oom
+
+MM_FRAMES = [
+    ("v1/worker/gpu_model_runner.py", "profile_run", "dummy_encoder_outputs = self.model.embed_multimodal(**batched_dummy_mm_inputs)"),
+    ("model_executor/models/qwen2_vl.py", "_process_image_input", "image_embeds = self.visual(pixel_values, grid_thw=grid_thw)"),
+]  # fmt: skip
+LOADED = [
+    "(APIServer pid=1) INFO 03-10 10:00:11 [api_utils.py:347] vLLM server version 0.33.0, serving model Qwen/Qwen2-VL-7B-Instruct",
+    "(EngineCore pid=140) INFO 03-10 10:00:41 [gpu_model_runner.py:5089] Model loading took 15.52 GiB memory and 9.11 seconds",
+]  # fmt: skip
+TOO_SHORT = (
+    "WARNING 10-14 11:58:44 profiling.py:188] The sequence length used for profiling (max_num_batched_tokens / "
+    "max_num_seqs = 32) is too short to hold the multi-modal embeddings in the worst case (16384 tokens in total, out "
+    "of which {'image': 16384} are reserved for multi-modal embeddings). This may cause certain multi-modal inputs to "
+    "fail during inference, even when the input text is short. To avoid this, you should increase `max_model_len`, "
+    "reduce `max_num_seqs`, and/or reduce `mm_counts`."
+)
+
+
+def test_multimodal_profile_oom() -> None:
+    cfg = EngineConfig(model="Qwen/Qwen2-VL-7B-Instruct")
+    got = fired(Snapshot(log=parse_log(_oom_log(MM_FRAMES, before=LOADED))), cfg)
+    f = got["multimodal-profile-oom"]
+    assert f["severity"] == "critical" and f["flags"] == {"--limit-mm-per-prompt": '{"image":1}'}
+    assert "max_pixels" in f["summary"] and "--enforce-eager" in f["summary"]
+    assert "kv-budget-exhausted" not in got and "prefill-burst-oom" not in got
+    # The warning alone on a running engine: a warning, not critical.
+    warn = fired(Snapshot(log=parse_log(TOO_SHORT)), cfg)["multimodal-profile-oom"]
+    assert warn["severity"] == "warning"
+    # A text model's profile-run OOM is not multimodal.
+    plain = fired(Snapshot(log=parse_log(_oom_log(PLAIN_FRAMES, before=LOADED))), cfg)
+    assert "multimodal-profile-oom" not in plain
