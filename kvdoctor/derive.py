@@ -1168,7 +1168,9 @@ def _hardware_vars(v: dict[str, Any], snapshot: Snapshot) -> None:
             continue
         seen.add(key)
         where = f"GPU {g.index} ({x.get('bus_id')})" if g is not None else f"PCI {x.get('bus_id') or '?'}"
-        parts.append(f"Xid {x.get('xid')} on {where}, dmesg line {x.get('line')}: {x.get('message')}")
+        parts.append(
+            f"Xid {x.get('xid')} on {where}, dmesg line {x.get('line')}: {str(x.get('message') or '').rstrip('.')}"
+        )
     v["xid_desc"] = "; ".join(parts) if parts else None
     ecc = [g for g in snapshot.gpus if (g.ecc_uncorrectable or 0) > 0]
     v["ecc_gpus"] = [g.index for g in ecc]

@@ -5,7 +5,11 @@ realistic bundles under tests/data/bundles exercise them end to end through test
 
 from __future__ import annotations
 
-from kvdoctor.facts import EngineConfig, HistogramData, Snapshot
+from pathlib import Path
+
+import pytest
+
+from kvdoctor.facts import EngineConfig, Gpu, HistogramData, Snapshot, SourceError
 from kvdoctor.sources.vllm_log import parse_log
 from tests.test_rules_catalogue import _gpu, _metrics, fired
 
@@ -206,3 +210,51 @@ def test_multimodal_profile_oom() -> None:
     # A text model's profile-run OOM is not multimodal.
     plain = fired(Snapshot(log=parse_log(_oom_log(PLAIN_FRAMES, before=LOADED))), cfg)
     assert "multimodal-profile-oom" not in plain
+
+
+# --------------------------------------------------------------------------- gpu-hardware-errors
+
+DMESG = """[Tue Mar 10 14:20:01 2026] nvidia-nvlink: Nvlink Core is being initialized
+[Tue Mar 10 14:21:40 2026] NVRM: Xid (PCI:0000:86:00): 13, pid=4121, name=python3, Graphics Exception: ESR 0x50df30=0x10f
+[Tue Mar 10 14:22:05 2026] NVRM: Xid (PCI:0000:07:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+"""
+
+
+def test_dmesg_parser_reads_xids_and_refuses_binary(tmp_path: Path) -> None:
+    from kvdoctor.sources.dmesg import parse_dmesg, parse_dmesg_file
+
+    xids = parse_dmesg(DMESG, origin="dmesg.txt")
+    assert [(x["xid"], x["bus_id"], x["hardware"], x["line"]) for x in xids] == [
+        (13, "00000000:86:00.0", False, 2),
+        (79, "00000000:07:00.0", True, 3),
+    ]
+    assert xids[0]["pid"] == 4121 and xids[0]["name"] == "python3"
+    assert xids[1]["pid"] is None and xids[1]["message"] == "GPU has fallen off the bus."
+    assert parse_dmesg("[    1.0] Linux version 6.8.0\n") == []
+    binary = tmp_path / "dmesg.txt"
+    binary.write_bytes(b"\x7fELF\x00\x01\x02")
+    with pytest.raises(SourceError, match="binary"):
+        parse_dmesg_file(binary)
+
+
+def _bus_gpu(i: int, bus: str, ecc: int | None = 0) -> Gpu:
+    g = _gpu(i, 70)
+    g.bus_id, g.ecc_uncorrectable = bus, ecc
+    return g
+
+
+def test_gpu_hardware_errors_from_xids_and_ecc() -> None:
+    from kvdoctor.sources.dmesg import parse_dmesg
+
+    gpus = [_bus_gpu(0, "00000000:86:00.0"), _bus_gpu(1, "00000000:07:00.0")]
+    got = fired(Snapshot(gpus=gpus, xid_events=parse_dmesg(DMESG)))["gpu-hardware-errors"]
+    assert got["severity"] == "critical" and got["flags"] == {}
+    assert "GPU 1" in got["summary"] and "Drain the node" in got["summary"]
+    # Only an application XID (13): nothing.
+    app = parse_dmesg(DMESG.splitlines()[1])
+    assert "gpu-hardware-errors" not in fired(Snapshot(gpus=gpus, xid_events=app))
+    # Uncorrectable ECC on GPU 0, no kernel log.
+    bad = [_bus_gpu(0, "00000000:86:00.0", ecc=3), _bus_gpu(1, "00000000:07:00.0")]
+    got = fired(Snapshot(gpus=bad))["gpu-hardware-errors"]
+    assert "GPU 0: 3 uncorrectable ECC" in got["summary"]
+    assert "gpu-hardware-errors" not in fired(Snapshot(gpus=gpus))
