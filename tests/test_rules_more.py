@@ -258,3 +258,44 @@ def test_gpu_hardware_errors_from_xids_and_ecc() -> None:
     got = fired(Snapshot(gpus=bad))["gpu-hardware-errors"]
     assert "GPU 0: 3 uncorrectable ECC" in got["summary"]
     assert "gpu-hardware-errors" not in fired(Snapshot(gpus=gpus))
+
+
+# --------------------------------------------------------------------------- gpu-memory-growth
+
+
+def _readings(used_gib: list[float], step_s: float = 600.0) -> Snapshot:
+    moments = []
+    for i, u in enumerate(used_gib):
+        g = _gpu(0, u)
+        g.timestamp = 1_700_000_000.0 + i * step_s
+        moments.append([g])
+    return Snapshot(gpus=moments[-1], gpu_series=moments)
+
+
+def test_gpu_memory_growth_steady_is_a_warning_with_time_to_full() -> None:
+    steady = _readings([60 + 0.5 * i for i in range(13)])  # +0.5 GiB / 10 min = 3 GiB/h over 2 h
+    got = fired(steady)["gpu-memory-growth"]
+    assert got["severity"] == "warning" and got["flags"] == {}
+    assert "3.00 GiB/h" in got["summary"] and "full in about 4.7 h" in got["summary"]  # (80 − 66) / 3
+
+
+def test_gpu_memory_growth_plateau_is_info_and_flat_or_short_is_nothing() -> None:
+    plateau = _readings([60, 62, 64, 66, 66.02, 66.01, 66.02, 66.03, 66.02])
+    got = fired(plateau)["gpu-memory-growth"]
+    assert got["severity"] == "info" and "warm-up" in got["summary"]
+    assert "gpu-memory-growth" not in fired(_readings([70.0, 70.01, 70.0, 70.02, 70.01]))
+    # A fast rise over two minutes (startup) is too short to judge.
+    assert "gpu-memory-growth" not in fired(_readings([10, 30, 50, 70], step_s=40))
+    # One reading: no series at all.
+    assert "gpu-memory-growth" not in fired(Snapshot(gpus=[_gpu(0, 70)]))
+
+
+def test_bundle_keeps_the_nvidia_smi_loop_and_the_kernel_log() -> None:
+    from kvdoctor.sources.bundle import load_bundle
+
+    data = Path(__file__).parent / "data" / "bundles"
+    snap = load_bundle(data / "r29-steady-memory-growth-csv-loop").snapshot
+    assert len(snap.gpu_series) == 13 and snap.gpus[0].memory_used_bytes == 79537 * 2**20
+    snap = load_bundle(data / "r28-xid79-gpu-fell-off-bus").snapshot
+    assert [x["xid"] for x in snap.xid_events] == [79, 45]
+    assert not snap.gpu_series  # one nvidia-smi table: no series
