@@ -1338,8 +1338,14 @@ def _colocation_vars(
                 e["gmu"], e["model"] = c.gpu_memory_utilization, c.served_model_name or c.model
         gpu, entries = g, found
         break
-    if gpu is None and len(configs) >= 2 and not any(g.processes for g in snapshot.gpus):
-        # Only command lines: engines not pinned apart land on the same device.
+    engine_gpus_seen = {
+        g.index
+        for g in visible
+        if any(_is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB for p in g.processes)
+    }
+    if gpu is None and len(configs) >= 2 and len(engine_gpus_seen) <= 1:
+        # Command lines (the GPUs show the engines on one device at most, e.g. the second one
+        # failed to start): engines not pinned apart land on the same device.
         placed = [
             (c, _pinned_devices(c, visible, (c.tensor_parallel_size or 1) * (c.pipeline_parallel_size or 1)))
             for c in configs

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.facts import EngineConfig, Gpu, HistogramData, Snapshot, SourceError
+from kvdoctor.facts import EngineConfig, Gpu, GpuProcess, HistogramData, Snapshot, SourceError
 from kvdoctor.sources.vllm_log import parse_log
 from tests.test_rules_catalogue import _gpu, _metrics, fired
 
@@ -299,3 +299,78 @@ def test_bundle_keeps_the_nvidia_smi_loop_and_the_kernel_log() -> None:
     snap = load_bundle(data / "r28-xid79-gpu-fell-off-bus").snapshot
     assert [x["xid"] for x in snap.xid_events] == [79, 45]
     assert not snap.gpu_series  # one nvidia-smi table: no series
+
+
+# --------------------------------------------------------------------------- colocated-engines-overcommit
+
+
+def _two_engines(
+    gmu_a: float, gmu_b: float, start_b: float | None = None
+) -> tuple[Snapshot, list[EngineConfig]]:
+    from kvdoctor.sources.cmdline import parse_cmdline_text
+    from kvdoctor.sources.processes import host_process_from_strings
+
+    cmd_a = f"vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8000 --gpu-memory-utilization {gmu_a}"
+    cmd_b = f"vllm serve Qwen/Qwen3-4B --port 8001 --gpu-memory-utilization {gmu_b}"
+    procs = [
+        host_process_from_strings(
+            5011, "vllm", "/opt/venv/bin/python /opt/venv/bin/vllm " + cmd_a[5:], ppid=1
+        ),
+        host_process_from_strings(5120, "VLLM::EngineCore", "VLLM::EngineCore", ppid=5011),
+        host_process_from_strings(
+            5301, "vllm", "/opt/venv/bin/python /opt/venv/bin/vllm " + cmd_b[5:], ppid=1
+        ),
+        host_process_from_strings(5388, "VLLM::EngineCore", "VLLM::EngineCore", ppid=5301),
+    ]
+    if start_b is not None:
+        procs[0].create_time, procs[2].create_time = 1000.0, 1000.0 + start_b
+    on_gpu = [
+        GpuProcess(pid=5120, name="VLLM::EngineCore", used_bytes=int(gmu_a * 80 * GiB)),
+        GpuProcess(pid=5388, name="VLLM::EngineCore", used_bytes=int(min(gmu_b, 0.99 - gmu_a) * 80 * GiB)),
+    ]
+    snap = Snapshot(gpus=[_gpu(0, 79, procs=on_gpu)], processes=procs, process_table_known=True)
+    return snap, parse_cmdline_text(cmd_a + "\n" + cmd_b)
+
+
+def _fired_all(snap: Snapshot, cfgs: list[EngineConfig]) -> list[dict]:
+    from kvdoctor.derive import build_contexts
+    from kvdoctor.facts import Timeline
+    from kvdoctor.rules_engine import RuleContext, evaluate
+    from tests.test_rules_catalogue import RULES
+
+    tl = Timeline()
+    tl.append(snap)
+    _, contexts, _ = build_contexts(tl, cfgs)
+    result = evaluate(RULES, [RuleContext(e, v, i) for e, v, i in contexts])
+    return [
+        {"engine": f.engine, "severity": f.severity, "flags": f.suggested_flags, "summary": f.summary}
+        for f in result.findings
+        if f.rule == "colocated-engines-overcommit"
+    ]
+
+
+def test_colocated_engines_overcommit_splits_the_card() -> None:
+    found = _fired_all(*_two_engines(0.6, 0.5))
+    assert {f["severity"] for f in found} == {"critical"}
+    flags = {f["engine"]: f["flags"].get("--gpu-memory-utilization") for f in found}
+    # 0.6 and 0.5 scaled to sum 0.95: 0.518 → 0.51 and 0.432 → 0.43.
+    assert flags == {"meta-llama/Llama-3.1-8B-Instruct": "0.51", "Qwen/Qwen3-4B": "0.43"}
+    assert "one after another" in found[0]["summary"]
+    # 0.45 + 0.45 = 0.90 fits: a planned co-location, nothing to say.
+    assert _fired_all(*_two_engines(0.45, 0.45)) == []
+
+
+def test_colocated_engines_started_inside_each_others_profiling() -> None:
+    found = _fired_all(*_two_engines(0.45, 0.45, start_b=20.0))
+    assert found and {f["severity"] for f in found} == {"warning"} and found[0]["flags"] == {}
+    assert _fired_all(*_two_engines(0.45, 0.45, start_b=300.0)) == []
+
+
+def test_colocated_engines_from_command_lines_alone() -> None:
+    from kvdoctor.sources.cmdline import parse_cmdline_text
+
+    both = "vllm serve a --gpu-memory-utilization 0.7\nvllm serve b --gpu-memory-utilization 0.5\n"
+    snap = Snapshot(gpus=[_gpu(0, 0.5), _gpu(1, 0.5)])
+    assert _fired_all(snap, parse_cmdline_text(both))
+    pinned = "CUDA_VISIBLE_DEVICES=0 vllm serve a --gpu-memory-utilization 0.7\nCUDA_VISIBLE_DEVICES=1 vllm serve b --gpu-memory-utilization 0.5\n"
+    assert _fired_all(snap, parse_cmdline_text(pinned)) == []
