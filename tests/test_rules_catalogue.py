@@ -35,6 +35,8 @@ SPEC_IDS = {
     "invalid-kv-cache-dtype", "cuda-graph-capture-oom", "sampler-warmup-oom", "preemption-storm",
     "long-request-spike", "allocator-fragmentation", "low-util-kv-saturated", "low-util-host-bound",
     "idle-preallocation", "gpu-clock-throttled", "orphaned-engine-processes",
+    "max-num-seqs-exceeds-kv", "swap-preemption-stall", "prefill-burst-oom", "logprobs-oom", "multimodal-profile-oom",
+    "gpu-hardware-errors", "gpu-memory-growth", "colocated-engines-overcommit",
 }  # fmt: skip
 
 

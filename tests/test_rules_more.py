@@ -374,3 +374,21 @@ def test_colocated_engines_from_command_lines_alone() -> None:
     assert _fired_all(snap, parse_cmdline_text(both))
     pinned = "CUDA_VISIBLE_DEVICES=0 vllm serve a --gpu-memory-utilization 0.7\nCUDA_VISIBLE_DEVICES=1 vllm serve b --gpu-memory-utilization 0.5\n"
     assert _fired_all(snap, parse_cmdline_text(pinned)) == []
+
+
+def test_cuda_oom_hints_name_the_code_in_the_traceback() -> None:
+    def hints(frames: list[tuple[str, str, str]]) -> list[str]:
+        return parse_log(_oom_log(frames)).last("cuda_oom").values["hints"]  # type: ignore[union-attr]
+
+    assert hints(LOGPROBS_FRAMES) == ["logprobs", "sampler"]
+    assert hints(PREFILL_FRAMES) == ["prefill"]
+    assert hints(MM_FRAMES) == ["multimodal"]
+    assert hints(PLAIN_FRAMES) == []
+
+
+def test_every_spec_rule_exists_as_a_file() -> None:
+    from kvdoctor.rules_engine import default_rules_dir
+
+    for rid in ("max-num-seqs-exceeds-kv", "swap-preemption-stall", "prefill-burst-oom", "logprobs-oom",
+                "multimodal-profile-oom", "gpu-hardware-errors", "gpu-memory-growth", "colocated-engines-overcommit"):  # fmt: skip
+        assert (default_rules_dir() / f"{rid}.yaml").is_file(), rid
