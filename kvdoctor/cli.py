@@ -30,9 +30,11 @@ class LazyGroup(click.Group):
     """A click group that imports a subcommand's module only when that subcommand is used."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
+        """Command names, in the order of COMMANDS."""
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Import the command's module now that it is needed; None for an unknown name."""
         target = COMMANDS.get(cmd_name)
         if target is None:
             return None
@@ -40,6 +42,7 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List commands with their one-line help from COMMANDS."""
         # Short help from the table above: listing commands imports none of them.
         rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
         with formatter.section("Commands"):

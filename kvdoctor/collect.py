@@ -182,6 +182,7 @@ class Sampler:
         return out
 
     def close(self) -> None:
+        """Release NVML (nvmlShutdown); never raises."""
         if self._nvml is not None:
             try:
                 self._nvml.close()

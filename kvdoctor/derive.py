@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+import weakref
 from typing import Any
 
 from kvdoctor.facts import (
@@ -250,26 +250,32 @@ INPUTS = {
 _VLLM_PROC_RE = re.compile(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
 
 
-@dataclass
-class EngineView:
-    """Per-engine inputs gathered from a snapshot before variables are computed."""
-
-    engine: Engine
-    series: list[EngineMetrics] = field(default_factory=list)
-
-
-def _last(events: list[LogEvent]) -> LogEvent | None:
-    return events[-1] if events else None
-
-
 #: events a server prints while it starts, before it does anything that a restart would repeat.
 _CONFIG_KINDS = frozenset({"version", "args", "chunked_prefill", "max_model_len_used"})
+
+
+_STARTS_CACHE: dict[int, tuple[weakref.ref[VllmLog], int, list[int]]] = {}
 
 
 def _run_start_lines(log: VllmLog) -> list[int]:
     """Lines where a server run begins: its "vLLM API server version" line or its args dump
     (``non-default args`` / ``args: Namespace``), once the previous run had got past its
-    configuration lines. A log cut mid-run has no start: all of it is one run."""
+    configuration lines. A log cut mid-run has no start: all of it is one run.
+
+    Cached per log object and event count: every engine context of every sample asks."""
+    key = id(log)
+    hit = _STARTS_CACHE.get(key)
+    # The weak reference guards against a new log reusing a dead one's id.
+    if hit is not None and hit[0]() is log and hit[1] == len(log.events):
+        return hit[2]
+    starts = _scan_run_starts(log)
+    if len(_STARTS_CACHE) > 64:
+        _STARTS_CACHE.clear()
+    _STARTS_CACHE[key] = (weakref.ref(log), len(log.events), starts)
+    return starts
+
+
+def _scan_run_starts(log: VllmLog) -> list[int]:
     starts: list[int] = []
     progressed = True
     for e in log.events:

@@ -85,6 +85,7 @@ class Loaded:
 
     @property
     def snapshot(self) -> Snapshot:
+        """The latest (full) snapshot."""
         snap = self.timeline.latest
         assert snap is not None
         return snap
