@@ -527,6 +527,12 @@ def _str_list(value: Any, path: str, line: int | None, what: str) -> tuple[str, 
     return tuple(value)
 
 
+def _check_identifier(name: Any, path: str, line: int | None, what: str) -> None:
+    """Threshold and let names become expression names: they must be identifiers."""
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise RuleFileError(path, line, f"{what} name {name!r} is not an identifier")
+
+
 def _parse_rule(data: Any, path: str, stem: str) -> Rule:
     if data is None:
         raise RuleFileError(path, None, "empty rule file")
@@ -568,8 +574,7 @@ def _parse_rule(data: Any, path: str, stem: str) -> Rule:
         raise RuleFileError(path, value_line(data, "thresholds"), "thresholds must be a mapping name: value")
     for name, value in raw_th.items():
         tl = key_line(raw_th, name)
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-            raise RuleFileError(path, tl, f"threshold name {name!r} is not an identifier")
+        _check_identifier(name, path, tl, "threshold")
         if _threshold_kind(value) not in ("number", "text", "bool"):
             raise RuleFileError(path, tl, f"threshold {name!r} must be a number, text or true/false")
         if name in FUNCTIONS:
@@ -583,8 +588,7 @@ def _parse_rule(data: Any, path: str, stem: str) -> Rule:
         raise RuleFileError(path, value_line(data, "let"), "let must be a mapping name: expression")
     for name, src in raw_let.items():
         ll = key_line(raw_let, name)
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-            raise RuleFileError(path, ll, f"let name {name!r} is not an identifier")
+        _check_identifier(name, path, ll, "let")
         if name in FUNCTIONS or name in thresholds:
             raise RuleFileError(path, ll, f"let name {name!r} shadows a function or threshold")
         lets.append((name, compile_expr(src, path=path, line=value_line(raw_let, name), where=f"let {name}")))
