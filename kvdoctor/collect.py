@@ -209,6 +209,7 @@ def collect_live(
             sleep(opts.interval_s)
         latest = timeline.latest or Snapshot()
         configs = sampler.configs(latest)
+        latest.configs = configs
     finally:
         sampler.close()
     return timeline, configs

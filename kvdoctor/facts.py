@@ -386,6 +386,10 @@ class Snapshot:
     #: column, or repeated tables), oldest moment first, each moment one list of :class:`Gpu`
     #: with ``timestamp`` set; empty when only one moment was read. ``gpus`` is the latest.
     gpu_series: list[list[Gpu]] = field(default_factory=list)
+    #: engine launch configurations known at this instant (launch command, ``cmdline.txt``,
+    #: ``/proc/PID/cmdline``), redacted. The Snapshot carries them so that a recording or a
+    #: bundle replays a diagnosis on its own; derive reads the latest snapshot's.
+    configs: list[EngineConfig] = field(default_factory=list)
 
 
 @dataclass

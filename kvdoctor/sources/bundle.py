@@ -280,6 +280,8 @@ def _assemble(
         timeline.append(Snapshot(timestamp=ts, metrics=ms))
     if ordered:
         snap.timestamp, snap.metrics = ordered[-1][0], ordered[-1][1]
+    # The snapshot carries its engine configs (a recording replays on its own); the same list.
+    snap.configs = configs
     timeline.append(snap)
     return Loaded(timeline=timeline, configs=configs)
 

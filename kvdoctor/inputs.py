@@ -1,0 +1,257 @@
+"""Command-line input options → a Snapshot feed, the same for every face.
+
+``diagnose``, ``watch``, ``sidecar``, ``record`` and ``bundle`` accept the same input flags
+(:func:`input_options`): live (no input flag), ``--bundle``, ``--demo``, single artifacts
+(``--nvidia-smi``, ``--log``, ``--metrics FILE|DIR|URL``, …) and ``--recording``.
+:func:`open_feed` turns them into a :class:`~kvdoctor.sampler.SnapshotFeed`. Errors are
+:class:`InputError` with one line a user can act on (faces map it to exit 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from kvdoctor.facts import SourceError, SourceStatus, Timeline
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: the bundled real incident behind ``--demo`` (a copy of a case from the project's cases).
+DEMO_CASE = "b26-orphaned-enginecore-workers"
+
+
+class InputError(Exception):
+    """The inputs cannot be opened at all (exclusive options, no such bundle); one line."""
+
+
+def demo_bundle_dir() -> Path:
+    """Directory of the bundled demo incident shipped inside the package."""
+    return Path(str(resources.files("kvdoctor") / "data" / "demo" / DEMO_CASE))
+
+
+@dataclass
+class InputOptions:
+    """What to read. No artifact, bundle, recording or demo → the live machine."""
+
+    bundle: Path | None = None
+    demo: bool = False
+    recording: Path | None = None
+    nvidia_smi: list[Path] = field(default_factory=list)
+    compute_apps: Path | None = None
+    #: files, ``metrics/`` directories or http(s) URLs
+    metrics: list[str] = field(default_factory=list)
+    log: Path | None = None
+    cmdline: str | None = None
+    model_config: Path | None = None
+    env_file: Path | None = None
+    ps_file: Path | None = None
+    dmesg_file: Path | None = None
+    no_nvml: bool = False
+    #: seconds between live reads
+    interval_s: float = 1.0
+    #: per-source read timeout, seconds (live)
+    timeout_s: float = 2.0
+
+    @property
+    def urls(self) -> list[str]:
+        """The ``--metrics`` values that are http(s) URLs."""
+        return [m for m in self.metrics if _is_url(m)]
+
+    @property
+    def has_artifacts(self) -> bool:
+        """True when any single artifact (other than a URL) was given."""
+        return bool(
+            self.nvidia_smi
+            or self.compute_apps
+            or [m for m in self.metrics if not _is_url(m)]
+            or self.log
+            or self.cmdline
+            or self.model_config
+            or self.env_file
+            or self.ps_file
+            or self.dmesg_file
+        )
+
+    @property
+    def is_live(self) -> bool:
+        """True when the machine itself is read (no bundle, demo, recording or file artifact)."""
+        return not (self.bundle or self.demo or self.recording or self.has_artifacts)
+
+
+def _is_url(value: str) -> bool:
+    return value.lower().startswith(("http://", "https://"))
+
+
+_OPTION_NAMES = {f.name for f in fields(InputOptions)}
+
+
+def input_options(fn: F) -> F:
+    """Click decorator adding every input flag; the command receives them as keyword arguments
+    that :func:`options_from_kwargs` turns back into :class:`InputOptions`."""
+    opts = [
+        click.option(
+            "--bundle",
+            "bundle",
+            type=click.Path(path_type=Path),
+            help="Support bundle directory or .tar.gz (docs/spec/bundle.md).",
+        ),
+        click.option("--demo", is_flag=True, help="Use a bundled real incident (no GPU needed)."),
+        click.option(
+            "--recording",
+            "recording",
+            type=click.Path(path_type=Path),
+            help="Replay a recording made by `kvdoctor record` (.jsonl, .jsonl.gz, .jsonl.zst).",
+        ),
+        click.option(
+            "--nvidia-smi",
+            "nvidia_smi",
+            multiple=True,
+            type=click.Path(path_type=Path),
+            help="nvidia-smi table, --query-gpu CSV or -q -x XML file.",
+        ),
+        click.option(
+            "--compute-apps",
+            type=click.Path(path_type=Path),
+            help="nvidia-smi --query-compute-apps CSV file.",
+        ),
+        click.option(
+            "--metrics",
+            "metrics",
+            multiple=True,
+            help="vLLM /metrics: a file, a metrics/ directory of <unix-seconds>.txt scrapes, or a URL.",
+        ),
+        click.option("--log", "log", type=click.Path(path_type=Path), help="vLLM log file."),
+        click.option("--cmdline", help="The launch command (a string or a file)."),
+        click.option("--model-config", type=click.Path(path_type=Path), help="The model's config.json."),
+        click.option(
+            "--env", "env_file", type=click.Path(path_type=Path), help="env.txt with KEY=VALUE lines."
+        ),
+        click.option(
+            "--ps",
+            "ps_file",
+            type=click.Path(path_type=Path),
+            help="ps -eo pid,ppid,pcpu,rss,etime,comm,args output.",
+        ),
+        click.option(
+            "--dmesg",
+            "dmesg_file",
+            type=click.Path(path_type=Path),
+            help="Kernel log (dmesg / journalctl -k) with NVIDIA XID errors.",
+        ),
+        click.option("--no-nvml", is_flag=True, help="Do not read NVML (live mode)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def options_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> InputOptions:
+    """Pop the input flags out of a click command's ``kwargs`` into :class:`InputOptions`
+    (``extra`` sets further fields, e.g. ``interval_s``)."""
+    values: dict[str, Any] = {}
+    for name in list(kwargs):
+        if name in _OPTION_NAMES:
+            values[name] = kwargs.pop(name)
+    for list_name in ("nvidia_smi", "metrics"):
+        if list_name in values:
+            values[list_name] = list(values[list_name] or [])
+    values.update(extra)
+    return InputOptions(**values)
+
+
+def open_feed(opts: InputOptions) -> Any:
+    """The feed for ``opts`` (a :class:`~kvdoctor.sampler.SnapshotFeed`).
+
+    Bundle / demo / artifacts / recording are read now into a finite feed; live returns a
+    :class:`~kvdoctor.sampler.LiveFeed` that reads the machine on each ``next()``. Raises
+    :class:`InputError` for inputs that cannot be opened at all (one line, no input bytes)."""
+    from kvdoctor.sampler import LiveFeed, TimelineFeed
+
+    chosen = [
+        n
+        for n, on in (("--bundle", opts.bundle), ("--demo", opts.demo), ("--recording", opts.recording))
+        if on
+    ]
+    if len(chosen) > 1:
+        raise InputError(f"{' and '.join(chosen)} are exclusive")
+    try:
+        if opts.recording is not None:
+            from kvdoctor.sources.recording import open_recording
+
+            return open_recording(opts.recording)
+        if opts.bundle is not None or opts.demo:
+            timeline = _load_bundle(opts)
+            return TimelineFeed(timeline.snapshots, label=_bundle_label(opts))
+        if opts.has_artifacts:
+            timeline = _load_artifacts(opts)
+            return TimelineFeed(timeline.snapshots, label="artifacts")
+    except SourceError as e:
+        raise InputError(str(e).splitlines()[0] if str(e) else "cannot read input") from None
+    from kvdoctor.collect import LiveOptions
+
+    live = LiveOptions(
+        metrics_urls=opts.urls,
+        log_path=opts.log,
+        interval_s=opts.interval_s,
+        timeout_s=opts.timeout_s,
+        use_nvml=not opts.no_nvml,
+    )
+    return LiveFeed(live)
+
+
+def _bundle_label(opts: InputOptions) -> str:
+    return f"demo:{DEMO_CASE}" if opts.demo else f"bundle {opts.bundle}"
+
+
+def _load_bundle(opts: InputOptions) -> Timeline:
+    from kvdoctor.sources.bundle import load_bundle
+
+    path = demo_bundle_dir() if opts.demo else opts.bundle
+    assert path is not None
+    timeline = load_bundle(path).timeline
+    if opts.demo:
+        _relabel(timeline, str(path), f"demo:{DEMO_CASE}")
+    return timeline
+
+
+def _relabel(timeline: Timeline, prefix: str, label: str) -> None:
+    """Show the bundled demo's files as demo:CASE/FILE rather than a site-packages path."""
+    for snap in timeline.snapshots:
+        for s in snap.sources:
+            s.origin = s.origin.replace(prefix, label)
+            s.detail = s.detail.replace(prefix, label)
+
+
+def _load_artifacts(opts: InputOptions) -> Timeline:
+    from kvdoctor.sources.bundle import Artifacts, load_artifacts
+
+    art = Artifacts(
+        nvidia_smi=list(opts.nvidia_smi),
+        compute_apps=opts.compute_apps,
+        log=opts.log,
+        metrics=[Path(m) for m in opts.metrics if not _is_url(m)],
+        cmdline=opts.cmdline,
+        model_config=opts.model_config,
+        env=opts.env_file,
+        ps=opts.ps_file,
+        dmesg=opts.dmesg_file,
+    )
+    errors: list[SourceStatus] = []
+    for url in opts.urls:
+        # A URL among offline artifacts is scraped once.
+        from kvdoctor.sources.metrics import scrape
+
+        try:
+            text, ts = scrape(url, timeout=opts.timeout_s)
+            art.metrics_texts.append((text, ts, url))
+        except SourceError as e:
+            errors.append(SourceStatus("metrics", url, "error", str(e).splitlines()[0]))
+    timeline = load_artifacts(art).timeline
+    if timeline.latest is not None:
+        timeline.latest.sources.extend(errors)
+    return timeline

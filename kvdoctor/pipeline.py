@@ -1,0 +1,119 @@
+"""The one pipeline every face calls: Timeline (+ rules, user config) → Report.
+
+``diagnose``, ``watch``, ``sidecar``, ``record``'s replay, the tests and ``bench/`` all evaluate
+through :class:`Pipeline`. No click, no printing, no exit: a bad rule file or user config raises
+:class:`PipelineError` (``str(err)`` is ``FILE:LINE: reason``), which each face maps (diagnose →
+exit 3; a sidecar keeps serving and reports it). Evaluation never mutates the Timeline's facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvdoctor.facts import Snapshot, Timeline
+
+if TYPE_CHECKING:
+    from kvdoctor.report import Report
+    from kvdoctor.rules_engine import Rule
+
+#: spec/rules.md "Windows": length of the "recent" window rules read, seconds.
+DEFAULT_WINDOW_S = 60.0
+
+
+class PipelineError(Exception):
+    """The rules or the user config cannot be loaded; ``kind`` is "rules" or "config" and
+    ``str(err)`` one line, ``FILE:LINE: reason``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+def variable_catalogue() -> set[str]:
+    """Names of the variables rules may read (derive's declared catalogue)."""
+    from kvdoctor.derive import VARIABLES
+
+    return set(VARIABLES)
+
+
+def load_rules(
+    rules_dirs: Iterable[str | Path] | None = None, config_path: str | Path | None = None
+) -> list[Rule]:
+    """The rule catalogue (``rules/*.yaml``, or ``rules_dirs``) with the user config applied
+    (``config_path``, else ``$KVDOCTOR_CONFIG`` / ``~/.config/kvdoctor/config.yaml``).
+
+    Raises :class:`PipelineError` for an invalid rule file (kind "rules") or config ("config")."""
+    from kvdoctor.rules_engine import RuleFileError
+    from kvdoctor.rules_engine import load_rules as _load
+    from kvdoctor.userconfig import UserConfigError, apply_user_config, load_user_config
+
+    dirs = list(rules_dirs) if rules_dirs else None
+    try:
+        rules = _load(dirs, known_names=variable_catalogue())
+    except RuleFileError as e:
+        raise PipelineError("rules", f"invalid rule file: {e}") from None
+    try:
+        user = load_user_config(config_path, rules)
+    except UserConfigError as e:
+        raise PipelineError("config", f"invalid config: {e}") from None
+    return apply_user_config(rules, user)
+
+
+@dataclass
+class Pipeline:
+    """Rules loaded once, evaluated over any number of Timelines.
+
+    ``window_s``: seconds of the "recent" window (rates, quantiles, gauge maxima) ending at the
+    newest snapshot. :meth:`evaluate` is pure with respect to its input: the same Timeline gives
+    the same Report (bar ``generated_at``) and its facts are left unchanged.
+    """
+
+    rules: list[Rule] = field(default_factory=list)
+    window_s: float = DEFAULT_WINDOW_S
+
+    @classmethod
+    def load(
+        cls,
+        rules_dirs: Iterable[str | Path] | None = None,
+        config_path: str | Path | None = None,
+        *,
+        window_s: float = DEFAULT_WINDOW_S,
+    ) -> Pipeline:
+        """A pipeline over the shipped (or given) rules and the user config; raises
+        :class:`PipelineError`."""
+        return cls(rules=load_rules(rules_dirs, config_path), window_s=window_s)
+
+    def evaluate(self, timeline: Timeline, *, now: float | None = None) -> Report:
+        """Facts → engines → rule contexts → findings → :class:`~kvdoctor.report.Report`.
+
+        ``now``: unix seconds stamped as ``generated_at`` (default: the clock). Never raises for missing or partial facts."""
+        return evaluate(timeline, rules=self.rules, window_s=self.window_s, now=now)
+
+
+def evaluate(
+    timeline: Timeline, *, rules: list[Rule], window_s: float = DEFAULT_WINDOW_S, now: float | None = None
+) -> Report:
+    """Functional form of :meth:`Pipeline.evaluate`."""
+    from kvdoctor.derive import build_contexts
+    from kvdoctor.report import build_report
+    from kvdoctor.rules_engine import RuleContext
+    from kvdoctor.rules_engine import evaluate as run_rules
+
+    latest = timeline.latest
+    configs: list[Any] = list(latest.configs) if latest is not None else []
+    _engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
+    ctxs = [RuleContext(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
+    result = run_rules(rules, ctxs)
+    # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
+    # context: report it once.
+    seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
+    findings = []
+    for f in result.findings:
+        key = (f.rule, f.summary, tuple(sorted(f.suggested_flags.items())))
+        if key not in seen:
+            seen.add(key)
+            findings.append(f)
+    return build_report(latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now)
