@@ -105,7 +105,7 @@ def snapshot_from_json(line: str) -> Snapshot:
 def _open(path: Path, mode: str) -> IO[str]:
     name = path.name.lower()
     if name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")  # type: ignore[arg-type]
+        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8")
     if name.endswith(".zst"):
         try:
             import zstandard
