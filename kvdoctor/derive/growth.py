@@ -1,0 +1,102 @@
+"""Family growth: used memory of the engine's GPUs over time (an nvidia-smi ``-l`` loop in a
+bundle, or the live snapshots), as least-squares slopes. The history read is bounded
+(``engines.bounded_history``): the cost does not grow with the Timeline."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvdoctor.derive.base import Family, Scope, Vars
+from kvdoctor.derive.engines import MAX_HISTORY_POINTS
+from kvdoctor.facts import Gpu
+
+WRITES: dict[str, str] = {
+    "mem_growth_gpu": "int; the engine GPU whose used memory rises fastest",
+    "mem_growth_points": "int; readings of it over time (evenly spaced, at most 120)",
+    "mem_growth_span_s": "seconds; time the readings span",
+    "mem_growth_rise_bytes": "bytes; last − first used memory",
+    "mem_growth_bytes_per_hour": "bytes/hour; least-squares slope of used memory over all readings",
+    "mem_growth_recent_bytes_per_hour": "bytes/hour; least-squares slope over the later half of the readings",
+    "mem_growth_plateau": "bool; the later half is flat (slope under a quarter of the overall one): warm-up, not a leak",
+    "mem_growth_hours_to_full": "hours; (total − last used) / slope, when growing",
+    "mem_growth_used_bytes": "bytes; last used memory of that GPU",
+}
+READS: frozenset[str] = frozenset({"engine_gpus"})
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, bytes) points, in bytes per hour."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var <= 0:
+        return None
+    cov = sum((t - mt) * (y - my) for t, y in points)
+    return cov / var * 3600.0
+
+
+def _stamped(g: Gpu, ts: float | None) -> Gpu:
+    """A GPU reading stamped with its snapshot's time when it has none of its own (a copy)."""
+    return g if g.timestamp is not None or ts is None else replace(g, timestamp=ts)
+
+
+def _moments(s: Scope) -> list[list[Gpu]]:
+    series = s.snapshot.gpu_series
+    if series:
+        n = len(series)
+        if n > MAX_HISTORY_POINTS:
+            step = (n - 1) / (MAX_HISTORY_POINTS - 1)
+            return [series[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
+        return list(series)
+    return [
+        [_stamped(g, snap.timestamp) for g in snap.gpus]
+        for snap in s.history
+        if snap.gpus and (snap.timestamp is not None or all(g.timestamp is not None for g in snap.gpus))
+    ]
+
+
+def derive(s: Scope, v: Vars) -> None:
+    """The fastest-rising engine GPU: slope, recent slope, plateau, hours to full."""
+    wanted = set(v["engine_gpus"] or [])
+    series: dict[int, list[tuple[float, float]]] = {}
+    totals: dict[int, int] = {}
+    for moment in _moments(s):
+        for g in moment:
+            if g.timestamp is None or g.memory_used_bytes is None or (wanted and g.index not in wanted):
+                continue
+            series.setdefault(g.index, []).append((g.timestamp, float(g.memory_used_bytes)))
+            if g.memory_total_bytes:
+                totals[g.index] = g.memory_total_bytes
+    best: tuple[float, int, list[tuple[float, float]]] | None = None
+    for idx, pts in series.items():
+        pts.sort()
+        if len(pts) < 3:
+            continue
+        slope = slope_per_hour(pts)
+        if slope is None:
+            continue
+        if best is None or slope > best[0]:
+            best = (slope, idx, pts)
+    if best is None:
+        return
+    slope, idx, pts = best
+    half = pts[len(pts) // 2 :]
+    recent = slope_per_hour(half) if len(half) >= 2 else None
+    v["mem_growth_gpu"] = idx
+    v["mem_growth_points"] = len(pts)
+    v["mem_growth_span_s"] = pts[-1][0] - pts[0][0]
+    v["mem_growth_rise_bytes"] = int(pts[-1][1] - pts[0][1])
+    v["mem_growth_bytes_per_hour"] = slope
+    v["mem_growth_recent_bytes_per_hour"] = recent
+    v["mem_growth_used_bytes"] = int(pts[-1][1])
+    v["mem_growth_plateau"] = slope > 0 and recent is not None and recent < 0.25 * slope
+    total = totals.get(idx)
+    rate = recent if recent is not None and recent > 0 and not v["mem_growth_plateau"] else slope
+    if total and rate > 0:
+        v["mem_growth_hours_to_full"] = max(0.0, (total - pts[-1][1]) / rate)
+
+
+FAMILY = Family("growth", WRITES, READS, derive)
