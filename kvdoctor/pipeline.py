@@ -104,7 +104,7 @@ def evaluate(
 
     latest = timeline.latest
     configs: list[Any] = list(latest.configs) if latest is not None else []
-    _engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
+    engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
     ctxs = [RuleContext(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
     result = run_rules(rules, ctxs)
     # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
@@ -116,4 +116,6 @@ def evaluate(
         if key not in seen:
             seen.add(key)
             findings.append(f)
-    return build_report(latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now)
+    return build_report(
+        latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now, engines=engines
+    )

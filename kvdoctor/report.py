@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvdoctor.facts import Snapshot, SourceStatus
+from kvdoctor.facts import Engine, Snapshot, SourceStatus
 from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, sort_findings, worst_health
 from kvdoctor.redact import redact_text
 
@@ -99,13 +99,17 @@ def build_report(
     skipped: list[Skipped],
     engine_kv: dict[str, dict[str, Any]] | None = None,
     now: datetime | float | None = None,
+    *,
+    engines: list[Engine] | None = None,
 ) -> Report:
     """Assemble a :class:`Report` from a snapshot and the rule engine's output.
 
     ``gpus`` from ``snapshot.gpus`` (NVML / nvidia-smi facts: bytes, utilisation 0..1),
-    ``engines`` from ``snapshot.engines`` with a subset of their EngineConfig and ``kv`` from
-    ``engine_kv[engine.id]`` ({num_gpu_blocks, block_size, capacity_tokens, usage}, built by
-    ``kvdoctor.derive``). ``now``: datetime or unix seconds (default: the clock). Never raises.
+    ``engines`` from ``engines`` (the pipeline passes derive's; default ``snapshot.engines``)
+    with a subset of their EngineConfig and ``kv`` from ``engine_kv[engine.id]``
+    ({num_gpu_blocks, block_size, capacity_tokens, usage}, built by ``kvdoctor.derive``).
+    ``now``: datetime or unix seconds (default: the clock). Findings are redacted as copies:
+    neither ``snapshot`` nor ``findings`` is modified. Never raises.
     """
     gpus = [
         {
@@ -119,10 +123,10 @@ def build_report(
         }
         for g in snapshot.gpus
     ]
-    engines = []
-    for e in snapshot.engines:
+    engine_rows = []
+    for e in snapshot.engines if engines is None else engines:
         kv_src = (engine_kv or {}).get(e.id) or {}
-        engines.append(
+        engine_rows.append(
             {
                 "id": e.id,
                 "pid": e.pid,
@@ -137,17 +141,25 @@ def build_report(
     sources = [
         SourceStatus(s.kind, redact_text(s.origin), s.status, redact_text(s.detail)) for s in snapshot.sources
     ]
-    for f in findings:
-        f.summary = redact_text(f.summary)
-        for ev in f.evidence:
-            ev.value, ev.source = redact_text(ev.value), redact_text(ev.source)
+    shown = [
+        replace(
+            f,
+            summary=redact_text(f.summary),
+            evidence=[
+                replace(ev, value=redact_text(ev.value), source=redact_text(ev.source)) for ev in f.evidence
+            ],
+            suggested_flags=dict(f.suggested_flags),
+            gpus=list(f.gpus),
+        )
+        for f in findings
+    ]
     return Report(
         generated_at=_iso_utc(now),
-        health=worst_health(findings),
+        health=worst_health(shown),
         sources=sources,
         gpus=gpus,
-        engines=engines,
-        findings=sort_findings(findings),
+        engines=engine_rows,
+        findings=sort_findings(shown),
         skipped=sorted(skipped, key=lambda s: (s.rule, s.engine or "")),
     )
 
