@@ -75,3 +75,37 @@ def test_a_bad_rule_file_is_an_exception_with_file_and_line(tmp_path: Path) -> N
     with pytest.raises(PipelineError) as err:
         Pipeline.load([tmp_path])
     assert err.value.kind == "rules" and "bad-rule.yaml:1: missing required key" in str(err.value)
+
+
+_TOUCHED: set[int] = set()
+
+
+class _CountingSnapshot(Snapshot):
+    """A Snapshot that notes when its readings are looked at."""
+
+    def __getattribute__(self, name: str):  # noqa: ANN204
+        if name in ("metrics", "gpus", "gpu_series", "processes"):
+            _TOUCHED.add(id(self))
+        return super().__getattribute__(name)
+
+
+def test_one_evaluation_reads_the_window_and_a_bounded_history_not_the_whole_timeline() -> None:
+    tl = Timeline(max_len=3600)
+    for t in range(3600):
+        m = EngineMetrics(timestamp=float(t), engine="0", kv_cache_usage=0.3, num_requests_running=1,
+                          generation_tokens_total=10.0 * t)  # fmt: skip
+        gpu = Gpu(index=0, memory_total_bytes=80 * GiB, memory_used_bytes=60 * GiB + t * 2**20)
+        tl.append(_CountingSnapshot(timestamp=float(t), gpus=[gpu], metrics=[m]))
+    _TOUCHED.clear()
+    report = Pipeline(rules=Pipeline.load().rules, window_s=60.0).evaluate(tl, now=0)
+    # 61 snapshots in the 60 s window, at most 60 of history for GPU memory growth, a few
+    # just before the window: far from the 3,600 held.
+    assert 61 <= len(_TOUCHED) <= 61 + 60 + 10
+    assert report.engines and report.gpus
+    # The growth over the hour is still seen, from the sampled history: 1 MiB/s = 3,600 MiB/h.
+    from kvdoctor.derive import build_contexts
+
+    _, contexts, _ = build_contexts(tl, [])
+    v = contexts[0][1]
+    assert v["mem_growth_bytes_per_hour"] == pytest.approx(3600 * 2**20, rel=1e-6)
+    assert v["mem_growth_span_s"] == 3599 and v["mem_growth_points"] == 60

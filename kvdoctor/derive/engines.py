@@ -17,7 +17,7 @@ from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, Snapshot
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 #: the most snapshots of history read for trends (GPU memory growth): evenly spaced.
-MAX_HISTORY_POINTS = 120
+MAX_HISTORY_POINTS = 60
 
 
 def _own_copy(cfg: EngineConfig) -> EngineConfig:

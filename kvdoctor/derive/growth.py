@@ -4,15 +4,13 @@ bundle, or the live snapshots), as least-squares slopes. The history read is bou
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from kvdoctor.derive.base import Family, Scope, Vars
 from kvdoctor.derive.engines import MAX_HISTORY_POINTS
 from kvdoctor.facts import Gpu
 
 WRITES: dict[str, str] = {
     "mem_growth_gpu": "int; the engine GPU whose used memory rises fastest",
-    "mem_growth_points": "int; readings of it over time (evenly spaced, at most 120)",
+    "mem_growth_points": "int; readings of it over time (evenly spaced, at most 60)",
     "mem_growth_span_s": "seconds; time the readings span",
     "mem_growth_rise_bytes": "bytes; last − first used memory",
     "mem_growth_bytes_per_hour": "bytes/hour; least-squares slope of used memory over all readings",
@@ -38,24 +36,32 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     return cov / var * 3600.0
 
 
-def _stamped(g: Gpu, ts: float | None) -> Gpu:
-    """A GPU reading stamped with its snapshot's time when it has none of its own (a copy)."""
-    return g if g.timestamp is not None or ts is None else replace(g, timestamp=ts)
-
-
-def _moments(s: Scope) -> list[list[Gpu]]:
-    series = s.snapshot.gpu_series
-    if series:
-        n = len(series)
+def _readings(s: Scope, wanted: set[int]) -> list[tuple[int, float, Gpu]]:
+    """(GPU index, time, reading) of the engine's GPUs over time: the nvidia-smi ``-l`` loop's
+    moments when the snapshot has them, else the bounded history of snapshots (a reading
+    without its own time takes its snapshot's)."""
+    out: list[tuple[int, float, Gpu]] = []
+    moments = s.snapshot.gpu_series
+    if moments:
+        n = len(moments)
         if n > MAX_HISTORY_POINTS:
             step = (n - 1) / (MAX_HISTORY_POINTS - 1)
-            return [series[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
-        return list(series)
-    return [
-        [_stamped(g, snap.timestamp) for g in snap.gpus]
-        for snap in s.history
-        if snap.gpus and (snap.timestamp is not None or all(g.timestamp is not None for g in snap.gpus))
-    ]
+            moments = [moments[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
+        timed = [(None, m) for m in moments]
+    else:
+        timed = [
+            (snap.timestamp, snap.gpus)
+            for snap in s.history
+            if snap.gpus and (snap.timestamp is not None or all(g.timestamp is not None for g in snap.gpus))
+        ]
+    for ts, gpus in timed:
+        for g in gpus:
+            if wanted and g.index not in wanted:
+                continue
+            t = g.timestamp if g.timestamp is not None else ts
+            if t is not None and g.memory_used_bytes is not None:
+                out.append((g.index, t, g))
+    return out
 
 
 def derive(s: Scope, v: Vars) -> None:
@@ -63,13 +69,10 @@ def derive(s: Scope, v: Vars) -> None:
     wanted = set(v["engine_gpus"] or [])
     series: dict[int, list[tuple[float, float]]] = {}
     totals: dict[int, int] = {}
-    for moment in _moments(s):
-        for g in moment:
-            if g.timestamp is None or g.memory_used_bytes is None or (wanted and g.index not in wanted):
-                continue
-            series.setdefault(g.index, []).append((g.timestamp, float(g.memory_used_bytes)))
-            if g.memory_total_bytes:
-                totals[g.index] = g.memory_total_bytes
+    for idx, t, g in _readings(s, wanted):
+        series.setdefault(idx, []).append((t, float(g.memory_used_bytes or 0)))
+        if g.memory_total_bytes:
+            totals[idx] = g.memory_total_bytes
     best: tuple[float, int, list[tuple[float, float]]] | None = None
     for idx, pts in series.items():
         pts.sort()
