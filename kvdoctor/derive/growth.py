@@ -41,6 +41,7 @@ def _readings(s: Scope, wanted: set[int]) -> list[tuple[int, float, Gpu]]:
     moments when the snapshot has them, else the bounded history of snapshots (a reading
     without its own time takes its snapshot's)."""
     out: list[tuple[int, float, Gpu]] = []
+    timed: list[tuple[float | None, list[Gpu]]]
     moments = s.snapshot.gpu_series
     if moments:
         n = len(moments)
