@@ -183,3 +183,27 @@ def test_overriding_the_kv_pressure_threshold_changes_the_severity(tmp_path: Pat
     cfg = tmp_path / "config.yaml"
     cfg.write_text("thresholds:\n  max-num-seqs-exceeds-kv:\n    kv_full: 0.8\n")
     assert severity(cfg) == "warning"
+
+
+@pytest.mark.parametrize(
+    ("gpu_name", "version"),
+    [("H100", "0.33.0"), ("H100", "0.9.2"), ("A100-80GB", "0.33.0"), ("L4", "0.19.1"), ("H200", None)],
+)
+def test_plan_and_diagnose_agree_on_vllms_defaults(gpu_name: str, version: str | None) -> None:
+    from kvdoctor import catalog
+    from kvdoctor.plan import build_plan, resolve_model
+
+    spec = catalog.gpu(gpu_name)
+    plan = build_plan(
+        resolve_model("meta-llama/Llama-3.1-8B-Instruct"), gpu=spec, vllm_version=version, grid=False
+    )
+    snap = Snapshot(
+        gpus=[Gpu(index=0, name=spec.name, memory_total_bytes=spec.memory_bytes, memory_used_bytes=GiB)]
+    )
+    snap.configs = [EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", vllm_version=version)]
+    tl = Timeline()
+    tl.append(snap)
+    _, contexts, _ = build_contexts(tl, snap.configs)
+    v = contexts[0][1]
+    assert v["max_num_seqs_effective"] == plan["max_num_seqs"]
+    assert v["gmu"] == plan["gpu_memory_utilization"]
