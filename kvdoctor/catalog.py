@@ -234,9 +234,6 @@ def _model_arch_cached(name: str) -> Any:
 def model_arch(name: str) -> Any:
     """The catalogue's :class:`~kvdoctor.facts.ModelArch` for a model id (``model_config`` read
     the way a config.json is, once per name and cached), so a bundle without config.json still
-    gets weights and KV sizes; None when not catalogued. Returns a copy: callers may not share
-    one cached object."""
-    import copy
-
-    arch = _model_arch_cached(name)
-    return copy.deepcopy(arch) if arch is not None else None
+    gets weights and KV sizes; None when not catalogued. The object is shared between callers:
+    like every fact, it is never modified."""
+    return _model_arch_cached(name)

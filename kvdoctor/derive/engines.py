@@ -104,28 +104,24 @@ def _snapshot_time(snap: Snapshot) -> float | None:
 
 def recent_snapshots(snapshots: Sequence[Snapshot], window_s: float) -> tuple[list[Snapshot], bool]:
     """The snapshots within ``window_s`` seconds of the newest one (oldest first), found from the
-    end backwards, and whether a snapshot with /metrics exists before them. Untimed snapshots
-    are kept (a window without clocks is what was read). O(window), not O(Timeline)."""
+    end backwards, and whether a scrape exists before them (looked for among the few snapshots
+    just before the window: a live loop scrapes in each). Untimed snapshots are kept (a window
+    without clocks is what was read). O(window), not O(Timeline)."""
     out: list[Snapshot] = []
     end: float | None = None
     older = False
-    for snap in reversed(snapshots):
+    for i in range(len(snapshots) - 1, -1, -1):
+        snap = snapshots[i]
         ts = _snapshot_time(snap)
         if ts is not None:
             if end is None:
                 end = ts
             elif ts < end - window_s:
-                older = bool(snap.metrics) or any(s.metrics for s in _older_few(snapshots, len(out)))
+                older = any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
                 break
         out.append(snap)
     out.reverse()
     return out, older
-
-
-def _older_few(snapshots: Sequence[Snapshot], kept: int, limit: int = 8) -> list[Snapshot]:
-    """A few snapshots just before the window (does any of them hold a scrape?)."""
-    stop = len(snapshots) - kept - 1
-    return list(snapshots[max(0, stop - limit) : max(0, stop)])
 
 
 def engine_series(snapshots: Sequence[Snapshot], engine_label: str | None) -> list[EngineMetrics]:
