@@ -96,7 +96,12 @@ class Pipeline:
 def evaluate(
     timeline: Timeline, *, rules: list[Rule], window_s: float = DEFAULT_WINDOW_S, now: float | None = None
 ) -> Report:
-    """Functional form of :meth:`Pipeline.evaluate`."""
+    """Functional form of :meth:`Pipeline.evaluate`.
+
+    derive (``kvdoctor.derive.build_contexts``: new engine objects, one variables dict per
+    engine, reading only the window and a bounded history) → the rules
+    (``kvdoctor.rules_engine.evaluate``: findings, ``caused_by`` linked from ``explains:``) →
+    ``kvdoctor.report.build_report`` (root causes first, redacted copies)."""
     from kvdoctor.derive import build_contexts
     from kvdoctor.report import build_report
     from kvdoctor.rules_engine import RuleContext
