@@ -207,3 +207,20 @@ def test_plan_and_diagnose_agree_on_vllms_defaults(gpu_name: str, version: str |
     v = contexts[0][1]
     assert v["max_num_seqs_effective"] == plan["max_num_seqs"]
     assert v["gmu"] == plan["gpu_memory_utilization"]
+
+
+def test_overriding_the_plateau_ratio_changes_the_severity(tmp_path: Path) -> None:
+    # r29: used memory climbs at 1 GiB/h over 6 h, the later half as fast as the whole.
+    tl = load_bundle(DATA / "bundles" / "r29-steady-memory-growth-csv-loop").timeline
+    none = tmp_path / "none.yaml"
+    none.write_text("{}\n")
+
+    def severity(config: Path) -> str:
+        rep = Pipeline.load(None, config).evaluate(tl, now=0)
+        return next(f.severity for f in rep.findings if f.rule == "gpu-memory-growth")
+
+    assert severity(none) == "warning"
+    cfg = tmp_path / "config.yaml"
+    # "Levelled off" now means: the later half grows at under 1.5× the overall slope.
+    cfg.write_text("thresholds:\n  gpu-memory-growth:\n    plateau_ratio: 1.5\n")
+    assert severity(cfg) == "info"

@@ -1,5 +1,6 @@
 """Family growth: used memory of the engine's GPUs over time (an nvidia-smi ``-l`` loop in a
-bundle, or the live snapshots), as least-squares slopes. The history read is bounded
+bundle, or the live snapshots), as least-squares slopes; whether the later half is a plateau
+is the rule's threshold (``gpu-memory-growth`` ``plateau_ratio``). The history read is bounded
 (``engines.bounded_history``): the cost does not grow with the Timeline."""
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ WRITES: dict[str, str] = {
     "mem_growth_rise_bytes": "bytes; last − first used memory",
     "mem_growth_bytes_per_hour": "bytes/hour; least-squares slope of used memory over all readings",
     "mem_growth_recent_bytes_per_hour": "bytes/hour; least-squares slope over the later half of the readings",
-    "mem_growth_plateau": "bool; the later half is flat (slope under a quarter of the overall one): warm-up, not a leak",
-    "mem_growth_hours_to_full": "hours; (total − last used) / slope, when growing",
+    "mem_growth_headroom_bytes": "bytes; total − last used memory of that GPU (None when its total is unknown)",
     "mem_growth_used_bytes": "bytes; last used memory of that GPU",
 }
 READS: frozenset[str] = frozenset({"engine_gpus"})
@@ -96,11 +96,9 @@ def derive(s: Scope, v: Vars) -> None:
     v["mem_growth_bytes_per_hour"] = slope
     v["mem_growth_recent_bytes_per_hour"] = recent
     v["mem_growth_used_bytes"] = int(pts[-1][1])
-    v["mem_growth_plateau"] = slope > 0 and recent is not None and recent < 0.25 * slope
     total = totals.get(idx)
-    rate = recent if recent is not None and recent > 0 and not v["mem_growth_plateau"] else slope
-    if total and rate > 0:
-        v["mem_growth_hours_to_full"] = max(0.0, (total - pts[-1][1]) / rate)
+    if total:
+        v["mem_growth_headroom_bytes"] = max(0, int(total - pts[-1][1]))
 
 
 FAMILY = Family("growth", WRITES, READS, derive)
