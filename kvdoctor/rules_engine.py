@@ -1085,8 +1085,11 @@ def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
     the same engine or where either is about the host (engine None). The worst such root wins
     (then rule id); a link that would close a cycle is dropped. Only ``caused_by`` of the given
     (freshly made) findings is set."""
-    explains = {r.id: set(r.explains) for r in rules}
+    explains = {r.id: set(r.explains) for r in rules if r.explains}
+    explained = set().union(*explains.values()) if explains else set()
     for f in findings:
+        if f.rule not in explained:
+            continue
         causes = [
             g
             for g in findings
@@ -1099,6 +1102,8 @@ def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
             f.caused_by = causes[0].rule
     by_rule = {f.rule: f for f in findings}
     for f in findings:
+        if not f.caused_by:
+            continue
         seen = {f.rule}
         cur = by_rule.get(f.caused_by) if f.caused_by else None
         while cur is not None and cur.caused_by:
