@@ -17,6 +17,7 @@ import bisect
 import dataclasses
 import itertools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,12 +87,15 @@ def window(
     return [m for m in timed if m.timestamp is not None and start <= m.timestamp <= end]
 
 
+_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineMetrics))
+
+
 def _getter(field: FieldRef) -> Callable[[EngineMetrics], float | None]:
     if callable(field):
         return field
-    if field not in {f.name for f in dataclasses.fields(EngineMetrics)}:
+    if field not in _FIELDS:
         raise ValueError(f"EngineMetrics has no field {field!r}")
-    return lambda m: getattr(m, field)
+    return operator.attrgetter(field)
 
 
 def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> list[tuple[float, float]]:
