@@ -5,7 +5,8 @@ Prints, in one run so the machine's state is shared:
 - cold start of `python -c pass` (the baseline), `kvdoctor --help` and
   `kvdoctor diagnose --bundle <case> --format json`, median of N runs, and their ratio to the baseline;
 - one full evaluation in-process: parse a 55 KB real vLLM 0.33 /metrics page + an 8-GPU nvidia-smi
-  table + derive the variables + evaluate every rule (median of many runs, after a warm-up).
+  table + the pipeline (derive the variables, evaluate every rule, build the report; median of
+  many runs, after a warm-up).
 
 Budgets (issue #2): `--help` ≤ 0.15 s, one evaluation ≤ 5 ms.
 usage: .venv/bin/python bench/startup.py [--runs N]
@@ -37,14 +38,12 @@ def cold(cmd: list[str], runs: int) -> float:
 
 
 def evaluation(runs: int) -> float:
-    from kvdoctor.derive import build_contexts
     from kvdoctor.facts import Snapshot, Timeline
-    from kvdoctor.rules_cli import variable_catalogue
-    from kvdoctor.rules_engine import RuleContext, evaluate, load_rules
+    from kvdoctor.pipeline import Pipeline
     from kvdoctor.sources.metrics import parse_metrics
     from kvdoctor.sources.nvidia_smi import latest_gpus, parse_nvidia_smi_table
 
-    rules = load_rules(None, known_names=variable_catalogue())
+    pipeline = Pipeline.load()
     page = PAGE.read_text()
     smi = SMI8.read_text()
 
@@ -54,8 +53,7 @@ def evaluation(runs: int) -> float:
         snap.gpus = latest_gpus(parse_nvidia_smi_table(smi))
         tl = Timeline()
         tl.append(snap)
-        _, contexts, _ = build_contexts(tl, [])
-        evaluate(rules, [RuleContext(e, v, i) for e, v, i in contexts])
+        pipeline.evaluate(tl, now=0)
 
     for _ in range(20):
         once()

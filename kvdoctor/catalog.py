@@ -215,3 +215,25 @@ def model_config(name: str) -> dict[str, Any] | None:
         if key.lower() == low or key.lower().split("/", 1)[-1] == low.split("/", 1)[-1]:
             return dict(cfg)
     return None
+
+
+@lru_cache(maxsize=256)
+def _model_arch_cached(name: str) -> Any:
+    from kvdoctor.facts import SourceError
+    from kvdoctor.sources.model_config import parse_model_config
+
+    raw = model_config(name)
+    if raw is None:
+        return None
+    try:
+        return parse_model_config(raw, origin=f"catalogue:{name}")
+    except SourceError:
+        return None
+
+
+def model_arch(name: str) -> Any:
+    """The catalogue's :class:`~kvdoctor.facts.ModelArch` for a model id (``model_config`` read
+    the way a config.json is, once per name and cached), so a bundle without config.json still
+    gets weights and KV sizes; None when not catalogued. The object is shared between callers:
+    like every fact, it is never modified."""
+    return _model_arch_cached(name)

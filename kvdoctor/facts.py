@@ -342,6 +342,15 @@ class HostProcess:
     #: "api_server", "engine_core", "worker", or None for non-vLLM processes.
     vllm_role: str | None = None
     create_time: float | None = None
+    #: The vLLM launch its command line states, parsed when the process was read (psutil,
+    #: ``ps.txt``; ``kvdoctor.sources.cmdline``): True when the command line launches vLLM
+    #: (``vllm serve``, ``python -m vllm.entrypoints…``, a container running it).
+    launches_vllm: bool = False
+    #: served model name, else ``--model`` / the positional model of that launch.
+    launch_model: str | None = None
+    #: fraction; ``--gpu-memory-utilization`` as given on that command line (None: not given,
+    #: vLLM's default for the version applies).
+    launch_gmu: float | None = None
 
 
 @dataclass

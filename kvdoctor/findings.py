@@ -47,7 +47,8 @@ class Finding:
     ``suggested_flags`` maps a vLLM flag as vLLM spells it ("--max-model-len") or an environment
     variable ("PYTORCH_CUDA_ALLOC_CONF") to its computed value as text ("23648"); an empty value
     means a flag that takes no argument ("--enforce-eager"). ``gpus`` are GPU indices.
-    ``docs`` is the command that shows the rule's documentation.
+    ``docs`` is the command that shows the rule's documentation. ``caused_by``: the rule id
+    of the root-cause finding that explains this one, or None.
     """
 
     rule: str
@@ -60,13 +61,16 @@ class Finding:
     gpus: list[int] = field(default_factory=list)
     engine: str | None = None
     docs: str = ""
+    #: the rule id of the finding this one is a consequence of (its rule ``explains`` this
+    #: one), None for a root cause; reports list consequences under their root.
+    caused_by: str | None = None
 
     def __post_init__(self) -> None:
         if not self.docs:
             self.docs = f"kvdoctor explain {self.rule}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of spec/report.md ``findings[]`` (plus ``docs``)."""
+        """The JSON object of spec/report.md ``findings[]`` (plus ``docs`` and ``caused_by``)."""
         return asdict(self)
 
 
@@ -103,3 +107,45 @@ def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
         findings,
         key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), fam.get(f.family, 99), f.rule, f.engine or ""),
     )
+
+
+def causal_order(findings: Iterable[Finding]) -> list[Finding]:
+    """Root causes first, each followed by its consequences (``caused_by``), depth first; roots
+    and siblings in :func:`sort_findings` order. A finding whose cause is not in the list is a
+    root. Returns a new list (the findings themselves are not modified)."""
+    ordered = sort_findings(findings)
+    present = {f.rule for f in ordered}
+    children: dict[str, list[Finding]] = {}
+    roots: list[Finding] = []
+    for f in ordered:
+        if f.caused_by and f.caused_by in present and f.caused_by != f.rule:
+            children.setdefault(f.caused_by, []).append(f)
+        else:
+            roots.append(f)
+    out: list[Finding] = []
+    placed: set[int] = set()
+
+    def emit(f: Finding) -> None:
+        if id(f) in placed:
+            return
+        placed.add(id(f))
+        out.append(f)
+        for c in children.get(f.rule, []):
+            emit(c)
+
+    for f in roots:
+        emit(f)
+    for f in ordered:  # anything a broken chain left out
+        emit(f)
+    return out
+
+
+def depth_of(finding: Finding, findings: Iterable[Finding]) -> int:
+    """How many causes above ``finding`` in ``findings`` (0 for a root)."""
+    by_rule = {f.rule: f for f in findings}
+    depth, seen, cur = 0, {finding.rule}, finding
+    while cur.caused_by and cur.caused_by in by_rule and cur.caused_by not in seen:
+        seen.add(cur.caused_by)
+        cur = by_rule[cur.caused_by]
+        depth += 1
+    return depth

@@ -94,15 +94,10 @@ def cdiv(a: int, b: int) -> int:
 
 
 def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
-    if not v:
-        return None
-    parts: list[int] = []
-    for p in v.lstrip("v").split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    while len(parts) < 3:
-        parts.append(0)
-    return (parts[0], parts[1], parts[2])
+    from kvdoctor.vllm_flags import version_tuple
+
+    got = version_tuple(v, 3)
+    return None if got is None else (got[0], got[1], got[2])
 
 
 def model_dtype_bytes(model_dtype: str | None) -> int:
@@ -378,21 +373,22 @@ def default_max_num_batched_tokens(gpu: Any = None, *, server: bool = True) -> i
     return 2048 if server else 8192
 
 
-def default_max_num_seqs(gpu: Any = None) -> int:
-    """vLLM 0.33's device default for ``--max-num-seqs`` (§4.2): 1024 on ≥160 GiB or H100-class
-    (≥70 GiB, not A100), else 256."""
+def default_max_num_seqs(gpu: Any = None, vllm_version: str | None = None) -> int:
+    """vLLM's device default for ``--max-num-seqs`` (§4.2) for a catalogue GPU (``GpuSpec`` or
+    None = unknown device): :func:`kvdoctor.vllm_flags.default_max_num_seqs`, the one copy."""
+    from kvdoctor.vllm_flags import default_max_num_seqs as _default
+
     if gpu is None:
         return 256
-    mem = gpu.memory_bytes
-    if mem >= 160 * GiB or (mem >= 70 * GiB and "A100" not in gpu.name.upper()):
-        return 1024
-    return 256
+    return _default(vllm_version, gpu.memory_bytes, gpu.name)
 
 
 def default_gpu_memory_utilization(vllm_version: str | None = None) -> float:
-    """vLLM's default ``--gpu-memory-utilization``: 0.92 from 0.20, 0.9 before (§2.1)."""
-    v = _version_tuple(vllm_version)
-    return 0.9 if v is not None and v < (0, 20, 0) else 0.92
+    """vLLM's default ``--gpu-memory-utilization`` (§2.1):
+    :func:`kvdoctor.vllm_flags.default_gpu_memory_utilization`, the one copy."""
+    from kvdoctor.vllm_flags import default_gpu_memory_utilization as _default
+
+    return _default(vllm_version)
 
 
 def default_block_size(arch: ModelArch, *, gpu: Any = None, kv_cache_dtype: str = "auto") -> int:

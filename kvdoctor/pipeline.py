@@ -96,7 +96,12 @@ class Pipeline:
 def evaluate(
     timeline: Timeline, *, rules: list[Rule], window_s: float = DEFAULT_WINDOW_S, now: float | None = None
 ) -> Report:
-    """Functional form of :meth:`Pipeline.evaluate`."""
+    """Functional form of :meth:`Pipeline.evaluate`.
+
+    derive (``kvdoctor.derive.build_contexts``: new engine objects, one variables dict per
+    engine, reading only the window and a bounded history) → the rules
+    (``kvdoctor.rules_engine.evaluate``: findings, ``caused_by`` linked from ``explains:``) →
+    ``kvdoctor.report.build_report`` (root causes first, redacted copies)."""
     from kvdoctor.derive import build_contexts
     from kvdoctor.report import build_report
     from kvdoctor.rules_engine import RuleContext
@@ -104,7 +109,7 @@ def evaluate(
 
     latest = timeline.latest
     configs: list[Any] = list(latest.configs) if latest is not None else []
-    _engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
+    engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
     ctxs = [RuleContext(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
     result = run_rules(rules, ctxs)
     # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
@@ -116,4 +121,6 @@ def evaluate(
         if key not in seen:
             seen.add(key)
             findings.append(f)
-    return build_report(latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now)
+    return build_report(
+        latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now, engines=engines
+    )

@@ -230,7 +230,7 @@ def build_plan(
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise PlanError("--tensor-parallel-size and --pipeline-parallel-size must be ≥ 1")
     mnbt = max_num_batched_tokens or kvmath.default_max_num_batched_tokens(gpu)
-    mns = max_num_seqs or kvmath.default_max_num_seqs(gpu)
+    mns = max_num_seqs or kvmath.default_max_num_seqs(gpu, vllm_version)
     mml = max_model_len if max_model_len is not None else (arch.max_position_embeddings or 0)
     if mml == 0:
         raise PlanError("the config has no max_position_embeddings: give --max-model-len")

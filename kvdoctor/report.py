@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvdoctor.facts import Snapshot, SourceStatus
-from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, sort_findings, worst_health
+from kvdoctor.facts import Engine, Snapshot, SourceStatus
+from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, causal_order, depth_of, worst_health
 from kvdoctor.redact import redact_text
 
 SCHEMA = "kvdoctor.report/1"
@@ -50,7 +51,8 @@ _STATUS_MARK = {"ok": ("✓", "green"), "missing": ("–", "dim"), "error": ("�
 class Report:
     """Everything ``kvdoctor diagnose`` outputs (spec/report.md JSON schema).
 
-    ``gpus``/``engines`` are plain JSON-ready dicts; ``findings`` are sorted worst first.
+    ``gpus``/``engines`` are plain JSON-ready dicts; ``findings`` lead with root causes (worst
+    first), each followed by its consequences (``caused_by`` = the root's rule id).
     ``generated_at`` is ISO-8601 UTC with a "Z" suffix.
     """
 
@@ -99,13 +101,17 @@ def build_report(
     skipped: list[Skipped],
     engine_kv: dict[str, dict[str, Any]] | None = None,
     now: datetime | float | None = None,
+    *,
+    engines: list[Engine] | None = None,
 ) -> Report:
     """Assemble a :class:`Report` from a snapshot and the rule engine's output.
 
     ``gpus`` from ``snapshot.gpus`` (NVML / nvidia-smi facts: bytes, utilisation 0..1),
-    ``engines`` from ``snapshot.engines`` with a subset of their EngineConfig and ``kv`` from
-    ``engine_kv[engine.id]`` ({num_gpu_blocks, block_size, capacity_tokens, usage}, built by
-    ``kvdoctor.derive``). ``now``: datetime or unix seconds (default: the clock). Never raises.
+    ``engines`` from ``engines`` (the pipeline passes derive's; default ``snapshot.engines``)
+    with a subset of their EngineConfig and ``kv`` from ``engine_kv[engine.id]``
+    ({num_gpu_blocks, block_size, capacity_tokens, usage}, built by ``kvdoctor.derive``).
+    ``now``: datetime or unix seconds (default: the clock). Findings are redacted as copies:
+    neither ``snapshot`` nor ``findings`` is modified. Never raises.
     """
     gpus = [
         {
@@ -119,10 +125,10 @@ def build_report(
         }
         for g in snapshot.gpus
     ]
-    engines = []
-    for e in snapshot.engines:
+    engine_rows = []
+    for e in snapshot.engines if engines is None else engines:
         kv_src = (engine_kv or {}).get(e.id) or {}
-        engines.append(
+        engine_rows.append(
             {
                 "id": e.id,
                 "pid": e.pid,
@@ -137,17 +143,25 @@ def build_report(
     sources = [
         SourceStatus(s.kind, redact_text(s.origin), s.status, redact_text(s.detail)) for s in snapshot.sources
     ]
-    for f in findings:
-        f.summary = redact_text(f.summary)
-        for ev in f.evidence:
-            ev.value, ev.source = redact_text(ev.value), redact_text(ev.source)
+    shown = [
+        replace(
+            f,
+            summary=redact_text(f.summary),
+            evidence=[
+                replace(ev, value=redact_text(ev.value), source=redact_text(ev.source)) for ev in f.evidence
+            ],
+            suggested_flags=dict(f.suggested_flags),
+            gpus=list(f.gpus),
+        )
+        for f in findings
+    ]
     return Report(
         generated_at=_iso_utc(now),
-        health=worst_health(findings),
+        health=worst_health(shown),
         sources=sources,
         gpus=gpus,
-        engines=engines,
-        findings=sort_findings(findings),
+        engines=engine_rows,
+        findings=causal_order(shown),
         skipped=sorted(skipped, key=lambda s: (s.rule, s.engine or "")),
     )
 
@@ -249,7 +263,13 @@ def render_markdown(report: Report) -> str:
             scope.append(f"engine `{f.engine}`")
         if f.gpus:
             scope.append("GPU " + ", ".join(str(g) for g in f.gpus))
-        lines.append(f"### {f.severity.upper()}: {f.title}")
+        depth = depth_of(f, report.findings)
+        if depth:
+            lines.append(f"{'#' * min(6, 3 + depth)} ↳ {f.severity.upper()}: {f.title}")
+            lines.append("")
+            lines.append(f"*A consequence of `{f.caused_by}` above: its fix should clear this too.*")
+        else:
+            lines.append(f"### {f.severity.upper()}: {f.title}")
         lines.append("")
         fixes = fix_lines(f)
         if fixes:
@@ -293,6 +313,11 @@ def render_markdown(report: Report) -> str:
 
 def _finding_panel(f: Finding) -> Panel:
     parts: list[RenderableType] = []
+    if f.caused_by:
+        parts.append(
+            Text(f"A consequence of {f.caused_by} above: its fix should clear this too.", style="italic")
+        )
+        parts.append(Text(""))
     fixes = fix_lines(f)
     if fixes:
         fix = Text("Fix: ", style="bold green")
@@ -321,7 +346,8 @@ def _finding_panel(f: Finding) -> Panel:
     footer.append(f.docs, style="italic")
     parts.append(Text(""))
     parts.append(footer)
-    title = Text(f.severity.upper(), style=_SEVERITY_STYLE.get(f.severity, "bold"))
+    title = Text("↳ " if f.caused_by else "")
+    title.append(f.severity.upper(), style=_SEVERITY_STYLE.get(f.severity, "bold"))
     title.append(" " + f.title, style="bold")
     return Panel(
         Group(*parts),
@@ -377,7 +403,9 @@ def render_text(report: Report, console: Console) -> None:
         console.print(Text("  ✗ no source was read", style="red"))
     console.print()
     for f in report.findings:
-        console.print(_finding_panel(f))
+        depth = depth_of(f, report.findings)
+        # Consequences sit indented under their root cause: one fix to read, not four symptoms.
+        console.print(Padding(_finding_panel(f), (0, 0, 0, 4 * depth)) if depth else _finding_panel(f))
     if unknown:
         console.print(
             Text(

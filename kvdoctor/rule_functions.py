@@ -36,6 +36,63 @@ def fmt(value: Any, spec: str = "") -> str:
     return "N/A" if value is None else format(value, spec)
 
 
+def gpus_under(
+    used: dict[int, int] | None, max_bytes: float | None, among: Iterable[int] | None = None
+) -> list[int]:
+    """GPU indices whose used memory (``gpu_used_map``: index → bytes) is under ``max_bytes``,
+    sorted; with ``among`` only those indices are considered, and one whose memory was not read
+    counts as holding nothing. ``gpus_under(gpu_used_map, 1 * GiB, gpus_without_processes)``:
+    the empty GPUs. [] when ``used`` or ``max_bytes`` is None."""
+    if used is None or max_bytes is None:
+        return []
+    keys = list(among) if among is not None else list(used)
+    return sorted(i for i in keys if (used.get(i) or 0) < max_bytes)
+
+
+def gpus_full(used: dict[int, int] | None, total: dict[int, int] | None, fraction: float | None) -> list[int]:
+    """GPU indices whose used memory is at least ``fraction`` of their total (``gpu_used_map``,
+    ``gpu_total_map``), sorted; [] when an argument is None."""
+    if used is None or total is None or fraction is None:
+        return []
+    return sorted(i for i, u in used.items() if total.get(i) and u >= fraction * total[i])
+
+
+def gmu_split(gmus: Iterable[float | None] | None, target: float | None) -> list[float] | None:
+    """A ``--gpu-memory-utilization`` per engine sharing a card, proportional to what each asked
+    for and summing to at most ``target`` (each rounded down to 0.01; unchanged when they fit).
+    None when a gmu is unknown or the sum is not positive."""
+    from kvdoctor.units import floor_to
+
+    if gmus is None or target is None:
+        return None
+    vals = list(gmus)
+    if not vals or any(x is None for x in vals):
+        return None
+    total = sum(float(x) for x in vals if x is not None)
+    if total <= 0:
+        return None
+    scale = min(1.0, target / total)
+    return [floor_to(float(x) * scale, 0.01) for x in vals if x is not None]
+
+
+def pair_desc(names: Iterable[Any] | None, values: Iterable[Any] | None, spec: str = ".2f") -> str | None:
+    """``pair_desc(['a', 'b'], [0.51, 0.43])`` → "a 0.51, b 0.43"; None when either is None or
+    their lengths differ."""
+    if names is None or values is None:
+        return None
+    ns, vs = list(names), list(values)
+    if len(ns) != len(vs):
+        return None
+    return ", ".join(f"{n} {fmt(x, spec)}" for n, x in zip(ns, vs, strict=True))
+
+
+def count_at_least(values: Iterable[float | None] | None, threshold: float | None) -> int:
+    """How many of ``values`` are ≥ ``threshold`` (None values never count); 0 for None."""
+    if values is None or threshold is None:
+        return 0
+    return sum(1 for x in values if x is not None and x >= threshold)
+
+
 RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "smallest_tensor_parallel_size": _none_safe(kvmath.smallest_tensor_parallel_size),
     "max_model_len_for_tokens": _none_safe(kvmath.max_model_len_for_tokens),
@@ -43,5 +100,10 @@ RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "gmu_for_bytes": _none_safe(kvmath.gmu_for_bytes),
     "gmu_fitting": _none_safe(kvmath.gmu_fitting),
     "join": join,
+    "gpus_under": gpus_under,
+    "gpus_full": gpus_full,
+    "gmu_split": gmu_split,
+    "pair_desc": pair_desc,
+    "count_at_least": count_at_least,
     "format": fmt,
 }

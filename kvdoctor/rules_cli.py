@@ -112,6 +112,9 @@ def rules_command(fmt: str, rules_dirs: tuple[Path, ...]) -> None:
                         "needs": list(r.needs),
                         "needs_any": list(r.needs_any),
                         "thresholds": r.thresholds,
+                        "explains": list(r.explains),
+                        "for_s": r.for_s,
+                        "clear_for_s": r.clear_for_s,
                         "docs": f"kvdoctor explain {r.id}",
                     }
                     for r in rules
@@ -166,6 +169,13 @@ def explain_command(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
         meta.add_row("thresholds", _threshold_text(rule))
     if rule.fix:
         meta.add_row("fixes", ", ".join(k for k, _ in rule.fix))
+    if rule.explains:
+        meta.add_row("root cause of", ", ".join(rule.explains))
+    causes = sorted(r.id for r in rules.values() if rule.id in r.explains)
+    if causes:
+        meta.add_row("explained by", ", ".join(causes))
+    if rule.for_s or rule.clear_for_s:
+        meta.add_row("for / clear_for", f"{rule.for_s:g} s / {rule.clear_for_s:g} s (sidecar, watch)")
     meta.add_row("file", rule.path)
     console.print(meta)
     console.print()

@@ -27,8 +27,18 @@ Rule schema: see spec/rules.md and the module's ``_TOP_KEYS``; an example::
     evidence: [{fact: KV cache capacity, value: "{cap_tokens:,} tokens", source: "vllm.log line {cap_line}"}]
     fix: {--max-model-len: "max_model_len_for_tokens(cap_tokens, block_size)"}
     gpus: engine_gpus
+    explains: [kv-budget-exhausted]   # findings this one is the root cause of
+    for: 30s                          # a sidecar fires it once it held this long (diagnose: ignored)
+    clear_for: 2m                     # … and clears it once it was false this long (default: for)
     doc: |
       ## What ...
+
+``explains``: rule ids whose findings this rule's finding, when both fire for one engine, is the
+root cause of (validated by :func:`load_rules`: every id exists, no cycle). Each such
+consequence carries ``caused_by`` (this rule's id) and reports list it under its root.
+``for`` / ``clear_for``: seconds (a number, or "30s", "5m", "1h") a condition must hold before a
+long-running face (sidecar, watch) fires the rule, and must be false before it clears it
+(hysteresis; default = ``for``, which defaults to 0). One-shot ``diagnose`` ignores both.
 """
 
 from __future__ import annotations
@@ -444,6 +454,15 @@ class Rule:
     path: str = ""
     #: 1-based line of each threshold name in the file, for user-config messages.
     threshold_lines: dict[str, int] = field(default_factory=dict)
+    #: rule ids this rule's finding is the root cause of (``explains:``).
+    explains: tuple[str, ...] = ()
+    #: 1-based line of ``explains:`` (for load_rules' errors); None when absent.
+    explains_line: int | None = None
+    #: seconds the condition must hold before a long-running face fires it (``for:``, default 0).
+    for_s: float = 0.0
+    #: seconds the condition must be false before such a face clears it (``clear_for:``,
+    #: hysteresis; default ``for_s``).
+    clear_for_s: float = 0.0
 
     def with_thresholds(self, overrides: dict[str, Any]) -> Rule:
         """A copy with some thresholds replaced. Raises KeyError for a name the rule lacks and
@@ -487,6 +506,9 @@ _TOP_KEYS = {
     "fix",
     "gpus",
     "doc",
+    "explains",
+    "for",
+    "clear_for",
 }
 _REQUIRED = ("id", "family", "severity", "title", "when", "summary", "evidence", "doc")
 _DOC_SECTIONS = ("## What", "## Why", "## How to confirm", "## Fix", "## Sources")
@@ -525,6 +547,26 @@ def _str_list(value: Any, path: str, line: int | None, what: str) -> tuple[str, 
     if not isinstance(value, list) or not all(isinstance(v, str) and _INPUT.match(v) for v in value):
         raise RuleFileError(path, line, f"{what} must be a list of input names like [log, metrics]")
     return tuple(value)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any, path: str, line: int | None, what: str) -> float:
+    """``for`` / ``clear_for``: seconds as a number ≥ 0, or a text "500ms", "30s", "5m", "1h"
+    (Prometheus-style). Raises :class:`RuleFileError`."""
+    if isinstance(value, bool):
+        raise RuleFileError(path, line, f"{what} must be a duration like 30, '30s' or '5m'")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _DURATION_UNIT[m.group(2)]
+    else:
+        raise RuleFileError(path, line, f"{what} must be a duration like 30, '30s' or '5m'")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise RuleFileError(path, line, f"{what} must be a duration ≥ 0 seconds")
+    return seconds
 
 
 def _check_identifier(name: Any, path: str, line: int | None, what: str) -> None:
@@ -668,6 +710,23 @@ def _parse_rule(data: Any, path: str, stem: str) -> Rule:
         else None
     )
 
+    raw_explains = data.get("explains", [])
+    explains_line = value_line(data, "explains") if "explains" in data else None
+    if not isinstance(raw_explains, list) or not all(
+        isinstance(x, str) and _SLUG.match(x) for x in raw_explains
+    ):
+        raise RuleFileError(
+            path, explains_line, "explains must be a list of rule ids like [kv-budget-exhausted]"
+        )
+    if rid in raw_explains:
+        raise RuleFileError(path, explains_line, f"rule '{rid}' cannot explain itself")
+    for_s = parse_duration(data["for"], path, value_line(data, "for"), "for") if "for" in data else 0.0
+    clear_for_s = (
+        parse_duration(data["clear_for"], path, value_line(data, "clear_for"), "clear_for")
+        if "clear_for" in data
+        else for_s
+    )
+
     return Rule(
         id=rid,
         family=family,
@@ -686,6 +745,10 @@ def _parse_rule(data: Any, path: str, stem: str) -> Rule:
         gpus=gpus,
         path=path,
         threshold_lines=threshold_lines,
+        explains=tuple(dict.fromkeys(raw_explains)),
+        explains_line=explains_line,
+        for_s=for_s,
+        clear_for_s=clear_for_s,
     )
 
 
@@ -802,7 +865,39 @@ def load_rules(dirs: Iterable[str | Path] | None = None, known_names: set[str] |
                     rule.path, None, f"rule id '{rule.id}' is also defined in {rules[rule.id].path}"
                 )
             rules[rule.id] = rule
+    check_explains(rules.values())
     return [rules[k] for k in sorted(rules)]
+
+
+def check_explains(rules: Iterable[Rule]) -> None:
+    """Every ``explains`` id names a loaded rule, and no rule explains itself through others.
+
+    Raises :class:`RuleFileError` at the ``explains:`` line of the offending rule."""
+    by_id = {r.id: r for r in rules}
+    for r in by_id.values():
+        for target in r.explains:
+            if target not in by_id:
+                hint = difflib.get_close_matches(target, sorted(by_id), n=1)
+                extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+                raise RuleFileError(r.path, r.explains_line, f"explains unknown rule '{target}'{extra}")
+    # A cycle would leave every finding in it a consequence of another: no root to read first.
+    state: dict[str, int] = {}
+
+    def visit(rid: str, trail: list[str]) -> None:
+        state[rid] = 1
+        for nxt in by_id[rid].explains:
+            if state.get(nxt) == 1:
+                loop = " → ".join([*trail[trail.index(nxt) :], nxt]) if nxt in trail else f"{rid} → {nxt}"
+                raise RuleFileError(
+                    by_id[rid].path, by_id[rid].explains_line, f"explains forms a cycle: {loop}"
+                )
+            if state.get(nxt) is None:
+                visit(nxt, [*trail, nxt])
+        state[rid] = 2
+
+    for rid in sorted(by_id):
+        if state.get(rid) is None:
+            visit(rid, [rid])
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -985,6 +1080,40 @@ def _evaluate_rule(run: _Runner, names: _Names) -> Finding | None:
     )
 
 
+def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
+    """Set ``caused_by`` on each finding another fired finding explains (``explains:``), for
+    the same engine or where either is about the host (engine None). The worst such root wins
+    (then rule id); a link that would close a cycle is dropped. Only ``caused_by`` of the given
+    (freshly made) findings is set."""
+    explains = {r.id: set(r.explains) for r in rules if r.explains}
+    explained = set().union(*explains.values()) if explains else set()
+    for f in findings:
+        if f.rule not in explained:
+            continue
+        causes = [
+            g
+            for g in findings
+            if g is not f
+            and f.rule in explains.get(g.rule, set())
+            and (g.engine == f.engine or g.engine is None or f.engine is None)
+        ]
+        if causes:
+            causes.sort(key=lambda g: (-SEVERITY_ORDER.get(g.severity, 0), g.rule))
+            f.caused_by = causes[0].rule
+    by_rule = {f.rule: f for f in findings}
+    for f in findings:
+        if not f.caused_by:
+            continue
+        seen = {f.rule}
+        cur = by_rule.get(f.caused_by) if f.caused_by else None
+        while cur is not None and cur.caused_by:
+            if cur.caused_by in seen:
+                f.caused_by = None
+                break
+            seen.add(cur.rule)
+            cur = by_rule.get(cur.caused_by)
+
+
 def evaluate(rules: Iterable[Rule], contexts: Iterable[RuleContext]) -> Evaluation:
     """Evaluate every rule over every context (one per engine).
 
@@ -1032,6 +1161,7 @@ def evaluate(rules: Iterable[Rule], contexts: Iterable[RuleContext]) -> Evaluati
             prev = found.get(key)
             if prev is None or SEVERITY_ORDER[finding.severity] > SEVERITY_ORDER[prev.severity]:
                 found[key] = finding
+    link_causes(rules, list(found.values()))
     result.findings = sort_findings(found.values())
     # A rule that fired for an engine is not also "skipped" for it.
     result.skipped = [s for k, s in skipped.items() if k not in found]

@@ -17,6 +17,7 @@ import bisect
 import dataclasses
 import itertools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,12 +87,15 @@ def window(
     return [m for m in timed if m.timestamp is not None and start <= m.timestamp <= end]
 
 
+_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineMetrics))
+
+
 def _getter(field: FieldRef) -> Callable[[EngineMetrics], float | None]:
     if callable(field):
         return field
-    if field not in {f.name for f in dataclasses.fields(EngineMetrics)}:
+    if field not in _FIELDS:
         raise ValueError(f"EngineMetrics has no field {field!r}")
-    return lambda m: getattr(m, field)
+    return operator.attrgetter(field)
 
 
 def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> list[tuple[float, float]]:
@@ -170,6 +174,23 @@ def _hist_diff(prev: HistogramData, cur: HistogramData) -> HistogramData:
     )
 
 
+def _no_reset(hs: list[HistogramData]) -> bool:
+    """No sample of ``hs`` resets against the one before: the count (the +Inf bucket) never
+    drops, the bucket bounds stay those of the first sample and no bucket ends below where it
+    started. Under it :func:`_hist_diff` of consecutive samples never falls back to the current
+    sample, so their deltas telescope to last − first. O(samples + buckets)."""
+    first, last = hs[0], hs[-1]
+    n = len(first.buckets)
+    prev = first.count
+    for h in hs:
+        if h.count < prev or len(h.buckets) != n:
+            return False
+        prev = h.count
+    if [le for le, _ in first.buckets] != [le for le, _ in last.buckets]:
+        return False
+    return all(b >= a for (_, a), (_, b) in zip(first.buckets, last.buckets, strict=True))
+
+
 def histogram_delta(
     series: list[EngineMetrics], name: str, seconds: float = DEFAULT_WINDOW_S
 ) -> HistogramData | None:
@@ -184,6 +205,9 @@ def histogram_delta(
     hs = _with_hist(window(series, seconds), name)
     if len(hs) < 2:
         return None
+    if _no_reset(hs):
+        # Consecutive deltas telescope: without a reset the window's increase is last − first.
+        return _hist_diff(hs[0], hs[-1])
     acc: HistogramData | None = None
     for prev, cur in itertools.pairwise(hs):
         d = _hist_diff(prev, cur)

@@ -27,10 +27,12 @@ import dataclasses
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvdoctor.facts import EngineConfig
+from kvdoctor.redact import MARK, is_secret_name, redact_text
 
 Version = tuple[int, ...]
 
@@ -362,6 +364,63 @@ def convert_value(flag: Flag, value: Any) -> Any:
         raise FlagError(f"{flag.cli}: {value!r} is not a valid {flag.kind}") from None
 
 
+# --------------------------------------------------------------------------- args → EngineConfig
+
+
+def _redact_value(dest: str, value: Any) -> Any:
+    if is_secret_name(dest) and value not in (None, True, False, ""):
+        return MARK
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, explicit: bool) -> EngineConfig:
+    """Merge vLLM args (dest name → value) into ``cfg`` in place and return it (``cfg`` must be
+    the caller's own object: derive passes a fresh one, never a fact).
+
+    Re-exported by ``kvdoctor.sources.cmdline``, which parses command lines with it.
+
+    ``args`` is a ``non-default args`` dict, a parsed ``Namespace(...)``, an
+    ``engine-args.json``/``.yaml`` mapping or a parsed command line: keys are vLLM dest names
+    (``max_model_len``; ``max-model-len`` and ``model_tag`` are understood), values either
+    strings (converted as the command line would) or typed values. Known flags fill their
+    :class:`EngineConfig` field (``swap_space`` → ``swap_space_gib``; ``runner``/``task`` →
+    ``task``; ``served_model_name`` list → its first name; ``model_tag`` only when no ``model``);
+    every key also lands in ``cfg.args`` under its canonical dest, secrets redacted. A ``None``
+    value never clears a field. With ``explicit=True`` (command line, config file, non-default
+    args) the names are added to ``cfg.explicit`` (the field name for known flags, else the dest).
+    A value that cannot be converted is kept in ``cfg.args`` only. Never raises.
+    """
+    has_model = any(canonical_dest(str(k)) == "model" and str(k) != "model_tag" for k in args)
+    for key, value in args.items():
+        key = str(key)
+        if key.startswith("_"):
+            cfg.args[key] = value
+            continue
+        dest = canonical_dest(key)
+        flag = flag_for_dest(key)
+        if key == "model_tag" and has_model:
+            continue
+        cfg.args[dest] = _redact_value(dest, value)
+        if flag is None or flag.field is None or value is None:
+            if explicit and value is not None:
+                cfg.explicit.add(dest)
+            continue
+        try:
+            conv = convert_value(flag, value)
+        except FlagError:
+            continue
+        if flag.dest == "served_model_name":
+            conv = conv[0] if conv else None
+        if conv is None:
+            continue
+        setattr(cfg, flag.field, conv)
+        if explicit:
+            cfg.explicit.add(flag.field)
+    return cfg
+
+
 # --------------------------------------------------------------------------- versions
 
 
@@ -388,6 +447,32 @@ def default_gpu_memory_utilization(version: str | None) -> float:
     """vLLM's default ``--gpu-memory-utilization``: 0.92 from 0.20, 0.9 up to 0.19
     (vllm-facts §4.2, §7). Unknown version → 0.92 (current)."""
     return 0.92 if _at_least(parse_version(version), "0.20") else 0.9
+
+
+def default_max_num_seqs(
+    version: str | None, gpu_total_bytes: int | None, gpu_name: str | None = None
+) -> int:
+    """vLLM's device default for ``--max-num-seqs`` (vllm-facts §4.2, ``arg_utils.py``):
+    1024 on a ≥160 GiB device or an H100/H200-class one (≥70 GiB, not A100/GB10), else 256;
+    256 before 0.10 (and on an unknown device). ``version`` None means current (0.33).
+    The one copy of this default: ``plan`` and ``diagnose`` (derive) both call it."""
+    if not _at_least(parse_version(version), "0.10") or not gpu_total_bytes:
+        return 256
+    gib = 2**30
+    name = (gpu_name or "").upper()
+    big_class = gpu_total_bytes >= 70 * gib and "A100" not in name and "GB10" not in name
+    # The ≥160 GiB tier arrived after 0.27 (same tiers 0.10–0.27 without it).
+    huge = gpu_total_bytes >= 160 * gib and _at_least(parse_version(version), "0.28")
+    return 1024 if (big_class or huge) else 256
+
+
+def version_tuple(version: str | None, width: int = 3) -> tuple[int, ...] | None:
+    """:func:`parse_version` padded/cut to ``width`` parts (``"0.9"`` → (0, 9, 0)); None when
+    unparseable. The one version parser: kvmath, derive and the log source use it."""
+    v = parse_version(version)
+    if v is None:
+        return None
+    return (tuple(v) + (0,) * width)[:width]
 
 
 def flag_available(dest: str, version: str | None) -> bool:

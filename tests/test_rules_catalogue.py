@@ -2,7 +2,7 @@
 itself, and each rule fires and does not fire on the facts it is about.
 
 Rules the real cases do not reach (tests/test_cases.py) are exercised here on contexts built by
-derive.build_contexts from small synthetic snapshots, so the rule and its variables are tested
+the pipeline (derive + rules + report) from small synthetic snapshots, so the rule and its variables are tested
 together.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.derive import VARIABLES, build_contexts
+from kvdoctor.derive import VARIABLES
 from kvdoctor.facts import (
     EngineConfig,
     EngineMetrics,
@@ -25,10 +25,12 @@ from kvdoctor.facts import (
     Snapshot,
     Timeline,
 )
-from kvdoctor.rules_engine import RuleContext, default_rules_dir, evaluate, load_rules
+from kvdoctor.pipeline import Pipeline
+from kvdoctor.rules_engine import default_rules_dir, load_rules
 
 GiB = 2**30
 RULES = load_rules(None, known_names=set(VARIABLES))
+PIPELINE = Pipeline(rules=RULES)
 SPEC_IDS = {
     "weights-not-sharded", "engines-stacked-on-one-gpu", "parallel-rank-imbalance", "mixed-gpus-in-parallel-group",
     "gpu-shared-with-foreign-process", "max-model-len-exceeds-kv-capacity", "kv-budget-exhausted",
@@ -83,12 +85,13 @@ def fired(
     tl = Timeline()
     for s in extra or []:
         tl.append(s)
+    if cfg is not None:
+        snap.configs = [cfg]
     tl.append(snap)
-    _, contexts, _ = build_contexts(tl, [cfg] if cfg else [])
-    result = evaluate(RULES, [RuleContext(e, v, i) for e, v, i in contexts])
+    report = PIPELINE.evaluate(tl, now=0)
     return {
         f.rule: {"severity": f.severity, "flags": f.suggested_flags, "summary": f.summary}
-        for f in result.findings
+        for f in report.findings
     }
 
 

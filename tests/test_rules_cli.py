@@ -52,6 +52,9 @@ def test_rules_json_via_env_var() -> None:
         "needs": ["metrics"],
         "needs_any": [],
         "thresholds": {"per_min": 10, "kv_full": 0.9},
+        "explains": [],
+        "for_s": 0.0,
+        "clear_for_s": 0.0,
         "docs": "kvdoctor explain preemption-storm",
     }
 

@@ -1,5 +1,5 @@
 """The rules added after the first catalogue: each fires on the facts it is about and stays quiet
-on near misses, on contexts built by derive.build_contexts from small synthetic snapshots (the
+on near misses, on the pipeline over small synthetic snapshots (the
 realistic bundles under tests/data/bundles exercise them end to end through tests/test_cases.py).
 """
 
@@ -333,15 +333,13 @@ def _two_engines(
 
 
 def _fired_all(snap: Snapshot, cfgs: list[EngineConfig]) -> list[dict]:
-    from kvdoctor.derive import build_contexts
     from kvdoctor.facts import Timeline
-    from kvdoctor.rules_engine import RuleContext, evaluate
-    from tests.test_rules_catalogue import RULES
+    from tests.test_rules_catalogue import PIPELINE
 
     tl = Timeline()
+    snap.configs = list(cfgs)
     tl.append(snap)
-    _, contexts, _ = build_contexts(tl, cfgs)
-    result = evaluate(RULES, [RuleContext(e, v, i) for e, v, i in contexts])
+    result = PIPELINE.evaluate(tl, now=0)
     return [
         {"engine": f.engine, "severity": f.severity, "flags": f.suggested_flags, "summary": f.summary}
         for f in result.findings

@@ -35,13 +35,14 @@ from typing import Any
 import yaml
 
 from kvdoctor.facts import EngineConfig, SourceError
-from kvdoctor.redact import MARK, is_secret_name, redact_argv, redact_env, redact_text
+from kvdoctor.redact import redact_argv, redact_env
 from kvdoctor.vllm_flags import (
     FlagError,
     canonical_dest,
     convert_value,
     flag_for_dest,
     lookup_option,
+    update_config_from_args,
 )
 
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -325,57 +326,6 @@ def _config_values(data: Mapping[str, Any], origin: str, line: int | None) -> di
         except FlagError as e:
             raise SourceError(f"config file: {e}", origin=origin, line=line) from None
     return out
-
-
-def _redact_value(dest: str, value: Any) -> Any:
-    if is_secret_name(dest) and value not in (None, True, False, ""):
-        return MARK
-    if isinstance(value, str):
-        return redact_text(value)
-    return value
-
-
-def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, explicit: bool) -> EngineConfig:
-    """Merge vLLM args (dest name → value) into ``cfg`` in place and return it.
-
-    ``args`` is a ``non-default args`` dict, a parsed ``Namespace(...)``, an
-    ``engine-args.json``/``.yaml`` mapping or a parsed command line: keys are vLLM dest names
-    (``max_model_len``; ``max-model-len`` and ``model_tag`` are understood), values either
-    strings (converted as the command line would) or typed values. Known flags fill their
-    :class:`EngineConfig` field (``swap_space`` → ``swap_space_gib``; ``runner``/``task`` →
-    ``task``; ``served_model_name`` list → its first name; ``model_tag`` only when no ``model``);
-    every key also lands in ``cfg.args`` under its canonical dest, secrets redacted. A ``None``
-    value never clears a field. With ``explicit=True`` (command line, config file, non-default
-    args) the names are added to ``cfg.explicit`` (the field name for known flags, else the dest).
-    A value that cannot be converted is kept in ``cfg.args`` only. Never raises.
-    """
-    has_model = any(canonical_dest(str(k)) == "model" and str(k) != "model_tag" for k in args)
-    for key, value in args.items():
-        key = str(key)
-        if key.startswith("_"):
-            cfg.args[key] = value
-            continue
-        dest = canonical_dest(key)
-        flag = flag_for_dest(key)
-        if key == "model_tag" and has_model:
-            continue
-        cfg.args[dest] = _redact_value(dest, value)
-        if flag is None or flag.field is None or value is None:
-            if explicit and value is not None:
-                cfg.explicit.add(dest)
-            continue
-        try:
-            conv = convert_value(flag, value)
-        except FlagError:
-            continue
-        if flag.dest == "served_model_name":
-            conv = conv[0] if conv else None
-        if conv is None:
-            continue
-        setattr(cfg, flag.field, conv)
-        if explicit:
-            cfg.explicit.add(flag.field)
-    return cfg
 
 
 def _build_config(

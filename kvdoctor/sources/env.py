@@ -12,8 +12,11 @@ from __future__ import annotations
 import re
 import shlex
 
+from kvdoctor.devices import visible_devices, visible_devices_detail
 from kvdoctor.facts import SourceError
 from kvdoctor.redact import redact_env
+
+__all__ = ["parse_env_text", "visible_devices", "visible_devices_detail"]
 
 _LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|set\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
 
@@ -58,36 +61,3 @@ def parse_env_text(text: str, origin: str = "") -> dict[str, str]:
     if not env and first_bad is not None:
         raise SourceError("expected KEY=VALUE lines", origin=origin or None, line=first_bad)
     return redact_env(env)
-
-
-def visible_devices_detail(env: dict[str, str]) -> tuple[list[int] | None, str]:
-    """``CUDA_VISIBLE_DEVICES`` → (GPU indices, note).
-
-    Unset → (None, ""): all GPUs visible. ``""`` → ([], "…no GPU visible"). ``"0,1"`` → [0, 1].
-    CUDA stops at the first invalid entry, so ``"0,-1,2"`` → [0]. UUIDs (``GPU-…``) and MIG
-    instances (``MIG-…``) → (None, note): they name devices by id, which only NVML can map to an
-    index. Never raises.
-    """
-    raw = env.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return None, ""
-    value = raw.strip()
-    if value == "":
-        return [], "CUDA_VISIBLE_DEVICES is empty: no GPU visible"
-    out: list[int] = []
-    for part in value.split(","):
-        part = part.strip()
-        if part.upper().startswith(("GPU-", "MIG-")):
-            return None, f"CUDA_VISIBLE_DEVICES={value} names devices by UUID; indices need NVML to resolve"
-        if not re.fullmatch(r"\d+", part):
-            # CUDA ignores this entry and everything after it.
-            note = f"CUDA_VISIBLE_DEVICES entry {part!r} is not a device index; CUDA ignores it and the rest"
-            return out, note
-        out.append(int(part))
-    return out, ""
-
-
-def visible_devices(env: dict[str, str]) -> list[int] | None:
-    """GPU indices from ``CUDA_VISIBLE_DEVICES`` (see :func:`visible_devices_detail`); None when
-    unset or given as UUIDs."""
-    return visible_devices_detail(env)[0]

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvdoctor.devices import normalize_bus_id
 from kvdoctor.facts import Gpu, GpuProcess, SourceError
 from kvdoctor.units import MiB, parse_size
 
@@ -68,21 +69,6 @@ def decode_clock_event_reasons(mask: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------- small helpers
-
-_BUS_RE = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])")
-
-
-def normalize_bus_id(text: str | None) -> str | None:
-    """Canonical PCI bus id "00000000:07:00.0" (8-digit domain, upper case) from any of
-    nvidia-smi's spellings ("0000:07:00.0" on old drivers, "00000000:07:00.0"), NVML
-    ``nvmlPciInfo_t.busId`` or XML ``<pci_bus_id>``. None when ``text`` holds no bus id."""
-    if not text:
-        return None
-    m = _BUS_RE.search(text)
-    if not m:
-        return None
-    dom, bus, dev, fn = m.groups()
-    return f"{int(dom, 16):08X}:{bus.upper()}:{dev.upper()}.{fn.upper()}"
 
 
 def _is_na(v: str) -> bool:

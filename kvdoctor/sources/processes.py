@@ -154,6 +154,7 @@ def _process_from_psutil(proc: psutil.Process, info: dict[str, Any], role: str |
         listen_ports=_listen_ports(proc),
         vllm_role=role,
         create_time=info.get("create_time"),
+        **launch_fields(redact_argv(info.get("cmdline") or [])),
     )
 
 
@@ -351,6 +352,7 @@ def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
                 cpu_percent=cpu,
                 rss_bytes=_parse_rss_kib(rss_text) if rss_text else None,
                 vllm_role=vllm_role(name_text, argv),
+                **launch_fields(redact_argv(argv)),
             )
         )
     _mark_spawn_children(procs)
@@ -372,5 +374,27 @@ def host_process_from_strings(
     else:
         argv = [str(a) for a in cmdline]
     return HostProcess(
-        pid=pid, ppid=ppid, name=name, cmdline=redact_argv(argv), vllm_role=vllm_role(name, argv)
+        pid=pid,
+        ppid=ppid,
+        name=name,
+        cmdline=redact_argv(argv),
+        vllm_role=vllm_role(name, argv),
+        **launch_fields(redact_argv(argv)),
     )
+
+
+def launch_fields(argv: list[str]) -> dict[str, Any]:
+    """The :class:`HostProcess` launch fields of a (redacted) command line: ``launches_vllm``,
+    ``launch_model`` and ``launch_gmu`` (``--gpu-memory-utilization`` as given), parsed here, when
+    the process is read, so that derive never parses a command line. {} when it does not
+    launch vLLM; a launch whose flags do not parse keeps only ``launches_vllm``. Never raises."""
+    from kvdoctor.sources.cmdline import locate_vllm_args, parse_argv
+
+    if not argv or locate_vllm_args(list(argv)) is None:
+        return {}
+    try:
+        cfg = parse_argv(list(argv))
+    except (SourceError, ValueError, TypeError):
+        return {"launches_vllm": True}
+    gmu = cfg.gpu_memory_utilization if "gpu_memory_utilization" in cfg.explicit else None
+    return {"launches_vllm": True, "launch_model": cfg.served_model_name or cfg.model, "launch_gmu": gmu}

@@ -108,6 +108,7 @@ from typing import Any
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
 from kvdoctor.units import GiB, parse_size
+from kvdoctor.vllm_flags import version_tuple
 
 __all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
 
@@ -603,13 +604,7 @@ _CROSS_PROCESS_WINDOW = 2000  # lines within which a re-print by another process
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in version.split(".")[:3]:
-        digits = re.match(r"\d+", piece)
-        if not digits:
-            break
-        parts.append(int(digits.group()))
-    return tuple(parts)
+    return version_tuple(version) or ()
 
 
 def _is_worker(process: str | None) -> bool:

@@ -1,0 +1,217 @@
+"""Facts → the variables rules read (one context per engine), one module per family.
+
+``derive`` sits between the facts (``kvdoctor.facts``: what the sources read) and the rules
+(``rules/*.yaml``): which GPUs an engine uses, which processes on them are foreign or orphaned,
+windowed rates and quantiles from the metrics timeline (``kvdoctor.timeline``), the KV capacity
+(``kvdoctor.kvmath``), the salient log events. Rules only compare these and compute small
+formulas; every decision (a threshold, "full", "empty", "pressure") is a rule's, overridable in
+the user config.
+
+Families run in the declared :data:`ORDER`; each declares the variables it writes (name → unit
+and source) and those it reads from earlier families (``tests/test_derive.py`` fails on an
+undeclared read or a variable written twice). :data:`VARIABLES` is their union: the rule loader
+refuses a rule that names anything else. A value that could not be read is ``None``.
+
+derive reads facts and vLLM knowledge only (``kvdoctor.vllm_flags``, ``kvmath``, ``catalog``,
+``devices``); it imports no source module and never modifies a fact: engines are new objects,
+scrapes without a timestamp are copied before one is stamped on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvdoctor import catalog
+from kvdoctor.derive import (
+    attribution,
+    colocation,
+    config,
+    growth,
+    hardware,
+    log,
+    metrics,
+    model,
+    oom,
+    pressure,
+    swap,
+)
+from kvdoctor.derive.base import Family, LogRuns, Scope, Vars, current_run, log_runs, visible_gpus
+from kvdoctor.derive.engines import (
+    bounded_history,
+    build_engines,
+    dp_targets,
+    engine_series,
+    recent_snapshots,
+)
+from kvdoctor.facts import Engine, EngineConfig, Snapshot, Timeline
+
+__all__ = [
+    "FAMILIES",
+    "INPUTS",
+    "ORDER",
+    "VARIABLES",
+    "build_contexts",
+    "build_engines",
+    "current_run",
+]
+
+#: The families, in the order they run: a family reads only variables of families before it.
+FAMILIES: tuple[Family, ...] = (
+    config.FAMILY,
+    attribution.FAMILY,
+    log.FAMILY,
+    model.FAMILY,
+    metrics.FAMILY,
+    pressure.FAMILY,
+    swap.FAMILY,
+    oom.FAMILY,
+    hardware.FAMILY,
+    growth.FAMILY,
+    colocation.FAMILY,
+)
+ORDER: tuple[str, ...] = tuple(f.name for f in FAMILIES)
+
+#: name → (unit, description and source): every family's ``WRITES``. The catalogue rules are
+#: validated against.
+VARIABLES: dict[str, str] = {name: desc for fam in FAMILIES for name, desc in fam.writes.items()}
+
+#: inputs a rule can need (``needs:`` in rules/*.yaml) → what provides them.
+INPUTS = {
+    "gpus": "nvidia-smi / NVML",
+    "metrics": "vLLM /metrics",
+    "timeline": "two or more /metrics scrapes",
+    "log": "vLLM log",
+    "config": "launch command or the log's args",
+    "model": "config.json",
+    "processes": "host process table (live or ps.txt)",
+}
+
+#: How a family sees the variables dict: identity here; tests wrap it to record reads/writes.
+_view: Callable[[Family, Vars], Vars] = lambda _family, v: v  # noqa: E731
+
+
+def build_contexts(
+    timeline: Timeline, configs: list[EngineConfig], *, window_s: float = 60.0
+) -> tuple[list[Engine], list[tuple[str | None, dict[str, Any], set[str]]], dict[str, dict[str, Any]]]:
+    """Engines, one (engine id, variables, inputs present) per engine, and per-engine KV facts
+    for the report (``num_gpu_blocks``, ``block_size``, ``capacity_tokens``, ``usage``).
+
+    ``window_s``: seconds of the "recent" window ending at the newest snapshot; only that window
+    of the Timeline (plus a bounded sample of its history) is read. A snapshot with no engine at
+    all (only nvidia-smi, say) still gets one context, so GPU and process rules run. Never
+    raises for missing inputs (variables are None instead) and modifies neither ``timeline``
+    nor ``configs``: the returned engines are new objects.
+    """
+    snapshot = timeline.latest or Snapshot()
+    engines = build_engines(snapshot, configs)
+    recent, older = recent_snapshots(timeline.snapshots, window_s)
+    labels = sorted({m.engine for s in recent for m in s.metrics if m.engine is not None})
+    targets, listed = dp_targets(engines, labels)
+    history = bounded_history(timeline.snapshots)
+    runs = log_runs(snapshot.log) if snapshot.log is not None else None
+    visible = visible_gpus(snapshot)
+    engine_pids = frozenset(p.pid for p in snapshot.processes if p.vllm_role is not None)
+    if runs is not None:
+        engine_pids |= runs.pids_latest
+    contexts: list[tuple[str | None, dict[str, Any], set[str]]] = []
+    kv_report: dict[str, dict[str, Any]] = {}
+    out_engines: list[Engine] = []
+    gpus_of: dict[str, list[int]] = {}
+    for idx, (eng, label) in enumerate(targets):
+        series = engine_series(recent, label) if (label is not None or idx == 0) else []
+        scope = _scope(
+            snapshot,
+            eng,
+            series,
+            window_s,
+            dp_label=label if len(labels) > 1 else None,
+            older=older and bool(series),
+            history=history,
+            all_engines=listed,
+            runs=runs,
+            visible=visible,
+            engine_pids=engine_pids,
+        )
+        variables = derive_variables(scope)
+        contexts.append((eng.id if eng else None, variables, _inputs(scope)))
+        if eng is not None:
+            kv_report[eng.id] = {
+                "num_gpu_blocks": variables.get("cache_num_gpu_blocks")
+                or variables.get("log_num_gpu_blocks"),
+                "block_size": variables.get("block_size"),
+                "capacity_tokens": variables.get("kv_capacity_tokens"),
+                "usage": variables.get("kv_usage"),
+            }
+            gpus_of[eng.id] = list(variables.get("engine_gpus") or [])
+    for e in listed:
+        # Engine assembly returns new objects: the GPUs found are set on copies.
+        out_engines.append(Engine(id=e.id, config=e.config, pid=e.pid, gpus=gpus_of.get(e.id, list(e.gpus)),
+                                  metrics_url=e.metrics_url, api_server_alive=e.api_server_alive))  # fmt: skip
+    return out_engines, contexts, kv_report
+
+
+def _scope(
+    snapshot: Snapshot,
+    engine: Engine | None,
+    series: list[Any],
+    window_s: float,
+    *,
+    dp_label: str | None,
+    older: bool,
+    history: list[Snapshot],
+    all_engines: list[Engine],
+    runs: LogRuns | None,
+    visible: list[Any],
+    engine_pids: frozenset[int],
+) -> Scope:
+    cfg = engine.config if engine else EngineConfig()
+    arch = snapshot.model
+    model_source = "config.json" if arch is not None else None
+    if arch is None and cfg.model:
+        arch = catalog.model_arch(cfg.model)
+        model_source = "catalogue" if arch is not None else None
+    return Scope(
+        snapshot=snapshot,
+        engine=engine,
+        cfg=cfg,
+        series=series,
+        window_s=window_s,
+        dp_label=dp_label,
+        older_scrapes=older,
+        history=history,
+        all_engines=all_engines,
+        runs=runs,
+        arch=arch,
+        model_source=model_source,
+        visible=visible,
+        engine_pids=engine_pids,
+    )
+
+
+def _inputs(s: Scope) -> set[str]:
+    """The inputs present for this context (rules' ``needs`` / ``needs_any``)."""
+    inputs: set[str] = set()
+    if s.snapshot.gpus:
+        inputs.add("gpus")
+    if s.series:
+        inputs.add("metrics")
+    if len(s.series) >= 2 or (s.series and s.older_scrapes):
+        inputs.add("timeline")
+    if s.log is not None and s.log.events:
+        inputs.add("log")
+    if s.engine is not None and (s.cfg.explicit or s.cfg.model or s.cfg.command):
+        inputs.add("config")
+    if s.arch is not None:
+        inputs.add("model")
+    if s.snapshot.process_table_known:
+        inputs.add("processes")
+    return inputs
+
+
+def derive_variables(scope: Scope) -> dict[str, Any]:
+    """Every family over one scope, in :data:`ORDER`: name → value (None when unknown)."""
+    v: dict[str, Any] = dict.fromkeys(VARIABLES)
+    for fam in FAMILIES:
+        fam.run(scope, _view(fam, v))
+    return v

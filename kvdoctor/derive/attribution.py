@@ -1,0 +1,209 @@
+"""Family attribution: which GPUs an engine uses and who else holds memory on them (foreign
+processes, orphaned vLLM workers, engines stacked on one card), from NVML / nvidia-smi and the
+host process table (psutil / ps.txt).
+
+Decisions are the rules': this family reports per-GPU used/total bytes and which GPUs list no
+process; "empty" (under 1 GiB) and "full" (≥ 95 % of total) are thresholds of the rules that
+ask (``engines-stacked-on-one-gpu``, ``weights-not-sharded``).
+"""
+
+from __future__ import annotations
+
+from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, is_vllm_process
+from kvdoctor.facts import Engine, Gpu, GpuProcess
+from kvdoctor.units import GiB
+from kvdoctor.vllm_flags import default_max_num_seqs
+
+WRITES: dict[str, str] = {
+    "gpu_count": "int; GPUs visible (CUDA_VISIBLE_DEVICES, else all listed)",
+    "engine_gpus": "list[int]; GPU indices the engine uses",
+    "gpu_name": "str; first engine GPU's name",
+    "gpu_total_bytes": "bytes; smallest total memory among the engine's GPUs (nvidia-smi Memory-Usage total)",
+    "gpu_used_bytes": "bytes; largest used memory among the engine's GPUs",
+    "gpu_used_fraction": "fraction; gpu_used_bytes / gpu_total_bytes",
+    "gpu_free_bytes": "bytes; smallest total − used among the engine's GPUs",
+    "gpu_util": "fraction; largest GPU-Util among the engine's GPUs",
+    "gpu_util_known": "bool; utilization was read",
+    "visible_gpus": "list[int]; indices of the visible GPUs",
+    "gpu_used_map": "dict[int, bytes]; used memory of each visible GPU whose memory was read (nvidia-smi Memory-Usage / NVML memory.used)",
+    "gpu_total_map": "dict[int, bytes]; total memory of each visible GPU whose total was read",
+    "gpus_without_processes": "list[int]; visible GPUs on which no process is listed (nvidia-smi Processes / NVML running processes)",
+    "gpu_mig": "bool; MIG mode on any engine GPU",
+    "throttle_reasons": "list[str]; NVML clock event reasons that slow the engine's GPUs (thermal, power, hardware)",
+    "stacked_gpu": "int; a GPU on which two or more vLLM engines hold memory (None if none)",
+    "stacked_pids": "list[int]; the engine processes stacked on it",
+    "stacked_desc": "str; description of them",
+    "rank_spread_bytes": "bytes; max − min used memory over the engine's GPUs (TP/PP ranks)",
+    "rank_heavy_gpu": "int; the engine GPU using the most memory",
+    "engine_gpu_total_min_bytes": "bytes; smallest card in the engine's group",
+    "engine_gpu_total_max_bytes": "bytes; largest card in the engine's group",
+    "foreign_pids": "list[int]; processes on the engine's GPUs that are not this engine",
+    "foreign_bytes": "bytes; memory they hold (sum)",
+    "foreign_desc": "str; 'pid 48213 (/opt/conda/bin/python3.10) 15.42 GiB on GPU 0, …'",
+    "orphan_pids": "list[int]; vLLM engine/worker processes holding GPU memory with no live server",
+    "orphan_bytes": "bytes; memory they hold (sum)",
+    "orphan_gpus": "list[int]; GPUs they sit on",
+    "orphan_desc": "str; 'pid 48211 (VLLM::Worker_TP0) 12.53 GiB on GPU 0, …'",
+    "orphan_reason": "str; why they are orphans",
+    "engine_cpu_percent": "percent of one core; engine processes' largest CPU use (psutil / ps.txt)",
+    "engine_pids_known": "bool; the engine's own pids are known (live, ps.txt, or log prefixes)",
+    "max_num_seqs_effective": "int; --max-num-seqs or vLLM's device default for the engine's GPU and version (vllm_flags.default_max_num_seqs)",
+}
+READS: frozenset[str] = frozenset({"tp_pp", "gmu", "max_num_seqs", "vllm_version"})
+
+
+def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
+    """Which GPUs an engine uses: where its pids hold memory, else the first tp×pp visible GPUs."""
+    if engine.gpus:
+        got = [g for g in s.visible if g.index in engine.gpus]
+        if got:
+            return got
+    if s.engine_pids:
+        got = [g for g in s.visible if any(p.pid in s.engine_pids for p in g.processes)]
+        if got:
+            return got
+    return s.visible[: max(1, tp_pp)]
+
+
+def _engine_bytes_on(g: Gpu, engine_pids: frozenset[int]) -> int:
+    """Bytes the engine holds on one GPU: its processes' memory when the process table lists
+    them (vLLM-named or known engine pids), else the GPU's used memory."""
+    mine = [p for p in g.processes if p.pid in engine_pids or is_vllm_process(p.name)]
+    if mine and all(p.used_bytes is not None for p in mine):
+        return sum(p.used_bytes or 0 for p in mine)
+    return g.memory_used_bytes or 0
+
+
+def _looks_like_the_engine(p: GpuProcess, g: Gpu, gmu: float | None) -> bool:
+    """A process holding gmu × total (±2 % of the card) is the engine itself, whatever its
+    name or pid namespace (a container's ``/usr/bin/python3``)."""
+    if gmu is None or not g.memory_total_bytes or p.used_bytes is None:
+        return False
+    return abs(p.used_bytes - gmu * g.memory_total_bytes) <= 0.02 * g.memory_total_bytes
+
+
+def derive(s: Scope, v: Vars) -> None:
+    """GPUs of the engine, per-GPU memory, stacked engines, foreign and orphaned processes."""
+    snapshot, visible = s.snapshot, s.visible
+    v["engine_pids_known"] = bool(s.engine_pids)
+    cpus = [p.cpu_percent for p in snapshot.processes if p.vllm_role and p.cpu_percent is not None]
+    v["engine_cpu_percent"] = max(cpus) if cpus else None
+    v["gpu_count"] = len(visible) if visible else None
+    if visible:
+        _gpu_vars(s, v)
+    _max_num_seqs_effective(s, v)
+
+
+def _gpu_vars(s: Scope, v: Vars) -> None:
+    visible = s.visible
+    egpus = engine_gpus(s, s.engine, v["tp_pp"]) if s.engine is not None else visible
+    v["engine_gpus"] = [g.index for g in egpus]
+    v["gpu_name"] = egpus[0].name if egpus else None
+    totals = [g.memory_total_bytes for g in egpus if g.memory_total_bytes]
+    used = [g.memory_used_bytes for g in egpus if g.memory_used_bytes is not None]
+    free = [g.memory_free_bytes for g in egpus if g.memory_free_bytes is not None]
+    utils = [g.utilization_gpu for g in egpus if g.utilization_gpu is not None]
+    v["gpu_total_bytes"] = min(totals) if totals else None
+    v["gpu_used_bytes"] = max(used) if used else None
+    if v["gpu_total_bytes"] and v["gpu_used_bytes"] is not None:
+        v["gpu_used_fraction"] = v["gpu_used_bytes"] / v["gpu_total_bytes"]
+    v["gpu_free_bytes"] = min(free) if free else None
+    v["gpu_util"] = max(utils) if utils else None
+    v["gpu_util_known"] = bool(utils)
+    v["visible_gpus"] = [g.index for g in visible]
+    v["gpu_used_map"] = {g.index: g.memory_used_bytes for g in visible if g.memory_used_bytes is not None}
+    v["gpu_total_map"] = {g.index: g.memory_total_bytes for g in visible if g.memory_total_bytes}
+    v["gpus_without_processes"] = [g.index for g in visible if not g.processes]
+    v["gpu_mig"] = any(g.mig_enabled for g in egpus)
+    slow = ("thermal", "power", "hw_slowdown", "slowdown")
+    v["throttle_reasons"] = sorted(
+        {r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)}
+    )
+    if len(egpus) > 1 and all(g.memory_used_bytes is not None for g in egpus):
+        # Compare what the engine itself holds on each rank: another job on one GPU is
+        # gpu-shared-with-foreign-process, not an imbalance of the engine's ranks.
+        own = {g.index: _engine_bytes_on(g, s.engine_pids) for g in egpus}
+        heavy_idx = max(own, key=lambda i: own[i])
+        v["rank_spread_bytes"] = own[heavy_idx] - min(own.values())
+        v["rank_heavy_gpu"] = heavy_idx
+    if totals:
+        v["engine_gpu_total_min_bytes"], v["engine_gpu_total_max_bytes"] = min(totals), max(totals)
+    for g in visible:
+        holders = [p for p in g.processes if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB]
+        if len(holders) >= 2:
+            v["stacked_gpu"] = g.index
+            v["stacked_pids"] = [p.pid for p in holders]
+            v["stacked_desc"] = describe_processes([(p, g.index) for p in holders])
+            break
+    _foreign_and_orphans(s, v)
+
+
+def _max_num_seqs_effective(s: Scope, v: Vars) -> None:
+    # vLLM's device default for max_num_seqs (vllm-facts §4.2) when not set.
+    if v["max_num_seqs"] is not None:
+        v["max_num_seqs_effective"] = v["max_num_seqs"]
+    else:
+        v["max_num_seqs_effective"] = default_max_num_seqs(
+            v["vllm_version"], v["gpu_total_bytes"], v["gpu_name"]
+        )
+
+
+def _foreign_and_orphans(s: Scope, v: Vars) -> None:
+    snapshot, visible, engine_pids = s.snapshot, s.visible, s.engine_pids
+    runs = s.runs
+    old_pids = runs.pids_earlier if runs is not None else frozenset()
+    live = {p.pid for p in snapshot.processes} if snapshot.process_table_known else None
+    servers_alive = (
+        any(p.vllm_role == "api_server" for p in snapshot.processes) if snapshot.process_table_known else None
+    )
+    foreign: list[tuple[GpuProcess, int]] = []
+    orphans: list[tuple[GpuProcess, int]] = []
+    reasons: set[str] = set()
+    startup_refused = runs is not None and runs.run.last("free_memory_below_util") is not None
+    egpu_idx = set(v["engine_gpus"] or [])
+    # The log's pids may come from a container's pid namespace: trust them for "this process is
+    # not the engine" only when some GPU process carries one of them (or the table is live).
+    on_gpu = {p.pid for g in visible for p in g.processes}
+    pids_comparable = snapshot.process_table_known or bool(engine_pids & on_gpu)
+    for g in visible:
+        for p in g.processes:
+            vllm_like = is_vllm_process(p.name)
+            if vllm_like and p.pid not in engine_pids:
+                if live is not None and p.pid not in live:
+                    orphans.append((p, g.index))
+                    reasons.add("their pids are not in the host's process table")
+                    continue
+                if p.pid in old_pids:
+                    orphans.append((p, g.index))
+                    reasons.add(
+                        "their pids belong to an earlier run in the log and the server was restarted since"
+                    )
+                    continue
+                if servers_alive is False:
+                    orphans.append((p, g.index))
+                    reasons.add("no vLLM API server is running")
+                    continue
+            # Without the engine's own pids a process can only be called foreign when the engine
+            # never got to allocate anything (it failed the startup free-memory check).
+            # MIG instances have memory of their own: a neighbour in another instance is not
+            # on the engine's device.
+            if (
+                g.index in egpu_idx
+                and not g.mig_enabled
+                and p.pid not in engine_pids
+                and not vllm_like
+                and ((engine_pids and pids_comparable) or startup_refused)
+                and (startup_refused or not _looks_like_the_engine(p, g, v["gmu"]))
+            ):
+                foreign.append((p, g.index))
+    v["foreign_pids"] = [p.pid for p, _ in foreign]
+    v["foreign_bytes"] = sum(p.used_bytes or 0 for p, _ in foreign)
+    v["foreign_desc"] = describe_processes(foreign) if foreign else None
+    v["orphan_pids"] = [p.pid for p, _ in orphans]
+    v["orphan_bytes"] = sum(p.used_bytes or 0 for p, _ in orphans)
+    v["orphan_gpus"] = sorted({i for _, i in orphans})
+    v["orphan_desc"] = describe_processes(orphans) if orphans else None
+    v["orphan_reason"] = "; ".join(sorted(reasons)) if reasons else None
+
+
+FAMILY = Family("attribution", WRITES, READS, derive)

@@ -1,0 +1,250 @@
+"""What every derive family shares: the :class:`Family` declaration, the :class:`Scope` of one
+rule context (the facts a family reads), and read-only views over facts.
+
+A family is one module of ``kvdoctor.derive``: it declares the variables it writes
+(``WRITES``: name → "unit; meaning and source") and those it reads from families ordered before
+it (``READS``); its ``derive(scope, v)`` fills its variables into ``v``. Families only read facts
+and earlier families' variables: they never mutate a fact and never call a source parser.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvdoctor.devices import visible_devices
+from kvdoctor.facts import (
+    Engine,
+    EngineConfig,
+    EngineMetrics,
+    Gpu,
+    GpuProcess,
+    LogEvent,
+    ModelArch,
+    Snapshot,
+    VllmLog,
+)
+
+Vars = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One derive family: ``name``, the variables it ``writes`` (name → "unit; source"), the
+    names it ``reads`` from earlier families, and ``run(scope, v)`` that writes them."""
+
+    name: str
+    writes: dict[str, str]
+    reads: frozenset[str]
+    run: Callable[[Scope, Vars], None]
+
+
+class LogView:
+    """A read-only index over a parsed vLLM log (or one run of it): events by kind, built once.
+
+    ``of(kind)`` returns the events of one kind in file order (a shared list: do not modify it);
+    ``last(kind)`` the last one or None. Same answers as :meth:`VllmLog.of` / ``last`` without a
+    scan of every event per question."""
+
+    def __init__(self, log: VllmLog, events: list[LogEvent]) -> None:
+        self.log = log
+        self.events = events
+        self._by_kind: dict[str, list[LogEvent]] = {}
+        for e in events:
+            self._by_kind.setdefault(e.kind, []).append(e)
+
+    @property
+    def vllm_version(self) -> str | None:
+        """The log's vLLM version ("vLLM API server version" line)."""
+        return self.log.vllm_version
+
+    @property
+    def engine_generation(self) -> str | None:
+        """Engine generation ("v0" or "v1") when the log tells."""
+        return self.log.engine_generation
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The log's parsed launch args (``non-default args`` …)."""
+        return self.log.args
+
+    def of(self, kind: str) -> list[LogEvent]:
+        """Events of one kind, in file order (do not modify the list)."""
+        return self._by_kind.get(kind, [])
+
+    def last(self, kind: str) -> LogEvent | None:
+        """The last event of one kind, or None."""
+        got = self._by_kind.get(kind)
+        return got[-1] if got else None
+
+
+#: events a server prints while it starts, before it does anything that a restart would repeat.
+_CONFIG_KINDS = frozenset({"version", "args", "chunked_prefill", "max_model_len_used"})
+
+
+@dataclass(frozen=True)
+class LogRuns:
+    """A log split into server runs: the whole log, its latest run, where runs start (lines),
+    and the pids seen in the latest run (``pids_latest``) and before it (``pids_earlier``)."""
+
+    full: LogView
+    run: LogView
+    starts: list[int]
+    pids_latest: frozenset[int]
+    pids_earlier: frozenset[int]
+
+
+_RUNS_CACHE: dict[int, tuple[weakref.ref[VllmLog], int, LogRuns]] = {}
+
+
+def _scan_run_starts(log: VllmLog) -> list[int]:
+    starts: list[int] = []
+    progressed = True
+    for e in log.events:
+        candidate = (e.kind == "version" and "server version" in e.text.lower()) or (
+            e.kind == "args" and e.values.get("source") in ("non_default", "namespace")
+        )
+        if candidate:
+            if progressed:
+                starts.append(e.line)
+                progressed = False
+        elif e.kind not in _CONFIG_KINDS:
+            progressed = True
+    return starts
+
+
+def log_runs(log: VllmLog) -> LogRuns:
+    """The runs of a log. A run begins at its "vLLM API server version" line or its args dump
+    (``non-default args`` / ``args: Namespace``) once the previous run had got past its
+    configuration lines; a log cut mid-run has no start: all of it is one run.
+
+    Cached per log object and event count (every engine context of every evaluation asks);
+    the log itself is never modified."""
+    key = id(log)
+    hit = _RUNS_CACHE.get(key)
+    # The weak reference guards against a new log reusing a dead one's id.
+    if hit is not None and hit[0]() is log and hit[1] == len(log.events):
+        return hit[2]
+    starts = _scan_run_starts(log)
+    first = starts[-1] if starts else 0
+    run_events = [e for e in log.events if e.line >= first] if len(starts) > 1 else log.events
+    full = LogView(log, log.events)
+    run = full if run_events is log.events else LogView(log, run_events)
+    latest = frozenset(e.pid for e in log.events if e.pid is not None and e.line >= first)
+    earlier = (
+        frozenset(e.pid for e in log.events if e.pid is not None and e.line < first)
+        if len(starts) > 1
+        else frozenset()
+    )
+    runs = LogRuns(full, run, starts, latest, earlier)
+    if len(_RUNS_CACHE) > 64:
+        _RUNS_CACHE.clear()
+    _RUNS_CACHE[key] = (weakref.ref(log), len(log.events), runs)
+    return runs
+
+
+def current_run(log: VllmLog) -> VllmLog:
+    """The log's latest run only, as a new :class:`VllmLog` (the given one is not modified): an
+    error of an earlier run that was restarted since is history, not the present state."""
+    runs = log_runs(log)
+    if len(runs.starts) <= 1:
+        return log
+    return VllmLog(
+        origin=log.origin,
+        events=list(runs.run.events),
+        vllm_version=log.vllm_version,
+        engine_generation=log.engine_generation,
+        args=log.args,
+        line_count=log.line_count,
+    )
+
+
+@dataclass
+class Scope:
+    """The facts one rule context is about (one engine, or the host when ``engine`` is None).
+
+    ``series``: this engine's /metrics scrapes inside the window (oldest first, each with a
+    timestamp where its snapshot had one); ``older_scrapes``: a scrape exists before the window.
+    ``history``: a bounded, evenly spaced sample of the Timeline's snapshots (GPU memory growth).
+    ``log``: the log's latest run; ``runs``: the whole log split into runs. ``visible``: the GPUs
+    CUDA_VISIBLE_DEVICES leaves visible. Nothing here is modified by a family.
+    """
+
+    snapshot: Snapshot
+    engine: Engine | None
+    cfg: EngineConfig
+    series: list[EngineMetrics]
+    window_s: float
+    dp_label: str | None = None
+    older_scrapes: bool = False
+    history: Sequence[Snapshot] = ()
+    all_engines: list[Engine] = field(default_factory=list)
+    runs: LogRuns | None = None
+    arch: ModelArch | None = None
+    model_source: str | None = None
+    visible: list[Gpu] = field(default_factory=list)
+    engine_pids: frozenset[int] = frozenset()
+
+    @property
+    def log(self) -> LogView | None:
+        """The latest run of the log, or None without a log."""
+        return self.runs.run if self.runs is not None else None
+
+
+_VLLM_PROC_RE = re.compile(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
+
+
+def is_vllm_process(name: str) -> bool:
+    """A GPU process whose name says vLLM (``VLLM::Worker_TP0``, ``VLLM::EngineCore``, …)."""
+    return bool(_VLLM_PROC_RE.search(name or ""))
+
+
+def visible_gpus(snapshot: Snapshot) -> list[Gpu]:
+    """The snapshot's GPUs that CUDA_VISIBLE_DEVICES (env.txt / live env) leaves visible; all of
+    them when it is unset or names none of them."""
+    gpus = snapshot.gpus
+    vis = visible_devices(snapshot.env) if snapshot.env else None
+    if vis is not None:
+        chosen = [g for g in gpus if g.index in vis]
+        if chosen:
+            return chosen
+    return gpus
+
+
+def describe_processes(items: list[tuple[GpuProcess, int]]) -> str:
+    """'pid 48213 (/opt/conda/bin/python3.10) 15.42 GiB on GPU 0, …'"""
+    from kvdoctor.units import fmt_bytes
+
+    return ", ".join(
+        f"pid {proc.pid} ({proc.name or '?'}) {fmt_bytes(proc.used_bytes)} on GPU {idx}"
+        for proc, idx in items
+    )
+
+
+def stats_engine(e: LogEvent) -> int:
+    """The data-parallel engine index of a stats line ("Engine 001:"), 0 when absent."""
+    try:
+        return int(e.values.get("engine") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def engine_stats(log: LogView, dp_label: str | None) -> list[LogEvent]:
+    """The stats lines of one data-parallel engine (all of them without DP)."""
+    stats = log.of("stats")
+    if dp_label is not None and str(dp_label).isdigit():
+        return [e for e in stats if stats_engine(e) == int(dp_label)]
+    return stats
+
+
+def num(s: str | None) -> float | None:
+    """A ``vllm:cache_config_info`` label value as a number; None for "None"/""/text."""
+    if s in (None, "", "None"):
+        return None
+    try:
+        return float(s)  # type: ignore[arg-type]
+    except ValueError:
+        return None

@@ -1,0 +1,174 @@
+"""Engine assembly and the slices of a Timeline one evaluation reads.
+
+Engines come from the launch commands (``Snapshot.configs``), the log's args and the
+``vllm:cache_config_info`` labels, with vLLM's defaults for the version: always new objects, the
+facts they come from are left as they are. The Timeline is read only within the window (found
+from the newest snapshot backwards) and through a bounded sample of its history, so the cost of
+one evaluation does not grow with the Timeline's length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, Snapshot
+from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
+
+#: the most snapshots of history read for trends (GPU memory growth): evenly spaced.
+MAX_HISTORY_POINTS = 60
+
+
+def _own_copy(cfg: EngineConfig) -> EngineConfig:
+    return dataclasses.replace(cfg, explicit=set(cfg.explicit), args=dict(cfg.args))
+
+
+def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engine]:
+    """Engines from launch commands, the log's args and /metrics (cache_config_info).
+
+    One engine per launch command; with no command but a log or metrics, one engine built from
+    those. Fields the user set on the command line win; the log's args fill the rest; then
+    ``vllm:cache_config_info`` labels; then vLLM's defaults for the detected version. Returns
+    new :class:`Engine` objects with configs of their own: ``configs`` and ``snapshot`` are not
+    modified.
+    """
+    log = snapshot.log
+    version = log.vllm_version if log else None
+    cfgs = [_own_copy(c) for c in configs]
+    if not cfgs and (log is not None and (log.args or log.events) or snapshot.metrics):
+        cfgs = [EngineConfig()]
+    engines: list[Engine] = []
+    for i, cfg in enumerate(cfgs):
+        if log is not None and log.args and i == 0:
+            _fill_from_log_args(cfg, log.args)
+        if snapshot.metrics and i == 0:
+            _fill_from_cache_config(cfg, snapshot.metrics[-1].cache_config)
+        if version and not cfg.vllm_version:
+            cfg.vllm_version = version
+        cfg = apply_defaults(cfg, cfg.vllm_version)
+        engine_name = (
+            cfg.served_model_name
+            or cfg.model
+            or (snapshot.metrics[0].model_name if snapshot.metrics else None)
+        )
+        engines.append(Engine(id=str(engine_name) if engine_name else f"engine{i}", config=cfg))
+    return engines
+
+
+def _fill_from_log_args(cfg: EngineConfig, log_args: dict[str, Any]) -> None:
+    """Fields the command line did not set, from the log's ``non-default args`` (into ``cfg``,
+    the caller's own copy)."""
+    args = {k: v for k, v in log_args.items() if not k.startswith("_")}
+    explicit_keys = set(log_args.get("_explicit", []) or [])
+    fill = {k: v for k, v in args.items() if k not in cfg.explicit}
+    tmp = EngineConfig()
+    update_config_from_args(tmp, {k: v for k, v in fill.items() if k in explicit_keys}, explicit=True)
+    update_config_from_args(tmp, {k: v for k, v in fill.items() if k not in explicit_keys}, explicit=False)
+    for name in vars(tmp):
+        if name in ("explicit", "args", "command") or name in cfg.explicit:
+            continue
+        if name in tmp.explicit or (name in fill or _field_from_args(name, fill)):
+            val = getattr(tmp, name)
+            if val is not None:
+                setattr(cfg, name, val)
+    cfg.explicit |= tmp.explicit
+
+
+def _field_from_args(name: str, args: dict[str, Any]) -> bool:
+    aliases = {"max_model_len": ("max_seq_len",), "gpu_memory_utilization": ("gpu_memory_utilization",)}
+    return any(a in args for a in aliases.get(name, ()))
+
+
+def _fill_from_cache_config(cfg: EngineConfig, cc: dict[str, str]) -> None:
+    from kvdoctor.derive.base import num
+
+    if "block_size" not in cfg.explicit and num(cc.get("block_size")) is not None:
+        cfg.block_size = int(num(cc.get("block_size")) or 16)
+    if "gpu_memory_utilization" not in cfg.explicit and num(cc.get("gpu_memory_utilization")) is not None:
+        cfg.gpu_memory_utilization = float(num(cc.get("gpu_memory_utilization")) or 0.0)
+        cfg.explicit.add("gpu_memory_utilization")  # the engine's real value, not a guess
+    dtype = cc.get("cache_dtype")
+    if dtype and "kv_cache_dtype" not in cfg.explicit:
+        cfg.kv_cache_dtype = dtype
+
+
+def _snapshot_time(snap: Snapshot) -> float | None:
+    if snap.timestamp is not None:
+        return snap.timestamp
+    for m in snap.metrics:
+        if m.timestamp is not None:
+            return m.timestamp
+    return None
+
+
+def recent_snapshots(snapshots: Sequence[Snapshot], window_s: float) -> tuple[list[Snapshot], bool]:
+    """The snapshots within ``window_s`` seconds of the newest one (oldest first), found from the
+    end backwards, and whether a scrape exists before them (looked for among the few snapshots
+    just before the window: a live loop scrapes in each). Untimed snapshots are kept (a window
+    without clocks is what was read). O(window), not O(Timeline)."""
+    out: list[Snapshot] = []
+    end: float | None = None
+    older = False
+    for i in range(len(snapshots) - 1, -1, -1):
+        snap = snapshots[i]
+        ts = _snapshot_time(snap)
+        if ts is not None:
+            if end is None:
+                end = ts
+            elif ts < end - window_s:
+                older = any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
+                break
+        out.append(snap)
+    out.reverse()
+    return out, older
+
+
+def engine_series(snapshots: Sequence[Snapshot], engine_label: str | None) -> list[EngineMetrics]:
+    """One engine's scrapes (the ``engine`` label, else the page's first engine), oldest first;
+    a scrape without its own timestamp takes its snapshot's (a copy: facts are not modified)."""
+    out: list[EngineMetrics] = []
+    for snap in snapshots:
+        pick: EngineMetrics | None = None
+        for m in snap.metrics:
+            if engine_label is None or m.engine == engine_label:
+                pick = m
+                break
+        if pick is None and snap.metrics:
+            pick = snap.metrics[0]
+        if pick is not None:
+            if pick.timestamp is None and snap.timestamp is not None:
+                pick = dataclasses.replace(pick, timestamp=snap.timestamp)
+            out.append(pick)
+    return out
+
+
+def bounded_history(snapshots: Sequence[Snapshot], limit: int = MAX_HISTORY_POINTS) -> list[Snapshot]:
+    """At most ``limit`` snapshots evenly spaced over the Timeline, first and newest included
+    (a least-squares slope over them matches the full series' within sampling noise)."""
+    n = len(snapshots)
+    if n <= limit:
+        return list(snapshots)
+    step = (n - 1) / (limit - 1)
+    return [snapshots[round(i * step)] for i in range(limit)]
+
+
+def dp_targets(
+    engines: list[Engine], labels: list[str]
+) -> tuple[list[tuple[Engine | None, str | None]], list[Engine]]:
+    """(engine, metrics label) per rule context, and the engines the report lists.
+
+    Data parallelism: one PrometheusStatLogger serves every DP engine, told apart by the
+    ``engine`` label (vllm-facts §1.1): each label is an engine of its own for the rules."""
+    targets: list[tuple[Engine | None, str | None]] = []
+    for idx, eng in enumerate(engines or [None]):
+        if idx == 0 and eng is not None and len(labels) > 1:
+            for dp_label in labels:
+                dp = Engine(id=f"{eng.id} [engine {dp_label}]", config=eng.config, pid=eng.pid)
+                targets.append((dp, dp_label))
+        else:
+            targets.append((eng, labels[0] if (idx == 0 and labels) else None))
+    listed = engines
+    if len(labels) > 1 and engines:
+        listed = [t for t, _ in targets if t is not None] + engines[1:]
+    return targets, listed

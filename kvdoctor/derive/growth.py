@@ -1,0 +1,104 @@
+"""Family growth: used memory of the engine's GPUs over time (an nvidia-smi ``-l`` loop in a
+bundle, or the live snapshots), as least-squares slopes; whether the later half is a plateau
+is the rule's threshold (``gpu-memory-growth`` ``plateau_ratio``). The history read is bounded
+(``engines.bounded_history``): the cost does not grow with the Timeline."""
+
+from __future__ import annotations
+
+from kvdoctor.derive.base import Family, Scope, Vars
+from kvdoctor.derive.engines import MAX_HISTORY_POINTS
+from kvdoctor.facts import Gpu
+
+WRITES: dict[str, str] = {
+    "mem_growth_gpu": "int; the engine GPU whose used memory rises fastest",
+    "mem_growth_points": "int; readings of it over time (evenly spaced, at most 60)",
+    "mem_growth_span_s": "seconds; time the readings span",
+    "mem_growth_rise_bytes": "bytes; last − first used memory",
+    "mem_growth_bytes_per_hour": "bytes/hour; least-squares slope of used memory over all readings",
+    "mem_growth_recent_bytes_per_hour": "bytes/hour; least-squares slope over the later half of the readings",
+    "mem_growth_headroom_bytes": "bytes; total − last used memory of that GPU (None when its total is unknown)",
+    "mem_growth_used_bytes": "bytes; last used memory of that GPU",
+}
+READS: frozenset[str] = frozenset({"engine_gpus"})
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, bytes) points, in bytes per hour."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var <= 0:
+        return None
+    cov = sum((t - mt) * (y - my) for t, y in points)
+    return cov / var * 3600.0
+
+
+def _readings(s: Scope, wanted: set[int]) -> list[tuple[int, float, Gpu]]:
+    """(GPU index, time, reading) of the engine's GPUs over time: the nvidia-smi ``-l`` loop's
+    moments when the snapshot has them, else the bounded history of snapshots (a reading
+    without its own time takes its snapshot's)."""
+    out: list[tuple[int, float, Gpu]] = []
+    timed: list[tuple[float | None, list[Gpu]]]
+    moments = s.snapshot.gpu_series
+    if moments:
+        n = len(moments)
+        if n > MAX_HISTORY_POINTS:
+            step = (n - 1) / (MAX_HISTORY_POINTS - 1)
+            moments = [moments[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
+        timed = [(None, m) for m in moments]
+    else:
+        timed = [
+            (snap.timestamp, snap.gpus)
+            for snap in s.history
+            if snap.gpus and (snap.timestamp is not None or all(g.timestamp is not None for g in snap.gpus))
+        ]
+    for ts, gpus in timed:
+        for g in gpus:
+            if wanted and g.index not in wanted:
+                continue
+            t = g.timestamp if g.timestamp is not None else ts
+            if t is not None and g.memory_used_bytes is not None:
+                out.append((g.index, t, g))
+    return out
+
+
+def derive(s: Scope, v: Vars) -> None:
+    """The fastest-rising engine GPU: slope, recent slope, plateau, hours to full."""
+    wanted = set(v["engine_gpus"] or [])
+    series: dict[int, list[tuple[float, float]]] = {}
+    totals: dict[int, int] = {}
+    for idx, t, g in _readings(s, wanted):
+        series.setdefault(idx, []).append((t, float(g.memory_used_bytes or 0)))
+        if g.memory_total_bytes:
+            totals[idx] = g.memory_total_bytes
+    best: tuple[float, int, list[tuple[float, float]]] | None = None
+    for idx, pts in series.items():
+        pts.sort()
+        if len(pts) < 3:
+            continue
+        slope = slope_per_hour(pts)
+        if slope is None:
+            continue
+        if best is None or slope > best[0]:
+            best = (slope, idx, pts)
+    if best is None:
+        return
+    slope, idx, pts = best
+    half = pts[len(pts) // 2 :]
+    recent = slope_per_hour(half) if len(half) >= 2 else None
+    v["mem_growth_gpu"] = idx
+    v["mem_growth_points"] = len(pts)
+    v["mem_growth_span_s"] = pts[-1][0] - pts[0][0]
+    v["mem_growth_rise_bytes"] = int(pts[-1][1] - pts[0][1])
+    v["mem_growth_bytes_per_hour"] = slope
+    v["mem_growth_recent_bytes_per_hour"] = recent
+    v["mem_growth_used_bytes"] = int(pts[-1][1])
+    total = totals.get(idx)
+    if total:
+        v["mem_growth_headroom_bytes"] = max(0, int(total - pts[-1][1]))
+
+
+FAMILY = Family("growth", WRITES, READS, derive)

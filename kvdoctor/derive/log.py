@@ -1,0 +1,187 @@
+"""Family log: what the vLLM log's latest run says (startup memory lines, KV sizing errors,
+every form of CUDA OOM, the periodic stats lines). Events come parsed from
+``kvdoctor.sources.vllm_log``; this family only picks and combines them."""
+
+from __future__ import annotations
+
+from kvdoctor.derive.base import Family, LogView, Scope, Vars, engine_stats
+
+WRITES: dict[str, str] = {
+    # --- startup memory
+    "log_available_kv_bytes": "bytes; smallest 'Available KV cache memory: X GiB' over workers (may be negative)",
+    "log_available_kv_line": "int; its line",
+    "log_kv_tokens": "tokens; 'GPU KV cache size: N tokens' (V0: '# GPU blocks' × block_size)",
+    "log_kv_line": "int; its line",
+    "log_num_gpu_blocks": "int; V0 '# GPU blocks: N' / '# cuda blocks: N'",
+    "v0_profile_kv_bytes": "bytes; V0 'the rest of the memory reserved for KV Cache is X GiB'",
+    "v0_profile_total_bytes": "bytes; V0 total_gpu_memory",
+    "v0_profile_weights_bytes": "bytes; V0 'model weights take X GiB'",
+    "v0_profile_activation_bytes": "bytes; V0 'PyTorch activation peak memory takes X GiB'",
+    "v0_profile_non_torch_bytes": "bytes; V0 'non_torch_memory takes X GiB'",
+    "v0_profile_line": "int; its line",
+    "no_kv_memory": "bool; 'No available memory for the cache blocks' logged",
+    "no_kv_memory_line": "int; its line",
+    "mml_error": "bool; V1 'To serve at least one request with the model's max seq len' or V0 'max seq len … larger than … KV cache'",
+    "mml_error_line": "int; its line",
+    "mml_error_max_model_len": "tokens; the max seq len in that message",
+    "mml_error_needed_bytes": "bytes; KV needed for one request (V1 message)",
+    "mml_error_available_bytes": "bytes; available KV memory (V1 message)",
+    "mml_error_estimate": "tokens; 'the estimated maximum model length is N' (V1)",
+    "mml_error_kv_tokens": "tokens; V0 'maximum number of tokens that can be stored in KV cache (N)'",
+    "free_below_util": "bool; 'Free memory on device … is less than desired GPU memory utilization' logged",
+    "fbu_line": "int; its line",
+    "fbu_free_bytes": "bytes; free memory at startup from that line",
+    "fbu_total_bytes": "bytes; total from that line",
+    "fbu_gmu": "fraction; the requested gmu from that line",
+    "sampler_oom": "bool; 'CUDA out of memory occurred when warming up sampler with N dummy requests'",
+    "sampler_oom_requests": "int; N",
+    "sampler_oom_line": "int; its line",
+    "graph_capture_bytes": "bytes; 'Graph capturing finished … took X GiB' (largest over workers)",
+    # --- OOMs (PyTorch 'CUDA out of memory', every form)
+    "oom_count": "int; distinct CUDA OOMs in the log",
+    "oom_phases": "list[str]; their phases (weight_loading, profile_run, cuda_graph_capture, sampler_warmup, kv_cache_init, runtime, startup)",
+    "oom_line": "int; line of the last OOM",
+    "oom_phase": "str; phase of the last OOM",
+    "oom_requested_bytes": "bytes; 'Tried to allocate X'",
+    "oom_free_bytes": "bytes; 'of which X is free' (legacy: 'X free')",
+    "oom_total_bytes": "bytes; 'total capacity of X'",
+    "oom_reserved_unallocated_bytes": "bytes; 'X is reserved by PyTorch but unallocated' (legacy: reserved − allocated)",
+    "oom_gpu": "int; 'GPU N'",
+    "weight_loading_oom": "bool; an OOM while loading weights (or 'Failed to load model - not enough GPU memory')",
+    "graph_capture_oom": "bool; an OOM during CUDA graph capture",
+    "runtime_oom": "bool; an OOM after the engine was serving",
+    "engine_failed": "bool; the engine failed to start or died ('EngineCore failed to start', 'Engine core initialization failed', EngineDeadError)",
+    "startup_failed": "bool; any evidence the engine did not come up: engine_failed, a startup-phase OOM, a KV/memory check error, an invalid flag",
+    # --- periodic stats lines (percent → fraction)
+    "log_stats_count": "int; periodic stats lines",
+    "log_kv_usage_max": "fraction; largest 'GPU KV cache usage' in the stats lines",
+    "log_waiting_max": "int; largest Waiting/Pending",
+    "log_running_last": "int; last Running",
+    "log_running_first": "int; first Running",
+    "log_gen_throughput_max": "tokens/s; largest 'Avg generation throughput'",
+    "log_preemptions_sum": "int; Σ 'Preemptions: N' in stats lines (≥0.12) + V0 preemption warnings",
+}
+READS: frozenset[str] = frozenset({"block_size", "dp_engine"})
+
+
+def derive(s: Scope, v: Vars) -> None:
+    """Variables of the log's latest run; all None without a log."""
+    log = s.log
+    if log is None:
+        return
+    _startup(v, log)
+    _ooms(v, log)
+    _stats(v, log, v["dp_engine"])
+
+
+def _startup(v: Vars, log: LogView) -> None:
+    avail = log.of("available_kv_memory")
+    if avail:
+        low = min(avail, key=lambda e: e.values.get("bytes") or 0)
+        v["log_available_kv_bytes"], v["log_available_kv_line"] = low.values.get("bytes"), low.line
+    size = log.last("kv_cache_size")
+    blocks = log.last("v0_blocks")
+    if blocks is not None:
+        v["log_num_gpu_blocks"] = blocks.values.get("gpu_blocks")
+    if size is not None:
+        v["log_kv_tokens"], v["log_kv_line"] = size.values.get("tokens"), size.line
+    elif blocks is not None and blocks.values.get("gpu_blocks") is not None:
+        v["log_kv_tokens"] = int(blocks.values["gpu_blocks"]) * int(v["block_size"] or 16)
+        v["log_kv_line"] = blocks.line
+    prof = log.last("memory_profile_v0")
+    if prof is not None:
+        pv = prof.values
+        v["v0_profile_kv_bytes"] = pv.get("kv_bytes")
+        v["v0_profile_total_bytes"] = pv.get("total_bytes")
+        v["v0_profile_weights_bytes"] = pv.get("weights_bytes")
+        v["v0_profile_activation_bytes"] = pv.get("activation_peak_bytes")
+        v["v0_profile_non_torch_bytes"] = pv.get("non_torch_bytes")
+        v["v0_profile_line"] = prof.line
+    nok = log.last("no_available_kv_memory")
+    v["no_kv_memory"] = nok is not None
+    v["no_kv_memory_line"] = nok.line if nok else None
+    mml = log.last("max_seq_len_exceeds_kv")
+    mml0 = log.last("v0_max_seq_len_exceeds_kv")
+    if mml is not None:
+        mv = mml.values
+        v["mml_error"], v["mml_error_line"] = True, mml.line
+        v["mml_error_max_model_len"] = mv.get("max_model_len")
+        v["mml_error_needed_bytes"] = mv.get("needed_bytes")
+        v["mml_error_available_bytes"] = mv.get("available_bytes")
+        v["mml_error_estimate"] = mv.get("estimated_max_len")
+    elif mml0 is not None:
+        v["mml_error"], v["mml_error_line"] = True, mml0.line
+        v["mml_error_max_model_len"] = mml0.values.get("max_model_len")
+        v["mml_error_kv_tokens"] = mml0.values.get("kv_tokens")
+    else:
+        v["mml_error"] = False
+    fbu = log.last("free_memory_below_util")
+    v["free_below_util"] = fbu is not None
+    if fbu is not None:
+        fv = fbu.values
+        v["fbu_line"], v["fbu_free_bytes"], v["fbu_total_bytes"], v["fbu_gmu"] = (
+            fbu.line,
+            fv.get("free_bytes"),
+            fv.get("total_bytes"),
+            fv.get("gmu"),
+        )
+    so = log.last("sampler_warmup_oom")
+    v["sampler_oom"] = so is not None
+    if so is not None:
+        v["sampler_oom_requests"], v["sampler_oom_line"] = so.values.get("num_requests"), so.line
+    caps = log.of("graph_capture_done")
+    if caps:
+        v["graph_capture_bytes"] = max(e.values.get("bytes") or 0 for e in caps)
+
+
+def _ooms(v: Vars, log: LogView) -> None:
+    ooms = log.of("cuda_oom")
+    v["oom_count"] = len(ooms)
+    v["oom_phases"] = [e.values.get("phase") for e in ooms]
+    if ooms:
+        last = ooms[-1].values
+        v["oom_line"], v["oom_phase"] = ooms[-1].line, last.get("phase")
+        v["oom_requested_bytes"] = last.get("requested_bytes")
+        v["oom_free_bytes"] = last.get("free_bytes")
+        v["oom_total_bytes"] = last.get("total_bytes")
+        v["oom_reserved_unallocated_bytes"] = last.get("reserved_unallocated_bytes")
+        v["oom_gpu"] = last.get("gpu")
+    phases = set(v["oom_phases"])
+    v["weight_loading_oom"] = "weight_loading" in phases or bool(log.of("load_model_oom"))
+    v["graph_capture_oom"] = "cuda_graph_capture" in phases
+    v["runtime_oom"] = "runtime" in phases
+    v["engine_failed"] = bool(log.of("engine_failed"))
+    startup_ooms = [p for p in v["oom_phases"] if p not in ("runtime", None)]
+    v["startup_failed"] = bool(
+        v["engine_failed"]
+        or startup_ooms
+        or v["weight_loading_oom"]
+        or v["sampler_oom"]
+        or v["mml_error"]
+        or v["no_kv_memory"]
+        or v["free_below_util"]
+        or log.last("invalid_kv_cache_dtype") is not None
+        or log.of("profiling_assertion")
+    )
+
+
+def _stats(v: Vars, log: LogView, dp_label: str | None) -> None:
+    # ``log`` is the latest run already; with data parallelism each engine reads its own
+    # "Engine 00N:" lines.
+    stats = engine_stats(log, dp_label)
+    v["log_stats_count"] = len(stats)
+    if stats:
+        kvs = [float(e.values["kv_usage"]) for e in stats if e.values.get("kv_usage") is not None]
+        waits = [(e.values.get("waiting") or 0) + (e.values.get("pending") or 0) for e in stats]
+        runs = [e.values.get("running") for e in stats if e.values.get("running") is not None]
+        gens = [e.values.get("generation_throughput") or 0 for e in stats]
+        v["log_kv_usage_max"] = max(kvs) if kvs else None
+        v["log_waiting_max"] = max(waits) if waits else None
+        v["log_running_first"] = runs[0] if runs else None
+        v["log_running_last"] = runs[-1] if runs else None
+        v["log_gen_throughput_max"] = max(gens) if gens else None
+    pre = sum(int(e.values.get("preemptions") or 0) for e in stats) + len(log.of("preempted_v0"))
+    v["log_preemptions_sum"] = pre
+
+
+FAMILY = Family("log", WRITES, READS, derive)

@@ -1,0 +1,95 @@
+"""Family model: the model's size and KV geometry (config.json, else the built-in catalogue by
+--model name; kvmath) and whether --kv-cache-dtype is valid for the version and the GPU."""
+
+from __future__ import annotations
+
+from kvdoctor import catalog, kvmath
+from kvdoctor.derive.base import Family, Scope, Vars
+from kvdoctor.vllm_flags import nearest_valid_kv_cache_dtype, valid_kv_cache_dtypes
+
+WRITES: dict[str, str] = {
+    "model_known": "bool; the model's architecture is known (config.json, else the built-in catalogue by --model name)",
+    "model_source": "str; 'config.json' or 'catalogue'",
+    "arch": "ModelArch; the model's architecture (config.json, else the catalogue), for kvmath functions",
+    "num_attention_heads": "int; config.json",
+    "num_kv_heads": "int; config.json num_key_value_heads",
+    "vocab_size": "int; config.json vocab_size (logits per token)",
+    "weights_bytes": "bytes; whole-model weights: 'Model loading took X GiB' × tp×pp, else estimate from config.json",
+    "weights_logged_bytes": "bytes; per-worker 'Model loading took X GiB' (V0 'Loading model weights took X GB')",
+    "kv_bytes_per_token": "bytes per token; KV per token per GPU rank at the configured kv_cache_dtype (kvmath)",
+    "kv_bytes_per_token_fp8": "bytes per token; KV per token per GPU rank with fp8 KV (kvmath)",
+    "fp8_supported": "bool; the GPU supports fp8 KV (catalogue; None when unknown)",
+    "invalid_kv_dtype": "bool; 'Invalid kv_cache_dtype' logged, or --kv-cache-dtype not valid for the version",
+    "invalid_kv_dtype_value": "str; the rejected value",
+    "invalid_kv_dtype_line": "int; log line (None when from the launch command)",
+    "suggested_kv_dtype": "str; nearest valid --kv-cache-dtype for the version",
+}
+READS: frozenset[str] = frozenset({"tp", "pp", "tp_pp", "kv_cache_dtype", "gpu_name", "vllm_version"})
+
+
+def derive(s: Scope, v: Vars) -> None:
+    """Weights and KV bytes per token; validity of the KV cache dtype."""
+    _sizes(s, v)
+    _kv_dtype(s, v)
+
+
+def _sizes(s: Scope, v: Vars) -> None:
+    arch, cfg, log = s.arch, s.cfg, s.log
+    logged = None
+    if log is not None:
+        loads = log.of("model_loading")
+        if loads:
+            logged = max(e.values.get("weights_bytes") or 0 for e in loads) or None
+    v["weights_logged_bytes"] = logged
+    v["model_known"] = arch is not None
+    v["model_source"] = s.model_source
+    v["arch"] = arch
+    if logged:
+        v["weights_bytes"] = logged * v["tp_pp"]
+    if arch is None:
+        return
+    v["num_attention_heads"] = arch.num_attention_heads
+    v["num_kv_heads"] = arch.num_key_value_heads
+    v["vocab_size"] = arch.vocab_size
+    dtype = v["kv_cache_dtype"] if v["kv_cache_dtype"] in valid_kv_cache_dtypes(None) else "auto"
+    try:
+        if v["weights_bytes"] is None:
+            v["weights_bytes"] = kvmath.weights_bytes(arch, dtype=cfg.dtype, quantization=cfg.quantization)
+        v["kv_bytes_per_token"] = kvmath.kv_bytes_per_token(
+            arch, tensor_parallel_size=v["tp"], pipeline_parallel_size=v["pp"], kv_cache_dtype=dtype
+        )
+        v["kv_bytes_per_token_fp8"] = kvmath.kv_bytes_per_token(
+            arch, tensor_parallel_size=v["tp"], pipeline_parallel_size=v["pp"], kv_cache_dtype="fp8"
+        )
+    except (ValueError, ZeroDivisionError, KeyError, TypeError):
+        pass
+
+
+def _kv_dtype(s: Scope, v: Vars) -> None:
+    """Launch-time validity of --kv-cache-dtype: the log's 'Invalid kv_cache_dtype', else the
+    version's accepted values, else fp8 on a GPU without fp8."""
+    inv = s.log.last("invalid_kv_cache_dtype") if s.log is not None else None
+    dtype = s.cfg.kv_cache_dtype or "auto"
+    if inv is not None:
+        v["invalid_kv_dtype"] = True
+        v["invalid_kv_dtype_value"] = inv.values.get("value")
+        v["invalid_kv_dtype_line"] = inv.line
+    else:
+        v["invalid_kv_dtype"] = dtype not in valid_kv_cache_dtypes(v["vllm_version"])
+        if v["invalid_kv_dtype"]:
+            v["invalid_kv_dtype_value"] = dtype
+    try:
+        spec = catalog.gpu(v["gpu_name"]) if v["gpu_name"] else None
+    except (KeyError, ValueError):
+        spec = None
+    v["fp8_supported"] = spec.fp8 if spec is not None else None
+    if not v["invalid_kv_dtype"] and dtype.startswith("fp8") and v["fp8_supported"] is False:
+        v["invalid_kv_dtype"], v["invalid_kv_dtype_value"] = True, dtype
+        v["suggested_kv_dtype"] = "auto"
+    elif v["invalid_kv_dtype"] and v["invalid_kv_dtype_value"]:
+        v["suggested_kv_dtype"] = nearest_valid_kv_cache_dtype(
+            str(v["invalid_kv_dtype_value"]), v["vllm_version"]
+        )
+
+
+FAMILY = Family("model", WRITES, READS, derive)

@@ -1,0 +1,226 @@
+"""derive as a package of families: declarations hold (every variable written by one family,
+reads declared and ordered), derive imports no source module, and the decisions that used to
+hide in Python are rule thresholds whose override changes the verdict."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvdoctor.derive as derive
+from kvdoctor.derive import FAMILIES, ORDER, VARIABLES, build_contexts
+from kvdoctor.derive.base import Family
+from kvdoctor.facts import EngineConfig, EngineMetrics, Gpu, GpuProcess, Snapshot, Timeline
+from kvdoctor.pipeline import Pipeline
+from kvdoctor.sources.bundle import load_bundle
+
+GiB = 2**30
+DATA = Path(__file__).parent / "data"
+BUNDLES = [
+    p
+    for root in (DATA / "cases", DATA / "bundles")
+    for p in sorted(root.iterdir())
+    if (p / "expected.json").is_file()
+]
+DERIVE_DIR = Path(derive.__file__).parent
+
+
+def test_no_module_under_derive_imports_a_source() -> None:
+    offenders = []
+    for path in sorted(DERIVE_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            offenders += [f"{path.name}:{node.lineno} {n}" for n in names if n.startswith("kvdoctor.sources")]
+    assert offenders == []
+    # The scan sees the package's modules (a renamed directory would pass vacuously).
+    assert {"config.py", "attribution.py", "colocation.py"} <= {p.name for p in DERIVE_DIR.glob("*.py")}
+
+
+def test_every_variable_is_written_by_one_family_and_reads_come_from_earlier_ones() -> None:
+    owner: dict[str, str] = {}
+    for fam in FAMILIES:
+        for name in fam.writes:
+            assert name not in owner, f"{name} written by {owner.get(name)} and {fam.name}"
+            owner[name] = fam.name
+    assert set(owner) == set(VARIABLES)
+    for i, fam in enumerate(FAMILIES):
+        earlier = {n for f in FAMILIES[:i] for n in f.writes}
+        assert fam.reads <= earlier, (fam.name, sorted(fam.reads - earlier))
+        assert not fam.reads & set(fam.writes), fam.name
+    for desc in VARIABLES.values():
+        assert ";" in desc  # "unit; meaning and source"
+    assert ORDER[0] == "config" and len(ORDER) == len(set(ORDER)) == len(FAMILIES)
+
+
+class _Tracked(dict):  # type: ignore[type-arg]
+    """The variables as one family sees them: reads and writes outside its declaration fail."""
+
+    def __init__(self, fam: Family, backing: dict[str, Any], log: list[str]) -> None:
+        super().__init__()
+        self.fam, self.backing, self.log = fam, backing, log
+
+    def _check_read(self, key: str) -> None:
+        if key not in self.fam.writes and key not in self.fam.reads:
+            self.log.append(f"{self.fam.name} reads undeclared {key}")
+
+    def __getitem__(self, key: str) -> Any:
+        self._check_read(key)
+        return self.backing[key]
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self._check_read(key)
+        return self.backing.get(key, default)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self.fam.writes:
+            self.log.append(f"{self.fam.name} writes undeclared {key}")
+        self.backing[key] = value
+
+
+def _timelines() -> list[Timeline]:
+    out = [load_bundle(p).timeline for p in BUNDLES]
+    # A metrics timeline with DP engines and scrapes without their own timestamps.
+    tl = Timeline()
+    for t in range(5):
+        snap = Snapshot(
+            timestamp=1000.0 + t, gpus=[Gpu(index=0, memory_total_bytes=80 * GiB, memory_used_bytes=70 * GiB)]
+        )
+        snap.metrics = [
+            EngineMetrics(engine=e, kv_cache_usage=0.95, num_requests_waiting=3, num_requests_running=8,
+                          num_preemptions_total=float(t), generation_tokens_total=100.0 * t)
+            for e in ("0", "1")
+        ]  # fmt: skip
+        tl.append(snap)
+    out.append(tl)
+    return out
+
+
+def test_families_read_and_write_only_what_they_declare(monkeypatch: pytest.MonkeyPatch) -> None:
+    problems: list[str] = []
+    monkeypatch.setattr(derive, "_view", lambda fam, v: _Tracked(fam, v, problems))
+    contexts = 0
+    for tl in _timelines():
+        latest = tl.latest or Snapshot()
+        _, ctxs, _ = build_contexts(tl, list(latest.configs))
+        contexts += len(ctxs)
+    assert contexts >= len(BUNDLES)
+    assert sorted(set(problems)) == []
+
+
+def _stacked(used_gpu1_gib: float) -> Timeline:
+    two = [
+        GpuProcess(pid=10, name="VLLM::EngineCore", used_bytes=30 * GiB),
+        GpuProcess(pid=20, name="VLLM::EngineCore", used_bytes=30 * GiB),
+    ]
+    gpus = [
+        Gpu(index=0, name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 * GiB, memory_used_bytes=61 * GiB, processes=two),
+        Gpu(index=1, name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 * GiB, memory_used_bytes=int(used_gpu1_gib * GiB)),
+    ]  # fmt: skip
+    tl = Timeline()
+    tl.append(Snapshot(timestamp=1.0, gpus=gpus))
+    return tl
+
+
+def _rules_fired(tl: Timeline, config: Path | None) -> set[str]:
+    return {f.rule for f in Pipeline.load(None, config).evaluate(tl, now=0).findings}
+
+
+def test_overriding_the_empty_gpu_threshold_changes_the_verdict(tmp_path: Path) -> None:
+    # GPU 1 holds 1.5 GiB and no process: not "empty" under the default 1 GiB, so no finding.
+    no_config = tmp_path / "none.yaml"
+    no_config.write_text("{}\n")
+    assert "engines-stacked-on-one-gpu" not in _rules_fired(_stacked(1.5), no_config)
+    assert "engines-stacked-on-one-gpu" in _rules_fired(_stacked(0.2), no_config)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("thresholds:\n  engines-stacked-on-one-gpu:\n    empty_max_gib: 2.0\n")
+    assert "engines-stacked-on-one-gpu" in _rules_fired(_stacked(1.5), cfg)
+
+
+def _pressured(kv: float) -> tuple[Timeline, list[EngineConfig]]:
+    """An engine whose max_num_seqs × typical request exceeds the KV cache, with requests
+    waiting at KV usage ``kv`` in every scrape and no preemption."""
+    tl = Timeline()
+    for t in range(6):
+        m = EngineMetrics(timestamp=1000.0 + 5 * t, engine="0", model_name="m", kv_cache_usage=kv,
+                          num_requests_running=100, num_requests_waiting=4, num_preemptions_total=0,
+                          generation_tokens_total=1000.0 * t, prompt_tokens_total=4000.0 * t,
+                          request_success_total=float(t), cache_config={"num_gpu_blocks": "2000", "block_size": "16"})  # fmt: skip
+        snap = Snapshot(timestamp=m.timestamp, metrics=[m])
+        snap.gpus = [
+            Gpu(
+                index=0, name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 * GiB, memory_used_bytes=74 * GiB
+            )
+        ]
+        tl.append(snap)
+    cfg = EngineConfig(
+        model="m", max_num_seqs=512, max_model_len=4096, explicit={"max_num_seqs", "max_model_len"}
+    )
+    return tl, [cfg]
+
+
+def test_overriding_the_kv_pressure_threshold_changes_the_severity(tmp_path: Path) -> None:
+    tl, cfgs = _pressured(0.85)
+    for snap in tl.snapshots:
+        snap.configs = cfgs
+    none = tmp_path / "none.yaml"
+    none.write_text("{}\n")
+
+    def severity(config: Path) -> str | None:
+        rep = Pipeline.load(None, config).evaluate(tl, now=0)
+        got = [f.severity for f in rep.findings if f.rule == "max-num-seqs-exceeds-kv"]
+        return got[0] if got else None
+
+    # KV at 85 % with a queue: under the default kv_full 0.9 that is no pressure (info).
+    assert severity(none) == "info"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("thresholds:\n  max-num-seqs-exceeds-kv:\n    kv_full: 0.8\n")
+    assert severity(cfg) == "warning"
+
+
+@pytest.mark.parametrize(
+    ("gpu_name", "version"),
+    [("H100", "0.33.0"), ("H100", "0.9.2"), ("A100-80GB", "0.33.0"), ("L4", "0.19.1"), ("H200", None)],
+)
+def test_plan_and_diagnose_agree_on_vllms_defaults(gpu_name: str, version: str | None) -> None:
+    from kvdoctor import catalog
+    from kvdoctor.plan import build_plan, resolve_model
+
+    spec = catalog.gpu(gpu_name)
+    plan = build_plan(
+        resolve_model("meta-llama/Llama-3.1-8B-Instruct"), gpu=spec, vllm_version=version, grid=False
+    )
+    snap = Snapshot(
+        gpus=[Gpu(index=0, name=spec.name, memory_total_bytes=spec.memory_bytes, memory_used_bytes=GiB)]
+    )
+    snap.configs = [EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", vllm_version=version)]
+    tl = Timeline()
+    tl.append(snap)
+    _, contexts, _ = build_contexts(tl, snap.configs)
+    v = contexts[0][1]
+    assert v["max_num_seqs_effective"] == plan["max_num_seqs"]
+    assert v["gmu"] == plan["gpu_memory_utilization"]
+
+
+def test_overriding_the_plateau_ratio_changes_the_severity(tmp_path: Path) -> None:
+    # r29: used memory climbs at 1 GiB/h over 6 h, the later half as fast as the whole.
+    tl = load_bundle(DATA / "bundles" / "r29-steady-memory-growth-csv-loop").timeline
+    none = tmp_path / "none.yaml"
+    none.write_text("{}\n")
+
+    def severity(config: Path) -> str:
+        rep = Pipeline.load(None, config).evaluate(tl, now=0)
+        return next(f.severity for f in rep.findings if f.rule == "gpu-memory-growth")
+
+    assert severity(none) == "warning"
+    cfg = tmp_path / "config.yaml"
+    # "Levelled off" now means: the later half grows at under 1.5× the overall slope.
+    cfg.write_text("thresholds:\n  gpu-memory-growth:\n    plateau_ratio: 1.5\n")
+    assert severity(cfg) == "info"
