@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -471,7 +469,7 @@ def test_user_config_disable_and_lookup_order(tmp_path: Path, monkeypatch: pytes
 # --------------------------------------------------------------------------- speed
 
 
-def test_thirty_rules_evaluate_in_well_under_2ms(tmp_path: Path) -> None:
+def test_thirty_copies_of_the_catalogue_rules_all_fire(tmp_path: Path) -> None:
     for src in RULES.glob("*.yaml"):
         for i in range(10):
             stem = f"{src.stem}-{i}"
@@ -482,15 +480,7 @@ def test_thirty_rules_evaluate_in_well_under_2ms(tmp_path: Path) -> None:
     variables = b06_vars(preemptions_per_min=30.0, kv_usage_max=0.99, max_num_seqs=256, kv_usage=0.0)
     variables.update(memory_used_fraction=0.95, memory_used_bytes=70 * 2**30)
     c = RuleContext("e", variables, {"config", "log", "metrics"})
-    assert len(evaluate(rules, [c]).findings) == 30  # every rule fires: the slow path
-    times = []
-    for _ in range(30):
-        t0 = time.perf_counter()
-        evaluate(rules, [c])
-        times.append(time.perf_counter() - t0)
-    median = statistics.median(times)
-    print(f"30 rules, all firing, one context: median {median * 1e3:.2f} ms")
-    assert median < 0.004  # target < 2 ms; slack for slow CI machines
+    assert len(evaluate(rules, [c]).findings) == 30  # every rule fires (bench/parsers.py times it)
 
 
 def test_comprehension_targets_are_not_free_names(tmp_path: Path) -> None:
