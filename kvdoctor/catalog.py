@@ -59,6 +59,21 @@ _GPUS: dict[str, GpuSpec] = {
     "H20": _g("H20", 97871, "9.0"),
     "GH200": _g("GH200", 97871, "9.0"),
     "B200": _g("B200", 183359, "10.0"),
+    # 2025-26 cards. Memory: the nvidia-smi memory.total people paste (MiB), else the datasheet
+    # capacity; compute capability from NVIDIA's CUDA GPUs table (developer.nvidia.com/cuda-gpus).
+    "GB200": _g("GB200", 189471, "10.0"),
+    "B300": _g("B300", 275040, "10.3"),
+    "GB300": _g("GB300", 284208, "10.3"),
+    "H200-NVL": _g("H200-NVL", 143771, "9.0"),
+    "RTX PRO 6000 Blackwell": _g("RTX PRO 6000 Blackwell", 97887, "12.0"),
+    "RTX 5090": _g("RTX 5090", 32607, "12.0"),
+    "RTX 5080": _g("RTX 5080", 16303, "12.0"),
+    "RTX 5070 Ti": _g("RTX 5070 Ti", 16303, "12.0"),
+    "RTX 5070": _g("RTX 5070", 12227, "12.0"),
+    "RTX 5060 Ti": _g("RTX 5060 Ti", 16311, "12.0"),
+    "RTX 4080": _g("RTX 4080", 16376, "8.9"),
+    "L20": _g("L20", 46068, "8.9"),
+    "A30": _g("A30", 24576, "8.0"),
     "L40S": _g("L40S", 46068, "8.9"),
     "L40": _g("L40", 46068, "8.9"),
     "L4": _g("L4", 23034, "8.9"),
@@ -104,6 +119,29 @@ _ALIASES: dict[str, str] = {
     "gh200": "GH200",
     "gh200480gb": "GH200",
     "b200": "B200",
+    "b200sxm": "B200",
+    "gb200": "GB200",
+    "b300": "B300",
+    "b300sxm6ac": "B300",
+    "gb300": "GB300",
+    # DGX Station (2025) carries a GB300 superchip.
+    "dgxstation": "GB300",
+    "dgxstationgb300": "GB300",
+    "h200nvl": "H200-NVL",
+    "rtxpro6000": "RTX PRO 6000 Blackwell",
+    "rtxpro6000blackwell": "RTX PRO 6000 Blackwell",
+    "rtxpro6000blackwellworkstationedition": "RTX PRO 6000 Blackwell",
+    "rtxpro6000blackwellserveredition": "RTX PRO 6000 Blackwell",
+    "rtxpro6000blackwellmaxqworkstationedition": "RTX PRO 6000 Blackwell",
+    "rtx5090": "RTX 5090",
+    "5090": "RTX 5090",
+    "rtx5080": "RTX 5080",
+    "rtx5070ti": "RTX 5070 Ti",
+    "rtx5070": "RTX 5070",
+    "rtx5060ti": "RTX 5060 Ti",
+    "rtx4080": "RTX 4080",
+    "l20": "L20",
+    "a30": "A30",
     "l40s": "L40S",
     "l40": "L40",
     "l4": "L4",
@@ -193,10 +231,20 @@ def parse_gpu_memory(text: str) -> int:
 
 
 @lru_cache(maxsize=1)
-def _models() -> dict[str, dict[str, Any]]:
+def _catalogue() -> dict[str, Any]:
     text = resources.files("kvdoctor").joinpath("data/models.json").read_text(encoding="utf-8")
-    data: dict[str, dict[str, Any]] = json.loads(text)["models"]
+    data: dict[str, Any] = json.loads(text)
     return data
+
+
+def _models() -> dict[str, dict[str, Any]]:
+    models: dict[str, dict[str, Any]] = _catalogue()["models"]
+    return models
+
+
+def _aliases() -> dict[str, str]:
+    aliases: dict[str, str] = _catalogue().get("aliases", {})
+    return aliases
 
 
 def model_names() -> list[str]:
@@ -211,6 +259,10 @@ def model_config(name: str) -> dict[str, Any] | None:
     if name in models:
         return dict(models[name])
     low = name.lower().strip().rstrip("/")
+    for old, new in _aliases().items():
+        # Older repo ids (Meta-Llama-3.1-8B-Instruct) name today's entries.
+        if old.lower() == low or old.lower().split("/", 1)[-1] == low.split("/", 1)[-1]:
+            return dict(models[new])
     for key, cfg in models.items():
         if key.lower() == low or key.lower().split("/", 1)[-1] == low.split("/", 1)[-1]:
             return dict(cfg)

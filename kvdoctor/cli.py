@@ -7,6 +7,7 @@ stays fast (bench/startup.py measures it) and ``diagnose`` never imports Textual
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -24,6 +25,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
     "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
 }
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null after a reader went away (``| head``), so the interpreter's
+    final flush raises no second BrokenPipeError and the exit code stays the one chosen."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 class LazyGroup(click.Group):
@@ -80,7 +91,7 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         # The reader (``| head``) went away; nothing more to say.
-        sys.stderr.close()
+        silence_stdout()
         sys.exit(0)
     sys.exit(rv if isinstance(rv, int) else 0)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from kvdoctor.cli import silence_stdout
 from kvdoctor.inputs import DEMO_CASE, demo_bundle_dir, input_options
 from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
 
@@ -94,10 +95,17 @@ def diagnose_command(
     # Live windows are short; the rules still read a 60 s "recent" window at least.
     pipeline.window_s = 60.0 if window_s is None or not feed.live else max(window_s, 60.0)
     report = pipeline.evaluate(timeline)
-    _emit(report, fmt)
     from kvdoctor.report import exit_code
 
-    raise click.exceptions.Exit(exit_code(report))
+    code = exit_code(report)
+    try:
+        _emit(report, fmt)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `kvdoctor diagnose | head` closed early: the diagnosis still decides the exit code
+        # (a probe must not read CRITICAL as WARNING or OK).
+        silence_stdout()
+    raise click.exceptions.Exit(code)
 
 
 def _emit(report: Any, fmt: str | None) -> None:

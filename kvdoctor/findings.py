@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["critical", "warning", "info"]
-Health = Literal["ok", "info", "warning", "critical"]
+#: "unknown" when no source could be read (exit code 3, spec/report.md).
+Health = Literal["ok", "info", "warning", "critical", "unknown"]
 Family = Literal["W", "K", "L", "U", "P"]
 
 #: Severity rank, worst last: sorting by ``SEVERITY_ORDER[s]`` descending puts critical first.

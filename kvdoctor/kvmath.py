@@ -26,6 +26,7 @@ The diagnose rules call these same functions: there is no second copy of this ar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -43,6 +44,11 @@ NVFP4_DS_MLA_BYTES_PER_TOKEN = 352
 PER_TOKEN_HEAD_SCALE_BYTES = 8
 #: Flash-attention kernels take block sizes that are multiples of 16 (hybrid alignment, §2.2).
 KERNEL_BLOCK_ALIGNMENT = 16
+#: Mamba cache "align" mode (prefix caching on, the default): attention blocks of hybrid models
+#: are multiples of 64 tokens, and each request holds 2 + 1 prefill-checkpoint pages per Mamba
+#: group (no speculative decoding) (vllm-facts §2.2 "Mamba cache mode follows prefix caching").
+ALIGN_MODE_BLOCK_ALIGNMENT = 64
+ALIGN_MODE_MAMBA_PAGES = 3
 #: What ``smallest_tensor_parallel_size`` keeps free per GPU for the activation peak of the
 #: profile run, the non-torch increase and the CUDA-graph estimate (§2.1 step 3): an estimate;
 #: vLLM logs ~0.3–1.5 GiB of graphs and ~0.5–2 GiB of activation peak for common models.
@@ -111,6 +117,45 @@ def model_dtype_bytes(model_dtype: str | None) -> int:
     if key not in _MODEL_DTYPE_BYTES:
         raise ValueError(f"unknown model dtype {model_dtype!r}")
     return _MODEL_DTYPE_BYTES[key]
+
+
+_DTYPE_NAMES = {
+    "half": "float16",
+    "fp16": "float16",
+    "float16": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "fp32": "float32",
+    "float32": "float32",
+}
+
+
+def served_dtype(config_dtype: str | None, dtype_flag: str | None = None, gpu: Any = None) -> str:
+    """The dtype vLLM serves the weights (and an "auto" KV cache) in (vllm-facts §2.2).
+
+    ``--dtype`` given and not "auto" wins. With ``--dtype auto`` (the default) a 16-bit
+    checkpoint stays as it is, and a **float32 checkpoint is downcast to 16-bit**: bfloat16, or
+    float16 on a GPU without bf16 (compute capability < 8.0; ``gpu`` a
+    :class:`kvdoctor.catalog.GpuSpec`, None = assume bf16 support). Unknown → "bfloat16".
+    Raises ValueError for a ``--dtype`` that is not a float type."""
+    if dtype_flag and dtype_flag.lower() != "auto":
+        key = dtype_flag.lower().replace("torch.", "")
+        if key not in _DTYPE_NAMES:
+            raise ValueError(f"unknown --dtype {dtype_flag!r}")
+        return _DTYPE_NAMES[key]
+    key = (config_dtype or "bfloat16").lower().replace("torch.", "")
+    name = _DTYPE_NAMES.get(key, "bfloat16")
+    if name == "float32":
+        major = getattr(gpu, "sm_major", 0) if gpu is not None else 0
+        return "float16" if 0 < major < 8 else "bfloat16"
+    return name
+
+
+def _served(arch: ModelArch, dtype_flag: str | None, gpu: Any) -> ModelArch:
+    """``arch`` with ``dtype`` set to :func:`served_dtype` (a copy; facts are not mutated)."""
+    served = served_dtype(arch.dtype, dtype_flag, gpu)
+    return arch if served == arch.dtype else dataclasses.replace(arch, dtype=served)
 
 
 def _kv_elem_bytes(kv_cache_dtype: str, model_dtype: str | None) -> Fraction:
@@ -284,7 +329,7 @@ class KvGroup:
     page_size_bytes: int
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
-    #: mamba pages a request holds: 1 with mamba_cache_mode "none", 2 with "align" (§2.2).
+    #: mamba pages a request holds: 1 with mamba_cache_mode "none", 3 with "align" (§2.2).
     mamba_pages_per_request: int = 1
 
     def max_memory_usage_bytes(self, max_model_len: int, max_in_flight_tokens: int) -> int:
@@ -436,9 +481,11 @@ def kv_layout(
     vllm_version: str | None = None,
     async_scheduling: bool = True,
     use_v2_model_runner: bool | None = None,
-    mamba_cache_mode: str = "none",
+    mamba_cache_mode: str | None = None,
     disable_hybrid_kv_cache_manager: bool = False,
     pp_layer_partition: list[int] | None = None,
+    dtype: str | None = None,
+    enable_prefix_caching: bool | None = None,
 ) -> KvLayout:
     """Build one rank's KV layout the way vLLM 0.33 does (§2.2).
 
@@ -450,6 +497,12 @@ def kv_layout(
     term ``(pp + 1) × max_num_batched_tokens``. ``vllm_version`` is kept for callers; the page
     arithmetic has not changed across V1 versions.
 
+    ``dtype`` is ``--dtype`` (None = "auto": a float32 checkpoint is served, and its "auto" KV
+    cache stored, in 16-bit; :func:`served_dtype`). ``mamba_cache_mode`` None follows prefix
+    caching (``enable_prefix_caching`` None = on, as ``vllm serve`` defaults): "align" costs 3
+    Mamba pages per group per request and aligns the hybrid attention block to 64 tokens;
+    "none" (prefix caching off) 1 page and 16-token alignment (§2.2 Mamba cache mode).
+
     Raises ValueError for an invalid kv_cache_dtype, non-positive sizes, or a model with no
     KV-cache layer.
     """
@@ -459,6 +512,8 @@ def kv_layout(
     if block_size is not None and block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     notes: list[str] = []
+    arch = _served(arch, dtype, gpu)
+    mode = mamba_cache_mode or ("none" if enable_prefix_caching is False else "align")
     kinds = layer_kinds(arch)
     if disable_hybrid_kv_cache_manager:
         kinds = ["full" if k in ("sliding", "chunked") else k for k in kinds]
@@ -476,8 +531,9 @@ def kv_layout(
     )
     mamba_page = mamba_state_bytes(arch, tensor_parallel_size=tp) if has_mamba else 0
     if has_mamba and has_attn and mamba_page > 0:
-        # Platform._align_hybrid_block_size (mamba_cache_mode none/align).
-        align = max(KERNEL_BLOCK_ALIGNMENT, bs)
+        # Platform._align_hybrid_block_size: 64-token alignment in "align" mode (lcm of the
+        # kernel's 16 and the prefill-checkpoint alignment), else the kernel's 16 (§2.2).
+        align = ALIGN_MODE_BLOCK_ALIGNMENT if mode == "align" else max(KERNEL_BLOCK_ALIGNMENT, bs)
         attn_bs = align * cdiv(mamba_page, align * p1)
         if bs < attn_bs:
             notes.append(
@@ -494,7 +550,7 @@ def kv_layout(
         if k is not None:
             bucket_map.setdefault(k, []).append(i)
     grouped = _groups_for(list(bucket_map.items()))
-    pages_per_req = 2 if mamba_cache_mode == "align" else 1
+    pages_per_req = ALIGN_MODE_MAMBA_PAGES if mode == "align" else 1
     groups = [
         KvGroup(
             kind=k,
@@ -551,13 +607,16 @@ def kv_bytes_per_token(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     kv_cache_dtype: str = "auto",
+    dtype: str | None = None,
 ) -> int:
     """KV bytes one token costs on one GPU rank, full-attention equivalent (what people mean by
     "KV per token"): attention layers on the largest PP stage × bytes per token per layer
     (§7 "Reproducing vLLM's sizing"). Mamba layers hold no per-token state and add nothing.
     E.g. Llama-2-7B bf16 512 KiB, Qwen3-4B 144 KiB, Llama-3.1-70B 80/40/40 KiB at TP 4/8/16.
+    ``dtype`` is ``--dtype`` (None = auto: float32 checkpoints count 2 bytes, :func:`served_dtype`).
     Raises ValueError for an invalid kv_cache_dtype.
     """
+    arch = _served(arch, dtype, None)
     p1 = attention_bytes_per_token_per_layer(
         arch, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
     )
@@ -930,12 +989,54 @@ def weights_bytes_per_gpu(
 
 
 def valid_tensor_parallel_size(arch: ModelArch, n: int) -> bool:
-    """True when TP ``n`` divides ``num_attention_heads`` and, where kv_heads ≥ n,
-    ``num_key_value_heads`` (vLLM's divisibility checks; fewer KV heads are replicated)."""
-    if n < 1 or arch.num_attention_heads % n:
+    """True when vLLM accepts TP ``n`` for this model: ``n`` divides ``num_attention_heads``
+    ("Total number of attention heads (H) must be divisible by tensor parallel size (n)"), and
+    ``num_key_value_heads`` when there are at least ``n`` of them; fewer KV heads are
+    replicated, which needs ``n`` to be a multiple of them (``QKVParallelLinear``'s
+    ``divide(tp_size, total_num_kv_heads)``). MLA models replicate their latent cache: only the
+    attention heads count."""
+    if n < 1 or (arch.num_attention_heads and arch.num_attention_heads % n):
         return False
+    if arch.use_mla:
+        return True
     kvh = arch.num_key_value_heads
-    return not (kvh >= n and kvh % n)
+    if kvh <= 0:
+        return True
+    return kvh % n == 0 if kvh >= n else n % kvh == 0
+
+
+def valid_tensor_parallel_sizes(arch: ModelArch, up_to: int = 16) -> list[int]:
+    """Every TP from 1 to ``up_to`` that :func:`valid_tensor_parallel_size` accepts."""
+    return [n for n in range(1, up_to + 1) if valid_tensor_parallel_size(arch, n)]
+
+
+#: rope types whose ``factor`` does not extend the derived max length (vLLM
+#: ``_get_and_verify_max_len``: "su", "longrope", "llama3" keep max_position_embeddings).
+_ROPE_TYPES_NOT_SCALING = ("su", "longrope", "llama3")
+
+
+def derived_max_model_len(arch: ModelArch) -> int | None:
+    """The longest ``--max-model-len`` vLLM accepts without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``
+    (``config/model.py`` ``_get_and_verify_max_len``): the config's max_position_embeddings
+    (or n_positions, max_seq_len, seq_length), times the ``rope_scaling`` factor for rope
+    types that extend the context (linear, dynamic, yarn — yarn from
+    ``original_max_position_embeddings``), unchanged for llama3 / longrope / su. None when the
+    config gives no length."""
+    base = arch.max_position_embeddings
+    rope = arch.raw.get("rope_scaling") or arch.raw.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return base
+    rtype = str(rope.get("rope_type") or rope.get("type") or "").lower()
+    factor = rope.get("factor")
+    if rtype in _ROPE_TYPES_NOT_SCALING or "mrope" in rtype or not isinstance(factor, (int, float)):
+        return base
+    if isinstance(factor, bool) or not 1 <= factor <= 1024:
+        return base
+    if rtype == "yarn":
+        orig = rope.get("original_max_position_embeddings")
+        if isinstance(orig, int) and orig > 0:
+            base = orig
+    return int(base * factor) if base else None
 
 
 def smallest_tensor_parallel_size(

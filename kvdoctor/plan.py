@@ -11,6 +11,7 @@ max_model_len fits, 3 for bad input (spec/report.md exit codes).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,7 @@ def _capacity_row(
     max_model_len: int,
     enforce_eager: bool,
     vllm_version: str | None,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     layout = kvmath.kv_layout(
         arch,
@@ -119,6 +121,7 @@ def _capacity_row(
         gpu=gpu,
         max_num_batched_tokens=max_num_batched_tokens,
         vllm_version=vllm_version,
+        dtype=dtype,
     )
     w_gpu = kvmath.weights_bytes_per_gpu(weights_total, tp, pp)
     overheads = kvmath.estimate_overheads(
@@ -136,7 +139,7 @@ def _capacity_row(
         assert total_bytes is not None
         available = kvmath.estimate_available_kv_bytes(total_bytes, gmu, w_gpu, overheads)
         available_source = "estimate"
-    model_max = arch.max_position_embeddings or max(max_model_len, 1)
+    model_max = kvmath.derived_max_model_len(arch) or max(max_model_len, 1)
     mml = max_model_len
     if mml == -1:  # auto-fit (vLLM ≥ 0.14)
         mml = kvmath.estimated_max_model_len(available, layout, model_max)
@@ -231,14 +234,39 @@ def build_plan(
         raise PlanError("--tensor-parallel-size and --pipeline-parallel-size must be ≥ 1")
     mnbt = max_num_batched_tokens or kvmath.default_max_num_batched_tokens(gpu)
     mns = max_num_seqs or kvmath.default_max_num_seqs(gpu, vllm_version)
-    mml = max_model_len if max_model_len is not None else (arch.max_position_embeddings or 0)
+    if not kvmath.valid_tensor_parallel_size(arch, tensor_parallel_size):
+        valid = ", ".join(str(n) for n in kvmath.valid_tensor_parallel_sizes(arch))
+        raise PlanError(
+            f"vLLM rejects --tensor-parallel-size {tensor_parallel_size} for this model: "
+            f"{arch.num_attention_heads} attention heads / {arch.num_key_value_heads} KV heads do not "
+            f"divide evenly (valid: {valid})"
+        )
+    model_max = kvmath.derived_max_model_len(arch)
+    mml = max_model_len if max_model_len is not None else (model_max or 0)
     if mml == 0:
         raise PlanError("the config has no max_position_embeddings: give --max-model-len")
-    if resolved.weights_bytes and not (dtype or quantization):
-        weights_total, weights_source = resolved.weights_bytes, "safetensors metadata"
+    if model_max and mml > model_max and not os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        raise PlanError(
+            f"vLLM rejects --max-model-len {mml}: the model's maximum is {model_max} "
+            f"(set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to override, at the risk of wrong outputs)"
+        )
+    # --dtype auto serves a float32 checkpoint in 16-bit (vllm-facts §2.2): weights and an
+    # "auto" KV cache are sized in the served dtype, never the checkpoint's.
+    try:
+        served = kvmath.served_dtype(arch.dtype, dtype, gpu)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    checkpoint_bytes = kvmath.model_dtype_bytes(arch.dtype) if arch.dtype else 2
+    served_bytes = kvmath.model_dtype_bytes(served)
+    if resolved.weights_bytes and not quantization and (not dtype or served_bytes == checkpoint_bytes):
+        weights_total = resolved.weights_bytes * served_bytes // checkpoint_bytes
+        weights_source = "safetensors metadata"
+        if served_bytes != checkpoint_bytes:
+            weights_source += f" ({arch.dtype} checkpoint served in {served})"
     else:
-        weights_total = kvmath.weights_bytes(arch, dtype=dtype, quantization=quantization)
+        weights_total = kvmath.weights_bytes(arch, dtype=served, quantization=quantization)
         weights_source = "config estimate"
+
     common: dict[str, Any] = dict(
         block_size=block_size,
         gpu=gpu,
@@ -251,6 +279,7 @@ def build_plan(
         max_model_len=mml,
         enforce_eager=enforce_eager,
         vllm_version=vllm_version,
+        dtype=dtype,
     )
     main = _capacity_row(
         arch, tp=tensor_parallel_size, pp=pipeline_parallel_size, kv_cache_dtype=kv_cache_dtype, **common
@@ -271,12 +300,20 @@ def build_plan(
         "block_size_flag": block_size,
         "weights_bytes_total": weights_total,
         "weights_source": weights_source,
+        "dtype": served,
+        "model_max_len": model_max,
         **main,
     }
     notes: list[str] = plan["notes"]
     if gpu is not None and kv_cache_dtype.startswith("fp8") and not gpu.fp8 and gpu.sm:
         notes.append(
             f"{gpu.name} (SM {gpu.sm}) has no native fp8: vLLM's fp8 KV support there depends on the backend"
+        )
+    if served != resolved.arch.dtype and resolved.arch.dtype:
+        notes.append(
+            f"the checkpoint is {resolved.arch.dtype}; vLLM serves it in {served} "
+            f"({'--dtype ' + dtype if dtype else '--dtype auto'}), so weights and an auto KV cache use "
+            f"{kvmath.model_dtype_bytes(served)} bytes per element"
         )
     if main["available_kv_source"] == "estimate":
         notes.append(
@@ -299,7 +336,14 @@ def build_plan(
         # throughput for the short requests most traffic is made of.
         if typical > 0:
             cap_seqs = kvmath.max_num_seqs_for(main["kv_cache_tokens"], min(typical, mml))
-            flags["--max-num-seqs"] = str(max(1, min(mns, cap_seqs)))
+            chosen = max(1, min(mns, cap_seqs))
+            flags["--max-num-seqs"] = str(chosen)
+            if chosen < mns:
+                given = "--max-num-seqs" if max_num_seqs else "vLLM's default --max-num-seqs"
+                notes.append(
+                    f"--max-num-seqs {chosen} replaces {given} {mns}: the KV cache holds {chosen} "
+                    f"requests of {typical:,} tokens at once; more would be preempted"
+                )
         flags["--gpu-memory-utilization"] = f"{gmu:.2f}"
     else:
         largest = main["largest_max_model_len"]
@@ -383,7 +427,10 @@ def render_text(plan: dict[str, Any]) -> None:
         t.add_row(k, "—" if v is None else str(v))
 
     add("TP × PP", f"{plan['tensor_parallel_size']} × {plan['pipeline_parallel_size']}")
-    add("kv_cache_dtype / block_size", f"{plan['kv_cache_dtype']} / {plan['block_size']}")
+    add(
+        "dtype / kv_cache_dtype / block_size",
+        f"{plan['dtype']} / {plan['kv_cache_dtype']} / {plan['block_size']}",
+    )
     add("max_model_len", f"{plan['max_model_len']:,}")
     add("weights per GPU", f"{fmt_bytes(plan['weights_bytes_per_gpu'])} ({plan['weights_source']})")
     add("KV per token per GPU", fmt_bytes(plan["kv_bytes_per_token_per_gpu"]))

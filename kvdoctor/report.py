@@ -157,7 +157,8 @@ def build_report(
     ]
     return Report(
         generated_at=_iso_utc(now),
-        health=worst_health(shown),
+        # Nothing read is not "OK": findings from no facts mean nothing (spec/report.md, exit 3).
+        health="unknown" if not any(s.status == "ok" for s in sources) else worst_health(shown),
         sources=sources,
         gpus=gpus,
         engines=engine_rows,
@@ -168,7 +169,7 @@ def build_report(
 
 def exit_code(report: Report) -> int:
     """0 ok/info, 1 warning, 2 critical, 3 when no source could be read (spec/report.md)."""
-    if not any(s.status == "ok" for s in report.sources):
+    if report.health == "unknown" or not any(s.status == "ok" for s in report.sources):
         return EXIT_UNKNOWN
     return {"critical": EXIT_CRITICAL, "warning": EXIT_WARNING}.get(report.health, EXIT_OK)
 
@@ -368,7 +369,16 @@ def make_console(stream: Any = None) -> Console:
     out = stream or sys.stdout
     tty = hasattr(out, "isatty") and out.isatty()
     width = None if tty else int(os.environ.get("COLUMNS", "120"))
-    return Console(file=out, width=width, highlight=False)
+    return _PipeAwareConsole(file=out, width=width, highlight=False)
+
+
+class _PipeAwareConsole(Console):
+    """rich's Console exits 1 on a broken pipe (``| head``); kvdoctor's exit code is the
+    diagnosis's, so the error goes back to the face, which keeps its own code."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def render_text(report: Report, console: Console) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.facts import Snapshot
+from kvdoctor.facts import Snapshot, SourceStatus
 from kvdoctor.findings import Finding, causal_order
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.report import build_report, make_console, render_json, render_markdown, render_text
@@ -106,7 +106,8 @@ def test_causal_order_puts_a_warning_root_before_its_critical_consequence() -> N
     # A cause that did not fire (or was deduplicated away) leaves its consequence a root.
     lone = Finding("sym", "critical", "K", "t", "s", caused_by="absent")
     assert [f.rule for f in causal_order([lone])] == ["sym"]
-    rep = build_report(Snapshot(), [sym, root], [])
+    # (a source was read: with none, health is "unknown" whatever the findings say)
+    rep = build_report(Snapshot(sources=[SourceStatus("log", "vllm.log", "ok")]), [sym, root], [])
     assert [f.rule for f in rep.findings] == ["root", "sym"] and rep.health == "critical"
 
 

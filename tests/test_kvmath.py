@@ -177,7 +177,8 @@ def test_hybrid_mamba_aligns_attention_block_to_state_page() -> None:
     assert kinds.count("mamba") == 8 and kinds.count("full") == 4 and kinds.count(None) == 4
     state = kvmath.mamba_state_bytes(arch)
     assert state == 3 * (128 * 64 + 2 * 8 * 128) * 2 + 128 * 64 * 128 * 2  # conv + ssm
-    layout = kvmath.kv_layout(arch, max_num_batched_tokens=8192)
+    # prefix caching off → mamba_cache_mode "none": 16-token alignment, 1 page per mamba group
+    layout = kvmath.kv_layout(arch, max_num_batched_tokens=8192, enable_prefix_caching=False)
     p1 = 8 * 2 * 128 * 2
     assert layout.block_size == 16 * kvmath.cdiv(state, 16 * p1) == 528
     assert layout.page_size_bytes_per_layer == 528 * p1 >= state
@@ -187,10 +188,26 @@ def test_hybrid_mamba_aligns_attention_block_to_state_page() -> None:
     assert layout.bytes_per_block == 4 * layout.page_size_bytes_per_layer
     assert layout.blocks_per_request(8192) == kvmath.cdiv(8192, 528) + 2
     # fp32 ssm state doubles the ssm part and the block grows accordingly
-    big = kvmath.kv_layout(parse_model_config({**HYBRID, "mamba_ssm_cache_dtype": "float32"}))
+    big = kvmath.kv_layout(
+        parse_model_config({**HYBRID, "mamba_ssm_cache_dtype": "float32"}), mamba_cache_mode="none"
+    )
     assert big.block_size == 1040
     # KV per token counts only attention layers
     assert kvmath.kv_bytes_per_token(arch) == 4 * p1
+
+
+def test_hybrid_mamba_align_mode_is_the_default() -> None:
+    # vllm-facts §2.2: `vllm serve` turns prefix caching on, which puts hybrid models in "align"
+    # mode: attention blocks are multiples of 64 tokens, each request holds 2 + 1 pages per group.
+    arch = parse_model_config(HYBRID)
+    state = kvmath.mamba_state_bytes(arch)
+    p1 = 8 * 2 * 128 * 2
+    layout = kvmath.kv_layout(arch, max_num_batched_tokens=8192)
+    assert layout.block_size == 64 * kvmath.cdiv(state, 64 * p1) == 576
+    assert layout.block_size % 64 == 0
+    assert layout.blocks_per_request(8192) == kvmath.cdiv(8192, 576) + 2 * 3
+    explicit = kvmath.kv_layout(arch, max_num_batched_tokens=8192, enable_prefix_caching=True)
+    assert explicit.block_size == 576 and explicit.blocks_per_request(8192) == layout.blocks_per_request(8192)
 
 
 def test_kv_cache_dtype_bytes_and_scales() -> None:

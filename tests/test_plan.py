@@ -264,3 +264,207 @@ def test_capacity_monotone_and_non_negative(
     if kvmath.fits(mem, layout, mml + longer):
         assert kvmath.fits(mem, layout, mml) and kvmath.fits(mem + extra, layout, mml + longer)
     assert kvmath.fits(mem, layout, mml) == (e1 == mml)
+
+
+# --------------------------------------------------------------------------- vllm-facts §2.2 (2026)
+
+MODELS = Path(__file__).parent / "data" / "models"
+
+
+def test_fp32_checkpoint_is_served_in_16_bit() -> None:
+    # Gemma-2-9B ships float32 weights; --dtype auto serves them in bf16 (fp16 without bf16), so an
+    # "auto" KV cache is 2 bytes per element: 8 KV heads × (256 + 256) × 2 B = 8,192 B per token
+    # per layer, × 42 layers (21 sliding + 21 full) = 344,064 B per token. Only --dtype float32
+    # keeps 4-byte KV.
+    arch = parse_model_config((MODELS / "gemma-2-9b-fp32.json").read_text())
+    assert arch.dtype == "float32"
+    assert kvmath.served_dtype(arch.dtype) == "bfloat16"
+    assert kvmath.served_dtype(arch.dtype, gpu=catalog.gpu("V100-16GB")) == "float16"
+    assert kvmath.served_dtype(arch.dtype, "float32") == "float32"
+    assert kvmath.kv_bytes_per_token(arch) == 42 * 8 * 2 * 256 * 2 == 344_064
+    assert kvmath.kv_bytes_per_token(arch, dtype="float32") == 2 * 344_064
+    layout = kvmath.kv_layout(arch, max_num_batched_tokens=8192)
+    assert layout.page_size_bytes_per_layer == 16 * 8192
+    # 21 sliding + 21 full layers: two groups of 21, one pool
+    assert sorted((g.kind, len(g.layers)) for g in layout.groups) == [("full", 21), ("sliding", 21)]
+    assert layout.bytes_per_block == 21 * 16 * 8192 == 2_752_512
+    # the input arch (a fact) is not changed
+    assert arch.dtype == "float32"
+
+
+def test_plan_fp32_checkpoint_weights_and_kv_in_16_bit() -> None:
+    code, out, _ = _run(
+        "--model-config",
+        str(MODELS / "gemma-2-9b-fp32.json"),
+        "--gpu",
+        "L40S",
+        "--max-model-len",
+        "8192",
+        "--format",
+        "json",
+        "--no-grid",
+    )
+    plan = json.loads(out)
+    assert plan["dtype"] == "bfloat16"
+    assert plan["kv_bytes_per_token_per_gpu"] == 344_064
+    arch = parse_model_config((MODELS / "gemma-2-9b-fp32.json").read_text())
+    assert plan["weights_bytes_total"] == kvmath.param_count(arch) * 2
+    assert any("served in bfloat16" in n or "serves it in bfloat16" in n for n in plan["notes"])
+    code32, out32, _ = _run(
+        "--model-config",
+        str(MODELS / "gemma-2-9b-fp32.json"),
+        "--gpu",
+        "L40S",
+        "--max-model-len",
+        "8192",
+        "--dtype",
+        "float32",
+        "--format",
+        "json",
+        "--no-grid",
+    )
+    plan32 = json.loads(out32)
+    assert plan32["kv_bytes_per_token_per_gpu"] == 2 * 344_064
+    assert plan32["weights_bytes_total"] == 2 * plan["weights_bytes_total"]
+
+
+def test_qwen3_next_full_attention_interval_align_mode() -> None:
+    # full_attention_interval 4: layers 4, 8, …, 48 (1-based) are full attention (12), the other
+    # 36 are Gated-DeltaNet linear attention with a per-request state of
+    #   conv (4 − 1) × (2·16·128 + 32·128) × 2 B = 49,152 B + recurrent 32 × 128 × 128 × 2 B
+    #   = 1,048,576 B → 1,097,728 B.
+    # Attention per token per layer: 2 KV heads × (256 + 256) × 2 B = 2,048 B.
+    # Prefix caching on (the default) → align mode: block = 64 × cdiv(1,097,728, 64 × 2,048) = 576,
+    # 3 pages per Mamba group per request. Groups: 36 linear / 12 full → group size 12 → 3 + 1.
+    arch = parse_model_config((MODELS / "qwen3-next-80b-a3b.json").read_text())
+    kinds = kvmath.layer_kinds(arch)
+    assert [i + 1 for i, k in enumerate(kinds) if k == "full"] == list(range(4, 49, 4))
+    assert kinds.count("mamba") == 36
+    assert kvmath.mamba_state_bytes(arch) == 49_152 + 1_048_576 == 1_097_728
+    layout = kvmath.kv_layout(arch, max_num_batched_tokens=8192)
+    assert layout.block_size == 576
+    assert layout.page_size_bytes_per_layer == 576 * 2048 == 1_179_648
+    assert [(g.kind, len(g.layers)) for g in layout.groups] == [("mamba", 12)] * 3 + [("full", 12)]
+    assert layout.bytes_per_block == 12 * 1_179_648
+    assert layout.blocks_per_request(32768) == kvmath.cdiv(32768, 576) + 3 * 3 == 66
+    # prefix caching off → mode "none": 16-token alignment (cdiv(1,097,728, 16 × 2,048) = 34 → 544)
+    off = kvmath.kv_layout(arch, max_num_batched_tokens=8192, enable_prefix_caching=False)
+    assert off.block_size == 544
+    assert off.blocks_per_request(32768) == kvmath.cdiv(32768, 544) + 3 == 64
+    # TP 2: heads and states split; the 2 KV heads give 1 per rank
+    tp2 = kvmath.kv_layout(arch, tensor_parallel_size=2, max_num_batched_tokens=8192)
+    assert kvmath.mamba_state_bytes(arch, tensor_parallel_size=2) == 24_576 + 524_288
+    assert tp2.block_size == 64 * kvmath.cdiv(24_576 + 524_288, 64 * 1024) == 576
+
+
+@pytest.mark.parametrize("tp", ["3", "5", "6"])
+def test_plan_refuses_tp_vllm_rejects(tp: str) -> None:
+    code, _, err = _run("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--tensor-parallel-size", tp)
+    assert code == 3
+    assert f"vLLM rejects --tensor-parallel-size {tp}" in err and "valid: 1, 2, 4, 8" in err
+
+
+def test_tp_validity_replicates_kv_heads_only_by_multiples() -> None:
+    arch = parse_model_config((MODELS / "qwen3-next-80b-a3b.json").read_text())  # 16 heads, 2 KV heads
+    assert kvmath.valid_tensor_parallel_sizes(arch) == [1, 2, 4, 8, 16]
+    odd = parse_model_config(
+        {
+            **json.loads((MODELS / "qwen3-next-80b-a3b.json").read_text()),
+            "num_key_value_heads": 3,
+            "num_attention_heads": 24,
+        }
+    )
+    # 3 KV heads: TP 2 neither divides 3 nor is a multiple of it
+    assert not kvmath.valid_tensor_parallel_size(odd, 2)
+    assert kvmath.valid_tensor_parallel_size(odd, 3) and kvmath.valid_tensor_parallel_size(odd, 6)
+
+
+def test_plan_refuses_max_model_len_beyond_the_model() -> None:
+    code, _, err = _run("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--max-model-len", "200000")
+    assert code == 3
+    assert "vLLM rejects --max-model-len 200000" in err and "131072" in err
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in err
+
+
+def test_derived_max_model_len_follows_rope_scaling() -> None:
+    base = json.loads((MODELS / "qwen3-4b.json").read_text())
+    yarn = {
+        **base,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    }
+    assert kvmath.derived_max_model_len(parse_model_config(yarn)) == 131072
+    llama3 = {**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert kvmath.derived_max_model_len(parse_model_config(llama3)) == base["max_position_embeddings"]
+
+
+def test_plan_explains_a_replaced_max_num_seqs() -> None:
+    code, out, _ = _run(
+        "meta-llama/Llama-3.1-8B",
+        "--gpu",
+        "L4",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "256",
+        "--prompt-tokens",
+        "4000",
+        "--output-tokens",
+        "1000",
+        "--format",
+        "json",
+        "--no-grid",
+    )
+    plan = json.loads(out)
+    chosen = int(plan["suggested_flags"]["--max-num-seqs"])
+    assert chosen < 256
+    assert any(n.startswith(f"--max-num-seqs {chosen} replaces --max-num-seqs 256") for n in plan["notes"])
+
+
+@pytest.mark.parametrize(
+    ("smi_name", "canonical", "sm"),
+    [
+        ("NVIDIA GeForce RTX 5090", "RTX 5090", "12.0"),
+        ("NVIDIA GeForce RTX 5070 Ti", "RTX 5070 Ti", "12.0"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX PRO 6000 Blackwell", "12.0"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000 Blackwell", "12.0"),
+        ("NVIDIA B200", "B200", "10.0"),
+        ("NVIDIA GB200", "GB200", "10.0"),
+        ("NVIDIA H200 NVL", "H200-NVL", "9.0"),
+        ("NVIDIA L40S", "L40S", "8.9"),
+    ],
+)
+def test_gpu_catalogue_2026_cards(smi_name: str, canonical: str, sm: str) -> None:
+    g = catalog.gpu(smi_name)
+    assert (g.name, g.sm) == (canonical, sm)
+    # fp8 KV: native from Ada/Hopper on
+    assert g.fp8
+
+
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [
+        ("meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("Meta-Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-70B-Instruct"),
+        ("deepseek-ai/DeepSeek-R1-0528", "deepseek-ai/DeepSeek-R1"),
+    ],
+)
+def test_model_catalogue_old_repo_ids(name: str, target: str) -> None:
+    assert catalog.model_config(name) == catalog.model_config(target)
+
+
+def test_model_catalogue_every_entry_sizes() -> None:
+    # Every entry (2026 additions included) parses and has a KV layout at TP 1; aliases resolve.
+    for name in catalog.model_names():
+        arch = parse_model_config(catalog.model_config(name) or {}, origin=name)
+        assert kvmath.kv_bytes_per_token(arch) > 0, name
+        assert kvmath.weights_bytes(arch) > 0, name
+    for old, new in catalog._aliases().items():
+        assert new in catalog.model_names(), old
+
+
+def test_kimi_k2_mla_is_replicated_across_tp() -> None:
+    arch = parse_model_config(catalog.model_config("moonshotai/Kimi-K2-Instruct") or {})
+    assert arch.use_mla
+    # (kv_lora_rank 512 + qk_rope 64) × 2 B × 61 layers, the same on every TP rank
+    assert kvmath.kv_bytes_per_token(arch) == 576 * 2 * 61
+    assert kvmath.kv_bytes_per_token(arch, tensor_parallel_size=8) == 576 * 2 * 61

@@ -142,7 +142,13 @@ def _read(
 def _parse_log(path: Path) -> VllmLog:
     from kvdoctor.sources.vllm_log import parse_log_file
 
-    return parse_log_file(path)
+    log = parse_log_file(path)
+    # An empty file, or one with no line vLLM writes, is no evidence of a healthy server.
+    if log.line_count == 0:
+        raise SourceError("empty log", origin=str(path))
+    if not log.events:
+        raise SourceError(f"no vLLM log line recognised in {log.line_count} lines", origin=str(path))
+    return log
 
 
 def describe_log(log: VllmLog) -> str:

@@ -95,6 +95,11 @@ def _layer_types(cfg: dict[str, Any], n_layers: int, window: int | None) -> list
     if chunk and isinstance(nrl, list) and len(nrl) == n_layers:
         # Llama-4: RoPE layers (no_rope_layers[i] == 1) use chunked local attention.
         return ["chunked_attention" if x else _FULL for x in nrl]
+    # Qwen3-Next-style hybrids: every k-th layer (1-based) is full attention, the others are
+    # Gated-DeltaNet linear attention (vllm-facts §2.2 "Which layers are linear attention").
+    interval = _int(cfg, "full_attention_interval")
+    if interval and interval > 0 and cfg.get("linear_num_value_heads") is not None:
+        return [_FULL if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
     # Hybrid Mamba models: Nemotron-H "M-M*-" pattern, Jamba/Bamba layers_block_type.
     pat = cfg.get("hybrid_override_pattern")
     if isinstance(pat, str) and len(pat) == n_layers:
