@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kvdoctor.facts import SourceError, SourceStatus, Timeline
+from kvdoctor.facts import Snapshot, SourceError, SourceStatus, Timeline
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -179,6 +179,9 @@ def open_feed(opts: InputOptions) -> Any:
     ]
     if len(chosen) > 1:
         raise InputError(f"{' and '.join(chosen)} are exclusive")
+    if opts.recording is not None and (opts.has_artifacts or opts.urls):
+        # A recording replays on its own; an artifact beside it would be silently unused.
+        raise InputError("--recording replays on its own: give other artifacts without it")
     try:
         if opts.recording is not None:
             from kvdoctor.sources.recording import open_recording
@@ -192,7 +195,7 @@ def open_feed(opts: InputOptions) -> Any:
             return TimelineFeed(timeline.snapshots, label="artifacts")
     except SourceError as e:
         raise InputError(str(e).splitlines()[0] if str(e) else "cannot read input") from None
-    from kvdoctor.collect import LiveOptions
+    from kvdoctor.sampler import LiveOptions
 
     live = LiveOptions(
         metrics_urls=opts.urls,
@@ -216,7 +219,72 @@ def _load_bundle(opts: InputOptions) -> Timeline:
     timeline = load_bundle(path).timeline
     if opts.demo:
         _relabel(timeline, str(path), f"demo:{DEMO_CASE}")
+    if opts.has_artifacts or opts.urls:
+        # Artifacts given beside the bundle are merged in, never dropped.
+        timeline = merge_timelines(timeline, _load_artifacts(opts))
     return timeline
+
+
+#: Snapshot fields an artifact given beside a bundle replaces (the bundle's own file is unused)
+_REPLACED: dict[str, tuple[str, ...]] = {
+    "log": ("vllm.log",),
+    "model": ("config.json",),
+    "configs": ("cmdline.txt", "engine-args.json", "engine-args.yaml"),
+    "xid_events": ("dmesg.txt",),
+    "gpu_series": (),
+}
+
+
+def merge_timelines(base: Timeline, extra: Timeline) -> Timeline:
+    """A bundle's Timeline with single artifacts given beside it (``--bundle B --log F``).
+
+    Both are shaped like ``sources.bundle``'s: metrics-only Snapshots of earlier scrapes, then
+    one full Snapshot. Scrapes of both are merged in time order; in the full Snapshot an
+    artifact's log, model config, launch command, XID events, GPU loop and process table
+    replace the bundle's (the bundle file's status says it was not used), its GPUs replace those
+    of the same (node, index) and are added otherwise, its env variables override. Sources of
+    both are listed. New Snapshots are built; neither input is changed."""
+    from dataclasses import replace
+
+    b_full, e_full = base.latest or Snapshot(), extra.latest or Snapshot()
+    scrapes = [(s.timestamp, s.metrics) for s in base.snapshots[:-1]]
+    scrapes += [(s.timestamp, s.metrics) for s in extra.snapshots[:-1]]
+    for full in (b_full, e_full):
+        if full.metrics:
+            scrapes.append((full.timestamp, full.metrics))
+    scrapes.sort(key=lambda sc: (sc[0] is None, sc[0] or 0.0))
+    changes: dict[str, object] = {}
+    unused: list[str] = []  # bundle files whose facts an artifact replaced
+    for name, files in _REPLACED.items():
+        value = getattr(e_full, name)
+        if value:
+            changes[name] = value
+            if getattr(b_full, name):
+                unused.extend(files)
+    if e_full.process_table_known:
+        changes["processes"], changes["process_table_known"] = e_full.processes, True
+        unused.append("ps.txt")
+    if e_full.gpus:
+        by_key = {(g.node, g.index): g for g in e_full.gpus}
+        gpus = [by_key.pop((g.node, g.index), g) for g in b_full.gpus]
+        changes["gpus"] = gpus + list(by_key.values())
+    if e_full.env:
+        changes["env"] = {**b_full.env, **e_full.env}
+    sources = [
+        replace(s, detail=f"{s.detail} (not used: the one given beside the bundle is)")
+        if s.status == "ok" and unused and s.origin.endswith(tuple(unused))
+        else s
+        for s in b_full.sources
+    ]
+    changes["sources"] = sources + list(e_full.sources)
+    if scrapes:
+        changes["timestamp"], changes["metrics"] = scrapes[-1]
+    full = replace(b_full, **changes)  # type: ignore[arg-type]
+    out = Timeline(max_len=max(base.max_len, extra.max_len))
+    for ts, ms in scrapes[:-1]:
+        out.append(Snapshot(timestamp=ts, metrics=ms))
+    out.append(full)
+    return out
 
 
 def _relabel(timeline: Timeline, prefix: str, label: str) -> None:
