@@ -164,12 +164,16 @@ def options_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> InputOptions:
     return InputOptions(**values)
 
 
-def open_feed(opts: InputOptions) -> Any:
+def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None] | None = None) -> Any:
     """The feed for ``opts`` (a :class:`~kvdoctor.sampler.SnapshotFeed`).
 
     Bundle / demo / artifacts / recording are read now into a finite feed; live returns a
-    :class:`~kvdoctor.sampler.LiveFeed` that reads the machine on each ``next()``. Raises
-    :class:`InputError` for inputs that cannot be opened at all (one line, no input bytes)."""
+    :class:`~kvdoctor.sampler.LiveFeed` that reads the machine on each ``next()``. Artifacts
+    given beside a bundle are merged in (:func:`merge_timelines`); beside a recording they are
+    refused. ``raw_sink(unix_seconds, url, page_text)`` receives the text of each ``--metrics
+    URL`` scraped while opening offline inputs (``kvdoctor bundle`` keeps it; live feeds keep
+    theirs in ``LiveFeed.last_raw``). Raises :class:`InputError` for inputs that cannot be
+    opened at all (one line, no input bytes)."""
     from kvdoctor.sampler import LiveFeed, TimelineFeed
 
     chosen = [
@@ -188,10 +192,10 @@ def open_feed(opts: InputOptions) -> Any:
 
             return open_recording(opts.recording)
         if opts.bundle is not None or opts.demo:
-            timeline = _load_bundle(opts)
+            timeline = _load_bundle(opts, raw_sink)
             return TimelineFeed(timeline.snapshots, label=_bundle_label(opts))
         if opts.has_artifacts:
-            timeline = _load_artifacts(opts)
+            timeline = _load_artifacts(opts, raw_sink)
             return TimelineFeed(timeline.snapshots, label="artifacts")
     except SourceError as e:
         raise InputError(str(e).splitlines()[0] if str(e) else "cannot read input") from None
@@ -211,7 +215,7 @@ def _bundle_label(opts: InputOptions) -> str:
     return f"demo:{DEMO_CASE}" if opts.demo else f"bundle {opts.bundle}"
 
 
-def _load_bundle(opts: InputOptions) -> Timeline:
+def _load_bundle(opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None) -> Timeline:
     from kvdoctor.sources.bundle import load_bundle
 
     path = demo_bundle_dir() if opts.demo else opts.bundle
@@ -221,7 +225,7 @@ def _load_bundle(opts: InputOptions) -> Timeline:
         _relabel(timeline, str(path), f"demo:{DEMO_CASE}")
     if opts.has_artifacts or opts.urls:
         # Artifacts given beside the bundle are merged in, never dropped.
-        timeline = merge_timelines(timeline, _load_artifacts(opts))
+        timeline = merge_timelines(timeline, _load_artifacts(opts, raw_sink))
     return timeline
 
 
@@ -295,7 +299,7 @@ def _relabel(timeline: Timeline, prefix: str, label: str) -> None:
             s.detail = s.detail.replace(prefix, label)
 
 
-def _load_artifacts(opts: InputOptions) -> Timeline:
+def _load_artifacts(opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None) -> Timeline:
     from kvdoctor.sources.bundle import Artifacts, load_artifacts
 
     art = Artifacts(
@@ -317,6 +321,8 @@ def _load_artifacts(opts: InputOptions) -> Timeline:
         try:
             text, ts = scrape(url, timeout=opts.timeout_s)
             art.metrics_texts.append((text, ts, url))
+            if raw_sink is not None:
+                raw_sink(ts, url, text)
         except SourceError as e:
             errors.append(SourceStatus("metrics", url, "error", str(e).splitlines()[0]))
     timeline = load_artifacts(art).timeline
