@@ -285,7 +285,10 @@ def render_metrics_text(metrics: list[EngineMetrics]) -> str:
             if v is not None:
                 out.append(f"{name}{lab} {float(v)!r}")
         for base, h in em.histograms.items():
-            if base == "vllm:inter_token_latency_seconds" and "vllm:time_per_output_token_seconds" in em.histograms:
+            if (
+                base == "vllm:inter_token_latency_seconds"
+                and "vllm:time_per_output_token_seconds" in em.histograms
+            ):
                 continue  # the reader fills it from the old name
             for le, count in h.buckets:
                 out.append(f"{base}_bucket{_labels(em, {'le': _le(le)})} {float(count)!r}")

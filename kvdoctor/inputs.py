@@ -299,7 +299,9 @@ def _relabel(timeline: Timeline, prefix: str, label: str) -> None:
             s.detail = s.detail.replace(prefix, label)
 
 
-def _load_artifacts(opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None) -> Timeline:
+def _load_artifacts(
+    opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None
+) -> Timeline:
     from kvdoctor.sources.bundle import Artifacts, load_artifacts
 
     art = Artifacts(

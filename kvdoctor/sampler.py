@@ -31,7 +31,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvdoctor.facts import EngineConfig, Snapshot, SourceError, SourceStatus, SourceStatusValue, Timeline, VllmLog
+from kvdoctor.facts import (
+    EngineConfig,
+    Snapshot,
+    SourceError,
+    SourceStatus,
+    SourceStatusValue,
+    Timeline,
+    VllmLog,
+)
 
 if TYPE_CHECKING:
     from kvdoctor.pipeline import Pipeline
@@ -313,6 +321,7 @@ class Sampler:
                 base.append(self._log_source)
         for src in base:
             self._add(src)
+        self._default_sources = sources is None
         self._discovering = sources is None and not self._fixed_urls and opts.use_processes
 
     def _add(self, src: LiveSource) -> _State:
@@ -449,7 +458,7 @@ class Sampler:
         if self._log_source is not None and snap.log is None:
             snap.log = self._log_source.last_log  # unreadable now: what was read stays true
         ordered = [statuses[k] for k in self._states if k in statuses]
-        if not any(st.source.kind == "metrics" for st in self._states.values()):
+        if self._default_sources and not any(st.source.kind == "metrics" for st in self._states.values()):
             insert = next((i for i, s in enumerate(ordered) if s.kind == "log"), len(ordered))
             ordered.insert(
                 insert,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import json
 import math
 import time
@@ -235,7 +236,8 @@ def _open_binary(path: Path, mode: str) -> IO[bytes]:
         raw = open(path, mode + "b")
         if mode == "w":
             return typing.cast(IO[bytes], zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=True))
-        return typing.cast(IO[bytes], zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return typing.cast(IO[bytes], io.BufferedReader(reader))  # readline() for the reader
     return open(path, mode + "b")
 
 
