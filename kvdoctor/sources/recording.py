@@ -4,13 +4,14 @@ Format ``kvdoctor.recording/2`` (written now):
 
 - line 1, the header: ``{"schema": "kvdoctor.recording/2", "created": <unix s>, "kvdoctor":
   "<version>", "interval_s": <s>|null, "label": "<input>"}``;
-- every further line one Snapshot as a JSON object: dataclass fields by name, a field left out
-  when it holds its default (None, [], {}, False, …); ``+Inf``/``-Inf`` as strings, sets as
-  lists, tuples as lists;
-- the big parts that rarely change (``log``, ``model``, ``configs``, ``env``, ``engines``,
-  ``gpu_series``, ``xid_events``) are written only when they change: a line lists under ``"="``
-  the ones that are the same as on the line before, and a log that grew by appended lines is
-  written as ``"log+": {"events": [new events…], …the log's other fields}``.
+- then one line per Snapshot: a JSON object of its dataclass fields by name, a field left out
+  when it holds its default (None, [], {}, False, …); ``+Inf``/``-Inf`` as strings, sets and
+  tuples as lists;
+- the parts that rarely change (:data:`STICKY`: ``log``, ``model``, ``configs``, ``env``,
+  ``engines``, ``gpu_series``, ``xid_events``) are not on Snapshot lines: a *state line*
+  ``{"$": {"model": {...}, "configs": [...]}}`` before a Snapshot gives the ones that changed,
+  and holds for the Snapshots after it; a log that grew by appended lines is written as
+  ``{"$": {"log+": {"events": [the new events], …the log's other fields}}}``.
 
 ``kvdoctor.recording/1`` (every Snapshot complete on its line) is still read. Fields a reader
 does not know (written by a newer kvdoctor, or removed since) are ignored and named in the
@@ -18,9 +19,11 @@ replay's "recording" source status. A ``.gz`` suffix is gzip, ``.zst`` zstandard
 ``zstandard`` module; a clear error without it). Append-only, flushed line by line: a crash
 loses at most the last, partial line, which replay skips and reports.
 
-Replay streams: :class:`RecordingFeed` holds one line ahead and a checkpoint every
-:data:`CHECKPOINT_EVERY` lines (file offset and the state of the unchanged parts), never the
-whole recording, so a day at 1 Hz replays in bounded memory.
+Replay streams: :class:`RecordingFeed` holds one Snapshot ahead and a checkpoint every
+:data:`CHECKPOINT_EVERY` Snapshots (file offset and the state), never the whole recording, so a
+day at 1 Hz replays in bounded memory. :meth:`RecordingFeed.keep_last` reads Snapshot lines it
+will not return without decoding them (state lines are small), which is what lets ``diagnose
+--recording`` read a day in seconds: its Timeline keeps the last ``max_len`` Snapshots anyway.
 """
 
 from __future__ import annotations
@@ -274,9 +277,9 @@ class RecordingWriter:
         self._prev: dict[str, Any] = {}
         self._prev_json: dict[str, str] = {}
 
-    def _write_line(self, text: str) -> None:
+    def _write_line(self, text: str, *, flush: bool = True) -> None:
         self._fh.write(text.encode("utf-8") + b"\n")
-        if self._flush_each:
+        if flush and self._flush_each:
             if self._zstd_flush is not None:
                 self._fh.flush(self._zstd_flush)  # type: ignore[call-arg]
             else:
@@ -292,36 +295,33 @@ class RecordingWriter:
         return False
 
     def write(self, snap: Snapshot) -> None:
-        """Append one Snapshot as one line (unchanged big parts as ``"="`` references)."""
-        obj: dict[str, Any] = {}
-        same: list[str] = []
-        for f in dataclasses.fields(Snapshot):
-            name = f.name
+        """Append one Snapshot: a state line first when an unchanging part changed, then the
+        Snapshot's line (flushed)."""
+        changes: dict[str, Any] = {}
+        for name in STICKY:
             value = getattr(snap, name)
-            if name not in STICKY:
-                default = _default(name)
-                if not (type(value) is type(default) and value == default):
-                    obj[name] = _encode(value)
-                continue
             if self._same(name, value):
-                same.append(name)
                 continue
             if name == "log" and isinstance(value, VllmLog):
                 appended = self._log_append(value)
                 if appended is not None:
-                    obj["log+"] = appended
+                    changes["log+"] = appended
                     self._prev["log"] = value
                     continue
             encoded = _encode(value)
             text = json.dumps(encoded, separators=(",", ":"), allow_nan=False)
-            if self._prev_json.get(name) == text:
-                same.append(name)
-            elif value or self._prev.get(name):
-                obj[name] = encoded
+            if self._prev_json.get(name, _EMPTY_JSON.get(name)) != text:
+                changes[name] = encoded
             self._prev[name] = value
             self._prev_json[name] = text
-        if same:
-            obj["="] = same
+        if changes:
+            self._write_line(json.dumps({"$": changes}, separators=(",", ":"), allow_nan=False), flush=False)
+        obj: dict[str, Any] = {}
+        for name in _PLAIN:
+            value = getattr(snap, name)
+            default = _SNAPSHOT_DEFAULTS[name]
+            if not (type(value) is type(default) and value == default):
+                obj[name] = _encode(value)
         self._write_line(json.dumps(obj, separators=(",", ":"), allow_nan=False))
         self.count += 1
 
@@ -449,6 +449,7 @@ class RecordingFeed:
         self._ahead: Snapshot | None = None
         self._ahead_ready = False
         self._eof = False
+        self._tail: Any = None  # keep_last's raw lines
 
     # -- decoding
 
@@ -481,35 +482,39 @@ class RecordingFeed:
         if len(self.skipped_reasons) < 5:
             self.skipped_reasons.append(reason)
 
-    def _decode_line(self, line: bytes) -> Snapshot:
+    def _apply_state(self, changes: Any) -> None:
+        """A state line: the unchanging parts that changed, for the Snapshots that follow."""
+        if not isinstance(changes, dict):
+            raise ValueError("state line without an object")
+        state = dict(self._state)
+        for name, raw in changes.items():
+            if name == "log+":
+                state["log"] = self._grow_log(state.get("log"), raw)
+            elif name in STICKY:
+                value = _SNAPSHOT_CONVS[name](raw) if raw is not None else None
+                state[name] = _default(name) if value is None else value
+            else:
+                self._unknown.add(f"state.{name}")
+        self._state = state
+
+    def _decode_line(self, line: bytes) -> Snapshot | None:
+        """A Snapshot line → Snapshot (the unchanging parts from the state); a state line →
+        None after applying it."""
         obj = json.loads(line)
         if not isinstance(obj, dict):
             raise ValueError("not an object")
-        state = self._state
-        for name in obj.pop("=", ()):
-            if name in STICKY:
-                obj[name] = _MISSING
-        appended = obj.pop("log+", None)
-        decode = _dataclass_decoder(Snapshot)
-        sticky_given = {n: obj.pop(n) for n in STICKY if n in obj}
-        snap = decode(obj)
+        if "$" in obj and len(obj) == 1:
+            self._apply_state(obj["$"])
+            return None
+        given = {n: obj.pop(n) for n in STICKY if n in obj}  # schema /1: every line complete
+        if given:
+            self._apply_state(given)
+        snap = _dataclass_decoder(Snapshot)(obj)
         assert isinstance(snap, Snapshot)
-        new_state: dict[str, Any] = {}
+        state = self._state
         for name in STICKY:
-            if name in sticky_given:
-                raw = sticky_given[name]
-                value = state.get(name) if raw is _MISSING else _SNAPSHOT_CONVS[name](raw)
-            elif name == "log" and appended is not None:
-                value = self._grow_log(state.get("log"), appended)
-            elif self.schema == "kvdoctor.recording/1":
-                value = None
-            else:
-                value = None  # absent on a /2 line: its default
-            if value is None:
-                value = _default(name)
-            new_state[name] = value
-            setattr(snap, name, value)
-        self._state = new_state
+            value = state.get(name, _MISSING)
+            setattr(snap, name, _default(name) if value is _MISSING else value)
         return snap
 
     @staticmethod
@@ -527,10 +532,15 @@ class RecordingFeed:
         if self._decoded % CHECKPOINT_EVERY == 0 and self._decoded not in self._checkpoints:
             self._checkpoints[self._decoded] = (self._offset, self._line_no, dict(self._state))
         while True:
-            line = self._read_raw()
-            if line is None:
-                return None
-            self._line_no += 1
+            if self._tail is not None:
+                if not self._tail:
+                    return None
+                line, self._state, self._line_no = self._tail.popleft()
+            else:
+                line = self._read_raw()
+                if line is None:
+                    return None
+                self._line_no += 1
             if not line.strip():
                 continue
             if not line.endswith(b"\n") and len(line) >= MAX_LINE_BYTES:
@@ -540,12 +550,49 @@ class RecordingFeed:
             global _unknown_seen
             _unknown_seen = self._unknown
             try:
-                snap = self._decode_line(line)
+                got = self._decode_line(line)
             except (ValueError, TypeError, KeyError, AttributeError) as e:
                 self._note_skip(f"line {self._line_no + 1}: {_describe_error(e)}")
                 continue
+            if got is None:
+                continue  # a state line
             self._decoded += 1
-            return snap
+            return got
+
+    def keep_last(self, n: int) -> int:
+        """Read on to the end now, keeping only the last ``n`` Snapshot lines (raw, with the
+        state before each) for :meth:`next` to decode; the earlier ones are passed over without
+        decoding (state lines still apply), so they are not checked either. Returns how many
+        Snapshots were passed over. Memory: ``n`` raw lines."""
+        from collections import deque
+
+        tail: deque[tuple[bytes, dict[str, Any], int]] = deque(maxlen=max(1, n))
+        passed = 0
+        while True:
+            line = self._read_raw()
+            if line is None:
+                break
+            self._line_no += 1
+            if not line.strip():
+                continue
+            if line.startswith(b'{"$"'):
+                try:
+                    obj = json.loads(line)
+                    self._apply_state(obj["$"])
+                except (ValueError, TypeError, KeyError, AttributeError) as e:
+                    self._note_skip(f"line {self._line_no + 1}: {_describe_error(e)}")
+                continue
+            if len(tail) == tail.maxlen:
+                passed += 1
+            tail.append((line, self._state, self._line_no))
+        if self._ahead_ready and self._ahead is not None and len(tail) >= n:
+            # the Snapshot decoded ahead is older than the kept ones: pass it over too
+            passed += 1
+            self._ahead, self._ahead_ready = None, False
+        self._tail = tail
+        self._pos += passed
+        self._decoded += passed
+        return passed
 
     def _drain_long_line(self) -> None:
         while True:
@@ -593,14 +640,15 @@ class RecordingFeed:
         try:
             with _open_binary(self.path, "r") as fh:
                 fh.readline(MAX_LINE_BYTES)
-                tail = b"\n"
+                tail, last = b"\n", b"\n"  # state lines start after a newline: not counted
                 while True:
                     chunk = fh.read(1 << 20)
                     if not chunk:
                         break
-                    n += chunk.count(b"\n")
-                    tail = chunk[-1:]
-                if tail != b"\n":
+                    data = tail + chunk  # a 5-byte marker cannot hide in the 4-byte tail
+                    n += chunk.count(b"\n") - data.count(b'\n{"$"')
+                    tail, last = data[-4:], chunk[-1:]
+                if last != b"\n":
                     n += 1  # a last line without its newline (usually cut: may be skipped)
         except Exception:
             pass
@@ -674,6 +722,11 @@ def _default(name: str) -> Any:
 
 
 _SNAPSHOT_FIELDS = {f.name: f for f in dataclasses.fields(Snapshot)}
+#: Snapshot fields written on every line
+_PLAIN = tuple(n for n in _SNAPSHOT_FIELDS if n not in STICKY)
+_SNAPSHOT_DEFAULTS = {n: _default(n) for n in _SNAPSHOT_FIELDS}
+#: the JSON of each unchanging part at its default: a recording starts from there
+_EMPTY_JSON = {n: json.dumps(_encode(_default(n)), separators=(",", ":")) for n in STICKY}
 _SNAPSHOT_HINTS = typing.get_type_hints(Snapshot, vars(facts))
 _SNAPSHOT_CONVS: dict[str, Callable[[Any], Any]] = {
     n: (_converter(_SNAPSHOT_HINTS[n]) or (lambda v: v)) for n in STICKY
