@@ -525,6 +525,11 @@ class SnapshotFeed(Protocol):
     exhausted. :meth:`next` never raises for a source failure: that becomes a
     :class:`~kvdoctor.facts.SourceStatus` in the Snapshot. ``label`` names the input for headers
     ("live", "bundle b.tar.gz", "recording r.jsonl.gz").
+
+    Optional, looked up with ``getattr`` by :class:`LiveLoop`: ``health()`` → list of
+    :class:`SourceHealth` (:class:`LiveFeed`); ``keep_last(n)`` (a recording: pass over all
+    but the last ``n`` Snapshots without decoding them); ``seek(i)``, ``position``, ``len()``
+    (a recording, a :class:`TimelineFeed`: replay controls).
     """
 
     live: bool
@@ -556,6 +561,10 @@ class TimelineFeed:
     def position(self) -> int:
         """Index of the Snapshot :meth:`next` returns next (0-based)."""
         return self._pos
+
+    def seek(self, index: int) -> None:
+        """Move to Snapshot ``index`` (clamped to 0..len)."""
+        self._pos = max(0, min(index, len(self._snapshots)))
 
     def next(self) -> Snapshot | None:
         """The next Snapshot, or None at the end."""
