@@ -78,9 +78,31 @@ class InputOptions:
         )
 
     @property
+    def only_log_beside_urls(self) -> bool:
+        """True for ``--metrics URL … --log FILE`` and no other artifact: the URLs are sampled
+        live and the log followed as it grows (``record``/``bundle`` over a duration)."""
+        others = self.has_artifacts and not (
+            self.log is not None
+            and not (
+                self.nvidia_smi
+                or self.compute_apps
+                or [m for m in self.metrics if not _is_url(m)]
+                or self.cmdline
+                or self.model_config
+                or self.env_file
+                or self.ps_file
+                or self.dmesg_file
+            )
+        )
+        return bool(self.urls) and self.log is not None and not others
+
+    @property
     def is_live(self) -> bool:
-        """True when the machine itself is read (no bundle, demo, recording or file artifact)."""
-        return not (self.bundle or self.demo or self.recording or self.has_artifacts)
+        """True when the machine itself is read: no bundle, demo, recording or file artifact,
+        or only ``--log`` beside ``--metrics`` URLs."""
+        if self.bundle or self.demo or self.recording:
+            return False
+        return not self.has_artifacts or self.only_log_beside_urls
 
 
 def _is_url(value: str) -> bool:
@@ -167,8 +189,10 @@ def options_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> InputOptions:
 def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None] | None = None) -> Any:
     """The feed for ``opts`` (a :class:`~kvdoctor.sampler.SnapshotFeed`).
 
-    Bundle / demo / artifacts / recording are read now into a finite feed; live returns a
-    :class:`~kvdoctor.sampler.LiveFeed` that reads the machine on each ``next()``. Artifacts
+    Bundle / demo / artifacts / recording are read now into a finite feed; live (no input, or
+    ``--metrics URL`` with at most ``--log``) returns a :class:`~kvdoctor.sampler.LiveFeed`
+    that reads the machine on each ``next()`` (the URLs scraped, the log followed); a URL among
+    other file artifacts is scraped once. Artifacts
     given beside a bundle are merged in (:func:`merge_timelines`); beside a recording they are
     refused. ``raw_sink(unix_seconds, url, page_text)`` receives the text of each ``--metrics
     URL`` scraped while opening offline inputs (``kvdoctor bundle`` keeps it; live feeds keep
@@ -194,7 +218,7 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
         if opts.bundle is not None or opts.demo:
             timeline = _load_bundle(opts, raw_sink)
             return TimelineFeed(timeline.snapshots, label=_bundle_label(opts))
-        if opts.has_artifacts:
+        if opts.has_artifacts and not opts.is_live:
             timeline = _load_artifacts(opts, raw_sink)
             return TimelineFeed(timeline.snapshots, label="artifacts")
     except SourceError as e:

@@ -139,6 +139,10 @@ class NvmlSource:
         self._factory = factory
         self._reader: Any = None
 
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
+        import kvdoctor.sources.nvml  # noqa: F401
+
     def read(self) -> Reading:
         """Every GPU, each stamped with the reading's unix time (one shape with a CSV loop)."""
         try:
@@ -180,6 +184,10 @@ class ProcessSource:
     def __init__(self, timeout_s: float = 2.0) -> None:
         self.timeout_s = timeout_s
 
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
+        import kvdoctor.sources.processes  # noqa: F401
+
     def read(self) -> Reading:
         """The vLLM process table; "missing" when no vLLM process runs."""
         from kvdoctor.sources import processes
@@ -202,6 +210,13 @@ class MetricsSource:
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.origin = url
         self.timeout_s = timeout_s
+
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (httpx costs tens of ms; on the caller's thread,
+        outside the timeout)."""
+        import httpx  # noqa: F401
+
+        import kvdoctor.sources.metrics  # noqa: F401
 
     def read(self) -> Reading:
         """One scrape parsed into EngineMetrics; the page text kept in ``raw``."""
@@ -230,6 +245,11 @@ class LogSource:
         self._follower: Any = None
         self._view: VllmLog | None = None
         self._seen: tuple[int, int, str | None] | None = None
+
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
+        import kvdoctor.sources.bundle  # noqa: F401
+        import kvdoctor.sources.vllm_log  # noqa: F401
 
     def read(self) -> Reading:
         """Parse what was appended since the last read."""
@@ -305,6 +325,7 @@ class Sampler:
         self.last_raw: dict[str, tuple[float, str]] = {}
         self._configs: dict[tuple[str, ...], EngineConfig | None] = {}
         self._log_source: LogSource | None = None
+        self._warmed: set[int] = set()
         base: list[LiveSource]
         if sources is not None:
             base = list(sources)
@@ -347,8 +368,18 @@ class Sampler:
             st.future = None
         if now < st.next_attempt:
             wait = st.next_attempt - now
-            statuses[key] = self._status(st, f"{st.health.last_error} (retrying in {wait:.0f}s)")
+            statuses[key] = self._status(st, f"{st.health.last_error} (retrying in {wait:.1f}s)")
             return
+        warm = getattr(st.source, "warm", None)
+        if callable(warm) and id(st.source) not in self._warmed:
+            # Imports take the import lock and, on a loaded host, seconds: never inside a
+            # source's timeout (two threads importing at once would wait on each other).
+            self._warmed.add(id(st.source))
+            try:
+                warm()
+            except Exception:
+                pass  # read() will say what is missing
+            now = self._clock()
         st.started = now
         st.health.last_attempt_ts = time.time()
         st.future = self._pool.submit(_timed, st.source.read)
