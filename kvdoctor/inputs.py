@@ -81,17 +81,20 @@ class InputOptions:
     def only_log_beside_urls(self) -> bool:
         """True for ``--metrics URL … --log FILE`` and no other artifact: the URLs are sampled
         live and the log followed as it grows (``record``/``bundle`` over a duration)."""
-        others = self.has_artifacts and not (
-            self.log is not None
-            and not (
-                self.nvidia_smi
-                or self.compute_apps
-                or [m for m in self.metrics if not _is_url(m)]
-                or self.cmdline
-                or self.model_config
-                or self.env_file
-                or self.ps_file
-                or self.dmesg_file
+        file_metrics = any(not _is_url(m) for m in self.metrics)
+        others = (
+            bool(self.nvidia_smi)
+            or file_metrics
+            or any(
+                v is not None
+                for v in (
+                    self.compute_apps,
+                    self.cmdline,
+                    self.model_config,
+                    self.env_file,
+                    self.ps_file,
+                    self.dmesg_file,
+                )
             )
         )
         return bool(self.urls) and self.log is not None and not others
