@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kvdoctor.facts import EngineMetrics, Gpu, GpuProcess, HostProcess, Snapshot, Timeline
+from kvdoctor.facts import EngineMetrics, Gpu, GpuProcess, HostProcess, Snapshot, Timeline, VllmLog
 
 MANIFEST_SCHEMA = "kvdoctor.bundle-manifest/1"
 #: a copied file larger than this is cut (a log keeps its head and tail)
@@ -323,6 +323,23 @@ def render_ps_text(procs: list[HostProcess]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_log_text(log: VllmLog) -> str:
+    """A parsed log's events back as vLLM log lines (``(PROCESS pid=N) LEVEL MM-DD HH:MM:SS
+    [file:line] message``, vllm-facts.md §3.1), one per source line, in file order: for a
+    recording, which keeps the events and not the lines. Lines that were no event (most of a
+    traceback) are not there."""
+    out: list[str] = []
+    seen: set[int] = set()
+    for e in sorted(log.events, key=lambda ev: ev.line):
+        if e.line in seen or not e.text:
+            continue
+        seen.add(e.line)
+        prefix = f"({e.process} pid={e.pid}) " if e.process and e.pid is not None else ""
+        head = f"{e.level} {e.time} [kvdoctor-bundle:{e.line}] " if e.level and e.time else ""
+        out.append(f"{prefix}{head}{e.text}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
 def render_cmdline_text(snap: Snapshot) -> str | None:
     """Launch commands, one per line (redacted): the API servers' command lines when the
     process table is known, else each engine config's ``command``; None when there is none."""
@@ -516,8 +533,13 @@ def render_facts(
         text = "".join(f"{e.get('message', '')}\n" for e in latest.xid_events)
         _write(root, manifest, "dmesg.txt", "log", source, text)
     if not manifest.has("vllm.log"):
-        why = "no log given (--log FILE)" if latest.log is None else "only parsed events were at hand"
-        manifest.add("vllm.log", "log", source, "missing", why)
+        if latest.log is not None and latest.log.events:
+            _write(root, manifest, "vllm.log", "log", source, render_log_text(latest.log))
+            manifest.entries[-1].detail = (
+                f"rendered from {len(latest.log.events)} parsed event(s); lines that were no event are not kept"
+            )
+        else:
+            manifest.add("vllm.log", "log", source, "missing", "no log given (--log FILE)")
 
 
 #: live tools: bundle file → (kind, argv)

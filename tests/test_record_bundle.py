@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,22 @@ def verdict(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     )
 
 
+def twice_with_the_same_pages(
+    server: FakeMetricsServer, first: Callable[[], Any], second: Callable[[], Any]
+) -> tuple[Any, Any]:
+    """Run two live reads of ``server`` from its first page; on a loaded machine they may read
+    a different number of pages (rates then differ), so try up to three times for the same."""
+    for _ in range(3):
+        server.reset()
+        a = first()
+        hits = server.hits
+        server.reset()
+        b = second()
+        if server.hits == hits:
+            return a, b
+    raise AssertionError(f"the two runs read {hits} and {server.hits} pages")
+
+
 def diagnose_json(*args: str) -> tuple[int, dict[str, Any]]:
     code, out, _ = run("diagnose", *args, "--format", "json")
     return code, json.loads(out)
@@ -48,12 +65,16 @@ def test_record_then_replay_gives_the_same_findings_as_live(
 ) -> None:
     url = fake_metrics_server.url
     rec = tmp_path / "r.jsonl.gz"
-    code, _, err = run("record", "-o", str(rec), "--metrics", url, "--duration", "2", "--interval", "0.5")
+    (code, _, err), (live_code, live) = twice_with_the_same_pages(
+        fake_metrics_server,
+        lambda: run(
+            "record", "-o", str(rec), "--force", "--metrics", url, "--duration", "2", "--interval", "0.5"
+        ),
+        lambda: diagnose_json("--metrics", url, "--window", "2", "--interval", "0.5"),
+    )
     assert code == 0 and "recorded" in err
     n_recorded = fake_metrics_server.hits
     assert n_recorded >= 2  # rates need two scrapes
-    fake_metrics_server.reset()
-    live_code, live = diagnose_json("--metrics", url, "--window", "2", "--interval", "0.5")
     code, replay = diagnose_json("--recording", str(rec))
     assert verdict(replay) == verdict(live) and code == live_code
     assert "preemption-storm" in {f["rule"] for f in replay["findings"]}
@@ -74,10 +95,12 @@ def test_bundle_from_a_metrics_url_and_a_log_diagnoses_the_same(
     )
     out = tmp_path / "b.tar.gz"
     live = ("--window", "1", "--interval", "0.5")  # a URL and a log: sampled live, log followed
-    code, _, err = run("bundle", "-o", str(out), "--metrics", url, "--log", str(log), *live)
+    (code, _, err), (ref_code, ref) = twice_with_the_same_pages(
+        fake_metrics_server,
+        lambda: run("bundle", "-o", str(out), "--force", "--metrics", url, "--log", str(log), *live),
+        lambda: diagnose_json("--metrics", url, "--log", str(log), *live),
+    )
     assert code == 0 and "wrote bundle" in err
-    fake_metrics_server.reset()
-    ref_code, ref = diagnose_json("--metrics", url, "--log", str(log), *live)
     code, got = diagnose_json("--bundle", str(out))
     assert verdict(got) == verdict(ref) and code == ref_code
     assert {"max-num-seqs-exceeds-kv", "preemption-storm"} <= {f["rule"] for f in got["findings"]}
@@ -99,19 +122,24 @@ def test_a_bundle_taken_live_diagnoses_the_same_offline(
 ) -> None:
     url = fake_metrics_server.url
     out = tmp_path / "bundle"
-    code, _, _ = run("bundle", "-o", str(out), "--metrics", url, "--window", "1.5", "--interval", "0.5")
+    (code, _, _), (live_code, live) = twice_with_the_same_pages(
+        fake_metrics_server,
+        lambda: run(
+            "bundle", "-o", str(out), "--force", "--metrics", url, "--window", "1.5", "--interval", "0.5"
+        ),
+        lambda: diagnose_json("--metrics", url, "--window", "1.5", "--interval", "0.5"),
+    )
     assert code == 0
-    pages = sorted((out / "metrics").glob("*.txt"))
-    assert len(pages) >= 3 and [p.read_bytes() for p in pages] == [
-        p.read_bytes() for p in B17_PAGES[: len(pages)]
-    ]
+    pages = [p.read_bytes() for p in sorted((out / "metrics").glob("*.txt"))]
+    served = [p.read_bytes() for p in B17_PAGES]
+    # each page as it came, in order (a read that timed out on a loaded machine is not there)
+    assert len(pages) >= 2 and all(p in served for p in pages)
+    assert [served.index(p) for p in pages] == sorted(served.index(p) for p in pages)
     manifest = json.loads((out / "manifest.json").read_text())
     # what failed and why: no NVML on this machine
     assert any(e["kind"] == "nvml" and e["status"] == "error" and e["detail"] for e in manifest["files"])
     tools = {e["file"]: e for e in manifest["files"] if e["source"].startswith(("nvidia-smi ", "ps "))}
     assert tools["nvidia-smi.xml"]["status"] in ("missing", "error", "ok")
-    fake_metrics_server.reset()
-    live_code, live = diagnose_json("--metrics", url, "--window", "1.5", "--interval", "0.5")
     code, got = diagnose_json("--bundle", str(out))
     assert verdict(got) == verdict(live) and code == live_code
     assert "preemption-storm" in {f["rule"] for f in got["findings"]}
@@ -147,7 +175,53 @@ def test_a_bundle_from_a_recording_diagnoses_the_same(tmp_path: Path) -> None:
     assert verdict(got) == verdict(ref) and ref["findings"]
     manifest = json.loads((out / "manifest.json").read_text())
     log = next(e for e in manifest["files"] if e["file"] == "vllm.log")
-    assert log["status"] == "missing" and log["detail"]
+    assert log["status"] == "ok" and "rendered from" in log["detail"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "b23-sampler-warmup-oom-qwen3-32b",
+        "b26-orphaned-enginecore-workers",
+        "b08-v1-fp8-estimated-max-len-122080",
+    ],
+)
+def test_a_bundle_from_a_recording_keeps_the_log_findings(tmp_path: Path, case: str) -> None:
+    src = CASE.parent / case
+    rec = tmp_path / "r.jsonl.gz"
+    assert run("record", "-o", str(rec), "--bundle", str(src))[0] == 0
+    out = tmp_path / "b"
+    assert run("bundle", "-o", str(out), "--recording", str(rec))[0] == 0
+    _, ref = diagnose_json("--bundle", str(src))
+    _, got = diagnose_json("--bundle", str(out))
+    assert verdict(got) == verdict(ref) and ref["findings"]
+
+
+CASES = sorted(p for p in CASE.parent.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_every_real_case_replays_from_a_recording_with_the_same_report(tmp_path: Path, case: Path) -> None:
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.report import render_json
+    from kvdoctor.sampler import LiveLoop
+    from kvdoctor.sources.bundle import load_bundle
+    from kvdoctor.sources.recording import RecordingWriter, open_recording
+
+    pipeline = Pipeline.load()
+    timeline = load_bundle(case).timeline
+    path = tmp_path / "r.jsonl.gz"
+    with RecordingWriter(path) as w:
+        for snap in timeline.snapshots:
+            w.write(snap)
+    feed = open_recording(path)
+    replayed = LiveLoop(feed, pipeline).collect(0.0)
+    feed.close()
+    want = json.loads(render_json(pipeline.evaluate(timeline, now=0.0)))
+    got = json.loads(render_json(pipeline.evaluate(replayed, now=0.0)))
+    assert got["findings"] == want["findings"] and got["health"] == want["health"]
+    # the replay names itself as a source; the rest is what the bundle said
+    assert [s for s in got["sources"] if s["kind"] != "recording"] == want["sources"]
 
 
 def test_existing_output_needs_force(tmp_path: Path) -> None:
