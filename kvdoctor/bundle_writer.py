@@ -535,9 +535,9 @@ def render_facts(
     if not manifest.has("vllm.log"):
         if latest.log is not None and latest.log.events:
             _write(root, manifest, "vllm.log", "log", source, render_log_text(latest.log))
-            manifest.entries[-1].detail = (
-                f"rendered from {len(latest.log.events)} parsed event(s); lines that were no event are not kept"
-            )
+            manifest.entries[
+                -1
+            ].detail = f"rendered from {len(latest.log.events)} parsed event(s); lines that were no event are not kept"
         else:
             manifest.add("vllm.log", "log", source, "missing", "no log given (--log FILE)")
 
