@@ -18,7 +18,7 @@ every Snapshot through the loop, evaluating every ``--stride`` (``watch --record
 Baseline, measured in the same process: reading and ``json.loads`` of every line (the floor
 any replay pays); the replay's ratio to it is printed.
 
-usage: .venv/bin/python bench/replay.py [--hours 24] [--max-len 3600] [--full [--stride 300]] [--keep FILE]
+usage: .venv/bin/python bench/replay.py [--hours 24] [--max-len 3600] [--full [--stride 300]] [--keep FILE [--reuse]]
 Last line: ``replay_s=… size_mb=… peak_mb=…``.
 """
 
@@ -187,6 +187,7 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="also play every Snapshot through (slow)")
     ap.add_argument("--max-len", type=int, default=3600, help="Timeline bound (snapshots)")
     ap.add_argument("--keep", type=Path, help="write the recording here and keep it")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: replay that file if it exists")
     ap.add_argument("--generate", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     seconds = int(args.hours * 3600)
@@ -196,9 +197,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "day.jsonl.gz"
         t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, __file__, "--hours", str(args.hours), "--generate", str(path)], check=True
-        )
+        if not (args.keep and args.keep.exists() and args.reuse):
+            subprocess.run(
+                [sys.executable, __file__, "--hours", str(args.hours), "--generate", str(path)], check=True
+            )
         gen_s = time.perf_counter() - t0
         size_mb = path.stat().st_size / 2**20
         base_s = baseline(path)

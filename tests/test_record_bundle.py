@@ -249,3 +249,29 @@ def test_artifacts_beside_a_bundle_are_merged(tmp_path: Path) -> None:
     origins = {s["origin"]: s for s in merged["sources"]}
     assert origins[str(other_log)]["status"] == "ok"
     assert "not used" in origins[str(CASE / "vllm.log")]["detail"]
+
+
+def test_a_live_recording_ends_cleanly_on_sigterm(
+    fake_metrics_server: FakeMetricsServer, tmp_path: Path
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kvdoctor.sources.recording import open_recording
+
+    rec = tmp_path / "r.jsonl.gz"
+    cmd = [sys.executable, "-m", "kvdoctor", "record", "-o", str(rec), "--metrics", fake_metrics_server.url]
+    proc = subprocess.Popen([*cmd, "--interval", "0.2", "--no-nvml"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while fake_metrics_server.hits < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "recorded" in err
+    feed = open_recording(rec)
+    n = 0
+    while feed.next() is not None:
+        n += 1
+    assert n >= 2 and feed.skipped == 0  # the gzip stream was finished, nothing cut

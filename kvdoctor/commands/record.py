@@ -8,6 +8,7 @@ Exit 0 when written, 3 when the inputs or the output cannot be opened.
 
 from __future__ import annotations
 
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,14 @@ import click
 from kvdoctor.inputs import input_options
 
 EXIT_UNKNOWN = 3
+
+
+def _on_sigterm(stop: threading.Event) -> Any:
+    """SIGTERM (``kill``, a container stopping) ends the recording cleanly, like Ctrl-C.
+    Returns the previous handler, or None off the main thread (no handler set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
 
 def _fail(message: str) -> None:
@@ -85,10 +94,14 @@ def record_command(
             def write(cycle: Cycle) -> None:
                 writer.write(cycle.snapshot)
 
+            previous = _on_sigterm(stop)
             try:
                 loop.run(write, stop, duration_s=duration_s)
             except KeyboardInterrupt:
                 stop.set()  # Ctrl-C ends a recording; what was written stays
+            finally:
+                if previous is not None:
+                    signal.signal(signal.SIGTERM, previous)
     finally:
         feed.close()
     size = output.stat().st_size if output.exists() else 0
