@@ -295,7 +295,10 @@ def render_metrics_text(metrics: list[EngineMetrics]) -> str:
             out.append(f"{base}_count{lab} {float(h.count)!r}")
             out.append(f"{base}_sum{lab} {float(h.sum)!r}")
         if em.cache_config:
-            out.append(f"vllm:cache_config_info{_labels(em, em.cache_config)} 1.0")
+            # vLLM labels it with the engine and the config only (no model_name)
+            info = {"engine": em.engine} if em.engine is not None else {}
+            body = ",".join(f'{k}="{_escape(v)}"' for k, v in {**info, **em.cache_config}.items())
+            out.append(f"vllm:cache_config_info{{{body}}} 1.0")
     return "\n".join(out) + "\n"
 
 
