@@ -36,6 +36,7 @@ import math
 import time
 import types
 import typing
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -150,23 +151,24 @@ def _converter(tp: Any) -> Conv:
         inner = [a for a in args if a is not type(None)]
         if len(inner) != 1:
             return None
-        conv = _converter(inner[0])
-        if conv is None:
-            return None
-        c = conv
-        return lambda v: None if v is None else c(v)
+        return _converter(inner[0])  # decoders never call a converter with None
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _dataclass_decoder(tp)
     if origin is list:
         item = _converter(args[0]) if args else None
         if item is None:
             return list
+        if item is _dec_pair:  # histogram buckets: the hot loop of a replay
+            return lambda v: [
+                (a if a.__class__ is float else _dec_float(a), b if b.__class__ is float else _dec_float(b))
+                for a, b in v
+            ]
         it = item
         return lambda v: [it(x) for x in v]
     if origin is tuple:
         convs = [_converter(a) for a in args]
         if all(c is _dec_float for c in convs) and len(convs) == 2:
-            return lambda v: (_dec_float(v[0]), _dec_float(v[1]))
+            return _dec_pair
         return lambda v: tuple(c(x) if c else x for c, x in zip(convs, v, strict=False))
     if origin is set:
         return set
@@ -181,28 +183,49 @@ def _converter(tp: Any) -> Conv:
     return None
 
 
+def _dec_pair(v: Any) -> tuple[float, float]:
+    return (_dec_float(v[0]), _dec_float(v[1]))
+
+
 def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
+    """A decoder for dataclass ``cls``: JSON object → instance. Fields needing no conversion
+    go straight to the constructor; floats are converted only when written as strings
+    ("+Inf"); unknown fields are dropped and named in ``_unknown_seen``."""
     got = _DECODERS.get(cls)
     if got is not None:
         return got
-    convs: dict[str, Conv] = {}
+    known: set[str] = set()
+    floats: list[str] = []
+    convs: dict[str, Callable[[Any], Any]] = {}
 
     def decode(obj: Any) -> Any:
-        if not isinstance(obj, dict):
+        if obj.__class__ is not dict:
             raise ValueError(f"expected an object for {cls.__name__}")
-        kw: dict[str, Any] = {}
-        for k, v in obj.items():
-            c = convs.get(k, _MISSING)
-            if c is _MISSING:
-                _unknown_seen.add(f"{cls.__name__}.{k}")
-                continue
-            kw[k] = v if (c is None or v is None) else c(v)  # type: ignore[operator]
-        return cls(**kw)
+        keys = obj.keys()
+        extra = keys - known
+        if extra:
+            _unknown_seen.update(f"{cls.__name__}.{k}" for k in extra)
+            obj = {k: v for k, v in obj.items() if k in known}
+            keys = obj.keys()
+        for k in floats:
+            v = obj.get(k)
+            if v.__class__ is str:
+                obj[k] = _dec_float(v)
+        for k in convs.keys() & keys:
+            v = obj[k]
+            if v is not None:
+                obj[k] = convs[k](v)
+        return cls(**obj)
 
     _DECODERS[cls] = decode  # before the fields: a type may refer to itself
     hints = typing.get_type_hints(cls, vars(facts))
     for f in dataclasses.fields(cls):
-        convs[f.name] = _converter(hints[f.name])
+        known.add(f.name)
+        conv = _converter(hints[f.name])
+        if conv is _dec_float:
+            floats.append(f.name)
+        elif conv is not None:
+            convs[f.name] = conv
     return decode
 
 
@@ -233,7 +256,9 @@ def _open_binary(path: Path, mode: str) -> IO[bytes]:
     """The file as bytes, decompressed by suffix; ``mode`` "r" or "w"."""
     name = path.name.lower()
     if name.endswith(".gz"):
-        return typing.cast(IO[bytes], gzip.GzipFile(path, mode + "b"))
+        if mode == "w":
+            return typing.cast(IO[bytes], gzip.GzipFile(path, "wb"))
+        return typing.cast(IO[bytes], io.BufferedReader(_GzipReader(path), buffer_size=1 << 20))
     if name.endswith(".zst"):
         zstandard = _zstd()
         raw = open(path, mode + "b")
@@ -242,6 +267,48 @@ def _open_binary(path: Path, mode: str) -> IO[bytes]:
         reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
         return typing.cast(IO[bytes], io.BufferedReader(reader))  # readline() for the reader
     return open(path, mode + "b")
+
+
+class _GzipReader(io.RawIOBase):
+    """gzip decompression in large steps (``GzipFile.readline`` works in 8 KiB ones) that
+    keeps every byte before a cut: a stream without its end (a crash while recording) or with
+    corrupt data ends there, ``truncated`` set, rather than raising and losing the buffer."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "rb")
+        self._d = zlib.decompressobj(wbits=31)
+        self._pending = b""
+        self.truncated = False
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._pending and not self._done:
+            chunk = self._fh.read(256 * 1024)
+            try:
+                if not chunk:
+                    self._done = True
+                    self.truncated = not self._d.eof
+                    self._pending = self._d.flush()
+                    break
+                out = self._d.decompress(chunk)
+                while self._d.eof and self._d.unused_data:  # a multi-member gzip file
+                    rest = self._d.unused_data
+                    self._d = zlib.decompressobj(wbits=31)
+                    out += self._d.decompress(rest)
+                self._pending = out
+            except zlib.error:
+                self._done = self.truncated = True
+        n = min(len(b), len(self._pending))
+        b[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
 
 
 class RecordingWriter:
@@ -469,6 +536,9 @@ class RecordingFeed:
             return None
         if not line:
             self._eof = True
+            raw = getattr(self._fh, "raw", None)
+            if getattr(raw, "truncated", False):
+                self._note_skip("stream cut short (no gzip end)")
             return None
         self._offset += len(line)
         return line
