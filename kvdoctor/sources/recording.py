@@ -29,6 +29,7 @@ will not return without decoding them (state lines are small), which is what let
 from __future__ import annotations
 
 import dataclasses
+import gc
 import gzip
 import io
 import json
@@ -269,6 +270,41 @@ def _open_binary(path: Path, mode: str) -> IO[bytes]:
     return open(path, mode + "b")
 
 
+class _LazyLog:
+    """A log grown by a state line's appended events, built when a Snapshot needs it: passing
+    over a day of appends (``keep_last``) then costs nothing, and building one is a single
+    pass over the appends since the nearest log already built."""
+
+    __slots__ = ("parent", "raw", "value")
+
+    def __init__(self, parent: Any, raw: dict[str, Any]) -> None:
+        self.parent = parent
+        self.raw = raw
+        self.value: VllmLog | None = None
+
+    def resolve(self) -> VllmLog:
+        """The VllmLog (built once)."""
+        if self.value is not None:
+            return self.value
+        chain: list[_LazyLog] = []
+        node: Any = self
+        while isinstance(node, _LazyLog) and node.value is None:
+            chain.append(node)
+            node = node.parent
+        base = node.value if isinstance(node, _LazyLog) else node
+        events = list(base.events) if isinstance(base, VllmLog) else []
+        decode_event = _dataclass_decoder(LogEvent)
+        for link in reversed(chain):
+            events.extend(decode_event(e) for e in link.raw.get("events", ()))
+        fields = {k: v for k, v in self.raw.items() if k != "events"}
+        log = _dataclass_decoder(VllmLog)(fields)
+        log.events = events
+        if not log.origin and isinstance(base, VllmLog):
+            log.origin = base.origin
+        self.value, self.parent = log, None  # what it grew from may go now
+        return typing.cast(VllmLog, log)
+
+
 class _GzipReader(io.RawIOBase):
     """gzip decompression in large steps (``GzipFile.readline`` works in 8 KiB ones) that
     keeps every byte before a cut: a stream without its end (a crash while recording) or with
@@ -277,7 +313,8 @@ class _GzipReader(io.RawIOBase):
     def __init__(self, path: Path) -> None:
         self._fh = open(path, "rb")
         self._d = zlib.decompressobj(wbits=31)
-        self._pending = b""
+        self._pending: bytes | memoryview = b""
+        self._at = 0  # read position in _pending (slicing a bytes copies it)
         self.truncated = False
         self._done = False
 
@@ -291,19 +328,21 @@ class _GzipReader(io.RawIOBase):
                 if not chunk:
                     self._done = True
                     self.truncated = not self._d.eof
-                    self._pending = self._d.flush()
+                    self._pending = memoryview(self._d.flush())
                     break
                 out = self._d.decompress(chunk)
                 while self._d.eof and self._d.unused_data:  # a multi-member gzip file
                     rest = self._d.unused_data
                     self._d = zlib.decompressobj(wbits=31)
                     out += self._d.decompress(rest)
-                self._pending = out
+                self._pending = memoryview(out)
             except zlib.error:
                 self._done = self.truncated = True
-        n = min(len(b), len(self._pending))
-        b[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
+        n = min(len(b), len(self._pending) - self._at)
+        b[:n] = self._pending[self._at : self._at + n]
+        self._at += n
+        if self._at >= len(self._pending):
+            self._pending, self._at = b"", 0
         return n
 
     def close(self) -> None:
@@ -517,6 +556,7 @@ class RecordingFeed:
         self._ahead_ready = False
         self._eof = False
         self._tail: Any = None  # keep_last's raw lines
+        self._decoded_tail: Any = None  # keep_last's decoded Snapshots
 
     # -- decoding
 
@@ -559,7 +599,7 @@ class RecordingFeed:
         state = dict(self._state)
         for name, raw in changes.items():
             if name == "log+":
-                state["log"] = self._grow_log(state.get("log"), raw)
+                state["log"] = _LazyLog(state.get("log"), raw)  # built only if a Snapshot needs it
             elif name in STICKY:
                 value = _SNAPSHOT_CONVS[name](raw) if raw is not None else None
                 state[name] = _default(name) if value is None else value
@@ -582,24 +622,23 @@ class RecordingFeed:
         snap = _dataclass_decoder(Snapshot)(obj)
         assert isinstance(snap, Snapshot)
         state = self._state
+        log = state.get("log")
+        if isinstance(log, _LazyLog):
+            state["log"] = log.resolve()
         for name in STICKY:
             value = state.get(name, _MISSING)
             setattr(snap, name, _default(name) if value is _MISSING else value)
         return snap
 
-    @staticmethod
-    def _grow_log(prev: Any, appended: dict[str, Any]) -> VllmLog:
-        events = [_dataclass_decoder(LogEvent)(e) for e in appended.pop("events", [])]
-        body = _dataclass_decoder(VllmLog)(appended)
-        base = prev.events if isinstance(prev, VllmLog) else []
-        body.events = base + events
-        if not body.origin and isinstance(prev, VllmLog):
-            body.origin = prev.origin
-        return typing.cast(VllmLog, body)
-
     def _read_snapshot(self) -> Snapshot | None:
         """Decode the next good line into a Snapshot (skipping and counting bad ones)."""
-        if self._decoded % CHECKPOINT_EVERY == 0 and self._decoded not in self._checkpoints:
+        if self._decoded_tail is not None:
+            return self._decoded_tail.popleft() if self._decoded_tail else None
+        if (
+            self._tail is None
+            and self._decoded % CHECKPOINT_EVERY == 0
+            and self._decoded not in self._checkpoints
+        ):
             self._checkpoints[self._decoded] = (self._offset, self._line_no, dict(self._state))
         while True:
             if self._tail is not None:
@@ -638,6 +677,32 @@ class RecordingFeed:
 
         tail: deque[tuple[bytes, dict[str, Any], int]] = deque(maxlen=max(1, n))
         passed = 0
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()  # this loop makes no cycles; collections here only cost time
+        try:
+            passed = self._scan_into(tail)
+            self._tail = tail
+            # decode the kept ones now, while collections are paused (the Timeline keeps them
+            # anyway; a collection per few thousand new objects over a growing heap is slow)
+            decoded: deque[Snapshot] = deque()
+            while (snap := self._read_snapshot()) is not None:
+                decoded.append(snap)
+        finally:
+            if paused:
+                gc.enable()
+        if self._ahead_ready and self._ahead is not None and len(decoded) >= n:
+            # the Snapshot decoded ahead is older than the kept ones: pass it over too
+            passed += 1
+            self._ahead, self._ahead_ready = None, False
+        self._decoded_tail = decoded
+        self._pos += passed
+        self._decoded += passed
+        return passed
+
+    def _scan_into(self, tail: Any) -> int:
+        """keep_last's pass: raw Snapshot lines into ``tail``, state lines applied."""
+        passed = 0
         while True:
             line = self._read_raw()
             if line is None:
@@ -655,13 +720,6 @@ class RecordingFeed:
             if len(tail) == tail.maxlen:
                 passed += 1
             tail.append((line, self._state, self._line_no))
-        if self._ahead_ready and self._ahead is not None and len(tail) >= n:
-            # the Snapshot decoded ahead is older than the kept ones: pass it over too
-            passed += 1
-            self._ahead, self._ahead_ready = None, False
-        self._tail = tail
-        self._pos += passed
-        self._decoded += passed
         return passed
 
     def _drain_long_line(self) -> None:
