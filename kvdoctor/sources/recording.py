@@ -21,9 +21,10 @@ loses at most the last, partial line, which replay skips and reports.
 
 Replay streams: :class:`RecordingFeed` holds one Snapshot ahead and a checkpoint every
 :data:`CHECKPOINT_EVERY` Snapshots (file offset and the state), never the whole recording, so a
-day at 1 Hz replays in bounded memory. :meth:`RecordingFeed.keep_last` reads Snapshot lines it
-will not return without decoding them (state lines are small), which is what lets ``diagnose
---recording`` read a day in seconds: its Timeline keeps the last ``max_len`` Snapshots anyway.
+day at 1 Hz replays in bounded memory. :meth:`RecordingFeed.keep_last` passes over the Snapshot
+lines it will not return without decoding them (only the small state lines are read), which
+lets ``diagnose --recording`` read a day in seconds: its Timeline keeps the last ``max_len``
+Snapshots anyway.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from kvdoctor.facts import LogEvent, Snapshot, SourceError, SourceStatus, VllmLo
 SCHEMA = "kvdoctor.recording/2"
 #: schemas this reader understands
 SCHEMAS = ("kvdoctor.recording/1", "kvdoctor.recording/2")
-#: Snapshot fields written only when they change (the ``"="`` list names the unchanged ones).
+#: Snapshot fields written only when they change, on state lines ({"$": {...}}).
 STICKY = ("log", "model", "configs", "env", "engines", "gpu_series", "xid_events")
 #: a seek checkpoint every this many Snapshots
 CHECKPOINT_EVERY = 1024
@@ -119,7 +120,7 @@ def _dataclass_encoder(cls: type) -> Callable[[Any], Any]:
 
 
 def snapshot_to_json(snap: Snapshot) -> str:
-    """One complete Snapshot as one JSON line (no newline, no ``"="`` references)."""
+    """One complete Snapshot as one JSON line (no newline; every part on it, as schema /1)."""
     return json.dumps(_encode(snap), separators=(",", ":"), allow_nan=False)
 
 
@@ -231,8 +232,8 @@ def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
 
 
 def snapshot_from_json(line: str | bytes) -> Snapshot:
-    """Parse one complete recording line (``kvdoctor.recording/1`` form, or a /2 line without
-    ``"="`` references) into a Snapshot; raises ValueError for anything malformed."""
+    """Parse one complete Snapshot line (``kvdoctor.recording/1``, or :func:`snapshot_to_json`)
+    into a Snapshot; raises ValueError for anything malformed."""
     obj = json.loads(line)
     snap = _dataclass_decoder(Snapshot)(obj)
     if not isinstance(snap, Snapshot):
