@@ -5,11 +5,21 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kvdoctor.facts import EngineConfig, EngineMetrics, Gpu, LogEvent, Snapshot, SourceError, VllmLog
+from kvdoctor.facts import (
+    EngineConfig,
+    EngineMetrics,
+    Gpu,
+    GpuProcess,
+    LogEvent,
+    Snapshot,
+    SourceError,
+    VllmLog,
+)
 from kvdoctor.sources.bundle import load_bundle
 from kvdoctor.sources.recording import (
     CHECKPOINT_EVERY,
@@ -187,3 +197,31 @@ def test_zstd_round_trip_or_a_clear_error_without_the_module(
     _write(path, snaps)
     got = _replay(path)
     assert len(got) == 30 and _same(got[10], snaps[10])
+
+
+def test_gpus_and_scrapes_that_change_shape_replay_exactly(tmp_path: Path) -> None:
+    base = [
+        Gpu(index=k, name="NVIDIA H100", bus_id=f"0000:0{k}:00.0", memory_total_bytes=80 * 2**30)
+        for k in range(4)
+    ]
+    snaps = []
+    for i in range(40):
+        gpus = [replace(g, memory_used_bytes=i * 2**20, timestamp=float(i)) for g in base]
+        if 10 <= i < 20:
+            gpus = gpus[:2]  # two GPUs fell off the bus
+        if i >= 15:
+            gpus[0] = replace(gpus[0], processes=[GpuProcess(pid=9, used_bytes=2**30)], name=None)
+        if i >= 30:
+            gpus = list(reversed(gpus))  # another order: most fields differ from the template
+        ms = [
+            EngineMetrics(timestamp=float(i), engine=str(e), cache_config={"block_size": "16"})
+            for e in range(1 + i % 2)
+        ]
+        snaps.append(Snapshot(timestamp=float(i), gpus=gpus, metrics=ms))
+    path = tmp_path / "r.jsonl"
+    _write(path, snaps)
+    got = _replay(path)
+    assert all(_same(a, b) for a, b in zip(snaps[:-1], got[:-1], strict=True))
+    assert got[16].gpus[0].name is None and got[16].gpus[1].name == "NVIDIA H100"
+    text = path.read_text()
+    assert text.count("NVIDIA H100") < 20  # written on template lines, not on every line

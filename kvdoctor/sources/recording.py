@@ -209,15 +209,22 @@ def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
             _unknown_seen.update(f"{cls.__name__}.{k}" for k in extra)
             obj = {k: v for k, v in obj.items() if k in known}
             keys = obj.keys()
+        kw = obj
         for k in floats:
             v = obj.get(k)
             if v.__class__ is str:
-                obj[k] = _dec_float(v)
-        for k in convs.keys() & keys:
-            v = obj[k]
-            if v is not None:
-                obj[k] = convs[k](v)
-        return cls(**obj)
+                if kw is obj:
+                    kw = dict(obj)  # never change the input: templates are shared
+                kw[k] = _dec_float(v)
+        todo = convs.keys() & keys
+        if todo:
+            if kw is obj:
+                kw = dict(obj)
+            for k in todo:
+                v = obj[k]
+                if v is not None:
+                    kw[k] = convs[k](v)
+        return cls(**kw)
 
     _DECODERS[cls] = decode  # before the fields: a type may refer to itself
     hints = typing.get_type_hints(cls, vars(facts))
@@ -383,6 +390,7 @@ class RecordingWriter:
         self.count = 0
         self._prev: dict[str, Any] = {}
         self._prev_json: dict[str, str] = {}
+        self._tmpl: dict[str, list[dict[str, Any]]] = {}
 
     def _write_line(self, text: str, *, flush: bool = True) -> None:
         self._fh.write(text.encode("utf-8") + b"\n")
@@ -421,16 +429,45 @@ class RecordingWriter:
                 changes[name] = encoded
             self._prev[name] = value
             self._prev_json[name] = text
-        if changes:
-            self._write_line(json.dumps({"$": changes}, separators=(",", ":"), allow_nan=False), flush=False)
         obj: dict[str, Any] = {}
         for name in _PLAIN:
             value = getattr(snap, name)
             default = _SNAPSHOT_DEFAULTS[name]
-            if not (type(value) is type(default) and value == default):
+            if type(value) is type(default) and value == default:
+                continue
+            if name in _TEMPLATED:
+                obj[name] = self._against_templates(name, [_encode(x) for x in value], changes)
+            else:
                 obj[name] = _encode(value)
+        if changes:
+            self._write_line(json.dumps({"$": changes}, separators=(",", ":"), allow_nan=False), flush=False)
         self._write_line(json.dumps(obj, separators=(",", ":"), allow_nan=False))
         self.count += 1
+
+    def _against_templates(
+        self, name: str, encoded: list[dict[str, Any]], changes: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """GPUs and scrapes as their fields that differ from a template (the first reading of
+        each position; a new one on a state line when most of its fields changed): a GPU's name,
+        bus id, total memory and processes, an engine's cache_config are not repeated."""
+        tmpls = self._tmpl.setdefault(name, [])
+        defaults = _TEMPLATE_DEFAULTS[name]
+        out: list[dict[str, Any]] = []
+        renewed = False
+        for i, enc in enumerate(encoded):
+            tmpl = tmpls[i] if i < len(tmpls) else None
+            diff = _diff_against(enc, tmpl, defaults) if tmpl is not None else None
+            if diff is None or len(diff) * 2 > len(enc) + 2:  # mostly different: a new template
+                if i < len(tmpls):
+                    tmpls[i] = enc
+                else:
+                    tmpls.append(enc)
+                renewed = True
+                diff = {}
+            out.append(diff)
+        if renewed:
+            changes["~" + name] = list(tmpls)
+        return out
 
     def _log_append(self, log: VllmLog) -> dict[str, Any] | None:
         """The events appended to the previous line's log, or None when it is not a growth."""
@@ -604,6 +641,8 @@ class RecordingFeed:
             elif name in STICKY:
                 value = _SNAPSHOT_CONVS[name](raw) if raw is not None else None
                 state[name] = _default(name) if value is None else value
+            elif name[:1] == "~" and name[1:] in _TEMPLATED and isinstance(raw, list):
+                state[name] = raw  # templates stay JSON: a Snapshot line's fields go over them
             else:
                 self._unknown.add(f"state.{name}")
         self._state = state
@@ -620,6 +659,11 @@ class RecordingFeed:
         given = {n: obj.pop(n) for n in STICKY if n in obj}  # schema /1: every line complete
         if given:
             self._apply_state(given)
+        for name in _TEMPLATED:
+            tmpls = self._state.get("~" + name)
+            items = obj.get(name)
+            if tmpls and items:
+                obj[name] = [{**tmpls[i], **d} if i < len(tmpls) else d for i, d in enumerate(items)]
         snap = _dataclass_decoder(Snapshot)(obj)
         assert isinstance(snap, Snapshot)
         state = self._state
@@ -851,11 +895,41 @@ def _default(name: str) -> Any:
 
 
 _SNAPSHOT_FIELDS = {f.name: f for f in dataclasses.fields(Snapshot)}
+#: Snapshot lists whose items are written against templates held by the state
+_TEMPLATED = ("gpus", "metrics")
 #: Snapshot fields written on every line
 _PLAIN = tuple(n for n in _SNAPSHOT_FIELDS if n not in STICKY)
 _SNAPSHOT_DEFAULTS = {n: _default(n) for n in _SNAPSHOT_FIELDS}
 #: the JSON of each unchanging part at its default: a recording starts from there
 _EMPTY_JSON = {n: json.dumps(_encode(_default(n)), separators=(",", ":")) for n in STICKY}
+
+
+def _field_defaults_json(cls: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = _encode(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = _encode(f.default_factory())
+    return out
+
+
+#: each templated list's item fields at their defaults, JSON form (a field the template has and
+#: an item lacks is written as its default)
+_TEMPLATE_DEFAULTS = {
+    "gpus": _field_defaults_json(facts.Gpu),
+    "metrics": _field_defaults_json(facts.EngineMetrics),
+}
+
+
+def _diff_against(enc: dict[str, Any], tmpl: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``enc`` that differ from ``tmpl`` (JSON forms)."""
+    diff = {k: v for k, v in enc.items() if tmpl.get(k, _MISSING) != v}
+    for k in tmpl.keys() - enc.keys():
+        diff[k] = defaults.get(k)
+    return diff
+
+
 _SNAPSHOT_HINTS = typing.get_type_hints(Snapshot, vars(facts))
 _SNAPSHOT_CONVS: dict[str, Callable[[Any], Any]] = {
     n: (_converter(_SNAPSHOT_HINTS[n]) or (lambda v: v)) for n in STICKY
