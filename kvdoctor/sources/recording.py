@@ -11,7 +11,12 @@ Format ``kvdoctor.recording/2`` (written now):
   ``engines``, ``gpu_series``, ``xid_events``) are not on Snapshot lines: a *state line*
   ``{"$": {"model": {...}, "configs": [...]}}`` before a Snapshot gives the ones that changed,
   and holds for the Snapshots after it; a log that grew by appended lines is written as
-  ``{"$": {"log+": {"events": [the new events], …the log's other fields}}}``.
+  ``{"$": {"log+": {"events": [the new events], …the log's other fields}}}``;
+- GPUs and scrapes are written against templates: a state line's ``"~gpus"`` / ``"~metrics"``
+  holds one JSON object per list position, and a Snapshot line's item holds only the fields
+  that differ from its position's template (a template field the item lacks is written as the
+  field's default), so a GPU's name, bus id, total memory and processes or an engine's
+  ``cache_config`` are not repeated on every line.
 
 ``kvdoctor.recording/1`` (every Snapshot complete on its line) is still read. Fields a reader
 does not know (written by a newer kvdoctor, or removed since) are ignored and named in the
