@@ -22,6 +22,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvdoctor.plan:plan_command",
         "Plan KV-cache capacity for a model, GPU and vLLM flags (agrees with vLLM to the block).",
     ),
+    "record": (
+        "kvdoctor.commands.record:record_command",
+        "Record Snapshots of the inputs to a JSONL file (.gz/.zst) for replay.",
+    ),
+    "bundle": (
+        "kvdoctor.commands.bundle:bundle_command",
+        "Write a redacted support bundle (directory or .tar.gz) from the current inputs.",
+    ),
     "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
     "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
 }

@@ -55,6 +55,10 @@ class SourceStatus:
     origin: str
     status: SourceStatusValue
     detail: str = ""
+    #: seconds the read took (live sources), None when not timed.
+    duration_s: float | None = None
+    #: unix seconds of the source's last successful read (live sources), None when unknown.
+    last_success: float | None = None
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -419,3 +423,22 @@ class Timeline:
     def latest(self) -> Snapshot | None:
         """The newest snapshot, or None when empty."""
         return self.snapshots[-1] if self.snapshots else None
+
+    def gpu_moments(self) -> list[list[Gpu]]:
+        """GPU readings over time in one shape, oldest first: each moment a list of
+        :class:`Gpu` with ``timestamp`` set (unix seconds). An ``nvidia-smi -l`` loop read
+        offline is the latest Snapshot's ``gpu_series``; live, each Snapshot's ``gpus`` is one
+        moment (stamped with the Snapshot's time when the source did not)."""
+        from dataclasses import replace
+
+        latest = self.latest
+        if latest is not None and latest.gpu_series:
+            return [list(m) for m in latest.gpu_series]
+        out: list[list[Gpu]] = []
+        for s in self.snapshots:
+            if not s.gpus:
+                continue
+            moment = [g if g.timestamp is not None else replace(g, timestamp=s.timestamp) for g in s.gpus]
+            if all(g.timestamp is not None for g in moment):
+                out.append(moment)
+        return out

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kvdoctor.facts import SourceError, SourceStatus, Timeline
+from kvdoctor.facts import Snapshot, SourceError, SourceStatus, Timeline
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,9 +78,34 @@ class InputOptions:
         )
 
     @property
+    def only_log_beside_urls(self) -> bool:
+        """True for ``--metrics URL … --log FILE`` and no other artifact: the URLs are sampled
+        live and the log followed as it grows (``record``/``bundle`` over a duration)."""
+        file_metrics = any(not _is_url(m) for m in self.metrics)
+        others = (
+            bool(self.nvidia_smi)
+            or file_metrics
+            or any(
+                v is not None
+                for v in (
+                    self.compute_apps,
+                    self.cmdline,
+                    self.model_config,
+                    self.env_file,
+                    self.ps_file,
+                    self.dmesg_file,
+                )
+            )
+        )
+        return bool(self.urls) and self.log is not None and not others
+
+    @property
     def is_live(self) -> bool:
-        """True when the machine itself is read (no bundle, demo, recording or file artifact)."""
-        return not (self.bundle or self.demo or self.recording or self.has_artifacts)
+        """True when the machine itself is read: no bundle, demo, recording or file artifact,
+        or only ``--log`` beside ``--metrics`` URLs."""
+        if self.bundle or self.demo or self.recording:
+            return False
+        return not self.has_artifacts or self.only_log_beside_urls
 
 
 def _is_url(value: str) -> bool:
@@ -164,12 +189,18 @@ def options_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> InputOptions:
     return InputOptions(**values)
 
 
-def open_feed(opts: InputOptions) -> Any:
+def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None] | None = None) -> Any:
     """The feed for ``opts`` (a :class:`~kvdoctor.sampler.SnapshotFeed`).
 
-    Bundle / demo / artifacts / recording are read now into a finite feed; live returns a
-    :class:`~kvdoctor.sampler.LiveFeed` that reads the machine on each ``next()``. Raises
-    :class:`InputError` for inputs that cannot be opened at all (one line, no input bytes)."""
+    Bundle / demo / artifacts / recording are read now into a finite feed; live (no input, or
+    ``--metrics URL`` with at most ``--log``) returns a :class:`~kvdoctor.sampler.LiveFeed`
+    that reads the machine on each ``next()`` (the URLs scraped, the log followed); a URL among
+    other file artifacts is scraped once. Artifacts
+    given beside a bundle are merged in (:func:`merge_timelines`); beside a recording they are
+    refused. ``raw_sink(unix_seconds, url, page_text)`` receives the text of each ``--metrics
+    URL`` scraped while opening offline inputs (``kvdoctor bundle`` keeps it; live feeds keep
+    theirs in ``LiveFeed.last_raw``). Raises :class:`InputError` for inputs that cannot be
+    opened at all (one line, no input bytes)."""
     from kvdoctor.sampler import LiveFeed, TimelineFeed
 
     chosen = [
@@ -179,20 +210,23 @@ def open_feed(opts: InputOptions) -> Any:
     ]
     if len(chosen) > 1:
         raise InputError(f"{' and '.join(chosen)} are exclusive")
+    if opts.recording is not None and (opts.has_artifacts or opts.urls):
+        # A recording replays on its own; an artifact beside it would be silently unused.
+        raise InputError("--recording replays on its own: give other artifacts without it")
     try:
         if opts.recording is not None:
             from kvdoctor.sources.recording import open_recording
 
             return open_recording(opts.recording)
         if opts.bundle is not None or opts.demo:
-            timeline = _load_bundle(opts)
+            timeline = _load_bundle(opts, raw_sink)
             return TimelineFeed(timeline.snapshots, label=_bundle_label(opts))
-        if opts.has_artifacts:
-            timeline = _load_artifacts(opts)
+        if opts.has_artifacts and not opts.is_live:
+            timeline = _load_artifacts(opts, raw_sink)
             return TimelineFeed(timeline.snapshots, label="artifacts")
     except SourceError as e:
         raise InputError(str(e).splitlines()[0] if str(e) else "cannot read input") from None
-    from kvdoctor.collect import LiveOptions
+    from kvdoctor.sampler import LiveOptions
 
     live = LiveOptions(
         metrics_urls=opts.urls,
@@ -208,7 +242,7 @@ def _bundle_label(opts: InputOptions) -> str:
     return f"demo:{DEMO_CASE}" if opts.demo else f"bundle {opts.bundle}"
 
 
-def _load_bundle(opts: InputOptions) -> Timeline:
+def _load_bundle(opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None) -> Timeline:
     from kvdoctor.sources.bundle import load_bundle
 
     path = demo_bundle_dir() if opts.demo else opts.bundle
@@ -216,7 +250,72 @@ def _load_bundle(opts: InputOptions) -> Timeline:
     timeline = load_bundle(path).timeline
     if opts.demo:
         _relabel(timeline, str(path), f"demo:{DEMO_CASE}")
+    if opts.has_artifacts or opts.urls:
+        # Artifacts given beside the bundle are merged in, never dropped.
+        timeline = merge_timelines(timeline, _load_artifacts(opts, raw_sink))
     return timeline
+
+
+#: Snapshot fields an artifact given beside a bundle replaces (the bundle's own file is unused)
+_REPLACED: dict[str, tuple[str, ...]] = {
+    "log": ("vllm.log",),
+    "model": ("config.json",),
+    "configs": ("cmdline.txt", "engine-args.json", "engine-args.yaml"),
+    "xid_events": ("dmesg.txt",),
+    "gpu_series": (),
+}
+
+
+def merge_timelines(base: Timeline, extra: Timeline) -> Timeline:
+    """A bundle's Timeline with single artifacts given beside it (``--bundle B --log F``).
+
+    Both are shaped like ``sources.bundle``'s: metrics-only Snapshots of earlier scrapes, then
+    one full Snapshot. Scrapes of both are merged in time order; in the full Snapshot an
+    artifact's log, model config, launch command, XID events, GPU loop and process table
+    replace the bundle's (the bundle file's status says it was not used), its GPUs replace those
+    of the same (node, index) and are added otherwise, its env variables override. Sources of
+    both are listed. New Snapshots are built; neither input is changed."""
+    from dataclasses import replace
+
+    b_full, e_full = base.latest or Snapshot(), extra.latest or Snapshot()
+    scrapes = [(s.timestamp, s.metrics) for s in base.snapshots[:-1]]
+    scrapes += [(s.timestamp, s.metrics) for s in extra.snapshots[:-1]]
+    for full in (b_full, e_full):
+        if full.metrics:
+            scrapes.append((full.timestamp, full.metrics))
+    scrapes.sort(key=lambda sc: (sc[0] is None, sc[0] or 0.0))
+    changes: dict[str, object] = {}
+    unused: list[str] = []  # bundle files whose facts an artifact replaced
+    for name, files in _REPLACED.items():
+        value = getattr(e_full, name)
+        if value:
+            changes[name] = value
+            if getattr(b_full, name):
+                unused.extend(files)
+    if e_full.process_table_known:
+        changes["processes"], changes["process_table_known"] = e_full.processes, True
+        unused.append("ps.txt")
+    if e_full.gpus:
+        by_key = {(g.node, g.index): g for g in e_full.gpus}
+        gpus = [by_key.pop((g.node, g.index), g) for g in b_full.gpus]
+        changes["gpus"] = gpus + list(by_key.values())
+    if e_full.env:
+        changes["env"] = {**b_full.env, **e_full.env}
+    sources = [
+        replace(s, detail=f"{s.detail} (not used: the one given beside the bundle is)")
+        if s.status == "ok" and unused and s.origin.endswith(tuple(unused))
+        else s
+        for s in b_full.sources
+    ]
+    changes["sources"] = sources + list(e_full.sources)
+    if scrapes:
+        changes["timestamp"], changes["metrics"] = scrapes[-1]
+    full = replace(b_full, **changes)  # type: ignore[arg-type]
+    out = Timeline(max_len=max(base.max_len, extra.max_len))
+    for ts, ms in scrapes[:-1]:
+        out.append(Snapshot(timestamp=ts, metrics=ms))
+    out.append(full)
+    return out
 
 
 def _relabel(timeline: Timeline, prefix: str, label: str) -> None:
@@ -227,7 +326,9 @@ def _relabel(timeline: Timeline, prefix: str, label: str) -> None:
             s.detail = s.detail.replace(prefix, label)
 
 
-def _load_artifacts(opts: InputOptions) -> Timeline:
+def _load_artifacts(
+    opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None
+) -> Timeline:
     from kvdoctor.sources.bundle import Artifacts, load_artifacts
 
     art = Artifacts(
@@ -249,6 +350,8 @@ def _load_artifacts(opts: InputOptions) -> Timeline:
         try:
             text, ts = scrape(url, timeout=opts.timeout_s)
             art.metrics_texts.append((text, ts, url))
+            if raw_sink is not None:
+                raw_sink(ts, url, text)
         except SourceError as e:
             errors.append(SourceStatus("metrics", url, "error", str(e).splitlines()[0]))
     timeline = load_artifacts(art).timeline

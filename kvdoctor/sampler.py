@@ -7,22 +7,545 @@ A *feed* is where Snapshots come from (:class:`SnapshotFeed`): the live machine
 and evaluates the :class:`~kvdoctor.pipeline.Pipeline` after each read; ``diagnose`` collects a
 short window (:meth:`LiveLoop.collect`), ``watch`` and ``sidecar`` keep :meth:`LiveLoop.run`
 going on a thread of their own, ``record`` writes what it reads. No face writes its own loop.
+
+Live reads go through :class:`Sampler`: every source (:class:`LiveSource`: NVML, psutil,
+each /metrics endpoint, the log) is read concurrently with its own timeout, a failing one backs
+off exponentially with jitter and recovers by itself, and :class:`SourceHealth` says how each is
+doing (the sidecar exports it, the watch header shows it).
+
+GPU readings over time have one shape: a moment is a list of :class:`~kvdoctor.facts.Gpu` with
+``timestamp`` set. Live, each Snapshot's ``gpus`` is one moment (NVML readings are stamped);
+offline, an ``nvidia-smi -l`` loop is the bundle Snapshot's ``gpu_series``.
+:meth:`~kvdoctor.facts.Timeline.gpu_moments` reads either.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kvdoctor.facts import Snapshot, SourceStatus, Timeline
+from kvdoctor.facts import (
+    EngineConfig,
+    Snapshot,
+    SourceError,
+    SourceStatus,
+    SourceStatusValue,
+    Timeline,
+    VllmLog,
+)
 
 if TYPE_CHECKING:
-    from kvdoctor.collect import LiveOptions
     from kvdoctor.pipeline import Pipeline
     from kvdoctor.report import Report
+
+
+# --------------------------------------------------------------------------- live sources
+
+
+@dataclass
+class LiveOptions:
+    """What to read live. ``metrics_urls`` empty → discovered from the vLLM API server processes'
+    ports (psutil) on every read, so engines that start or stop are picked up.
+
+    Seconds everywhere: ``interval_s`` between reads, ``timeout_s`` per source and read,
+    ``backoff_max_s`` the longest wait before a failing source is tried again.
+    ``window_s`` is :func:`kvdoctor.collect.collect_live`'s window."""
+
+    metrics_urls: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    window_s: float = 5.0
+    interval_s: float = 1.0
+    timeout_s: float = 2.0
+    use_nvml: bool = True
+    use_processes: bool = True
+    backoff_max_s: float = 30.0
+
+
+@dataclass
+class Reading:
+    """What one live source read once: Snapshot fields by name (``{"gpus": [...]}``), the
+    status ("ok" or "missing") and its one-line ``detail``; ``raw`` is the page text of a
+    /metrics scrape (kept for ``kvdoctor bundle``), else None."""
+
+    values: dict[str, Any]
+    detail: str = ""
+    status: SourceStatusValue = "ok"
+    raw: str | None = None
+
+
+class LiveSource(Protocol):
+    """One live input behind one small interface (node_exporter's collector).
+
+    ``kind`` is spec/report.md's ``sources[].kind`` ("nvml", "processes", "metrics", "log");
+    ``origin`` names it ("NVML", "psutil", the URL, the log path) and is unique within a feed;
+    ``timeout_s`` bounds one :meth:`read` (the loop stops waiting for it then). :meth:`read`
+    raises any exception for a failure (SourceError with one line preferred): the loop turns it
+    into an "error" SourceStatus and backs off. Reads run on a worker thread, one at a time per
+    source.
+    """
+
+    kind: str
+    origin: str
+    timeout_s: float
+
+    def read(self) -> Reading:
+        """Read the input once; raise on failure."""
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds; never raises."""
+        ...
+
+
+@dataclass
+class SourceHealth:
+    """How one live source is doing, for the sidecar's ``kvdoctor_source_up`` family and the
+    watch header. Times are unix seconds, durations seconds.
+
+    ``up``: the last attempt succeeded (None before the first); ``errors_total`` counts failed
+    attempts (timeouts included) since the feed started; ``consecutive_errors`` resets on a
+    success; ``next_attempt_ts`` is when a backing-off source is tried again (None: next read).
+    """
+
+    kind: str
+    origin: str
+    up: bool | None = None
+    last_success_ts: float | None = None
+    last_attempt_ts: float | None = None
+    last_duration_s: float | None = None
+    last_error: str | None = None
+    errors_total: int = 0
+    consecutive_errors: int = 0
+    next_attempt_ts: float | None = None
+
+
+class NvmlSource:
+    """GPUs through NVML (``kvdoctor.sources.nvml.NvmlReader``: ``nvmlDeviceGetMemoryInfo``,
+    ``…GetUtilizationRates``, ``…GetComputeRunningProcesses``, …). A failure shuts NVML down
+    so the next attempt initialises it afresh: a driver that comes back is picked up."""
+
+    kind = "nvml"
+    origin = "NVML"
+
+    def __init__(self, timeout_s: float = 2.0, factory: Callable[[], Any] | None = None) -> None:
+        self.timeout_s = timeout_s
+        self._factory = factory
+        self._reader: Any = None
+
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
+        import kvdoctor.sources.nvml  # noqa: F401
+
+    def read(self) -> Reading:
+        """Every GPU, each stamped with the reading's unix time (one shape with a CSV loop)."""
+        try:
+            if self._reader is None:
+                if self._factory is not None:
+                    self._reader = self._factory()
+                else:
+                    from kvdoctor.sources.nvml import NvmlReader
+
+                    self._reader = NvmlReader()
+            gpus = self._reader.read()
+        except SourceError:
+            self.close()
+            raise
+        except Exception as e:  # pynvml raises its own error types
+            self.close()
+            raise SourceError(f"NVML: {type(e).__name__}: {_one_line(e)}") from None
+        now = time.time()
+        stamped = [g if g.timestamp is not None else replace(g, timestamp=now) for g in gpus]
+        return Reading({"gpus": stamped}, f"{len(stamped)} GPU(s)")
+
+    def close(self) -> None:
+        """``nvmlShutdown`` (through the reader); never raises."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:
+                pass
+
+
+class ProcessSource:
+    """vLLM processes through psutil (``kvdoctor.sources.processes.list_processes``): command
+    lines (redacted), CPU, RSS, listening ports, roles."""
+
+    kind = "processes"
+    origin = "psutil"
+
+    def __init__(self, timeout_s: float = 2.0) -> None:
+        self.timeout_s = timeout_s
+
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
+        import kvdoctor.sources.processes  # noqa: F401
+
+    def read(self) -> Reading:
+        """The vLLM process table; "missing" when no vLLM process runs."""
+        from kvdoctor.sources import processes
+
+        procs = processes.list_processes()
+        values = {"processes": procs, "process_table_known": True}
+        if procs:
+            return Reading(values, f"{len(procs)} vLLM process(es)")
+        return Reading(values, "no vLLM server or engine process running", status="missing")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class MetricsSource:
+    """One vLLM ``/metrics`` endpoint over HTTP (``kvdoctor.sources.metrics.scrape``, httpx)."""
+
+    kind = "metrics"
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        self.origin = url
+        self.timeout_s = timeout_s
+
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (httpx costs tens of ms; on the caller's thread,
+        outside the timeout)."""
+        import httpx  # noqa: F401
+
+        import kvdoctor.sources.metrics  # noqa: F401
+
+    def read(self) -> Reading:
+        """One scrape parsed into EngineMetrics; the page text kept in ``raw``."""
+        from kvdoctor.sources.metrics import parse_metrics, scrape
+
+        text, ts = scrape(self.origin, timeout=self.timeout_s)
+        ms = parse_metrics(text, origin=self.origin, timestamp=ts)
+        return Reading({"metrics": ms}, f"{len(ms)} engine(s)", raw=text)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class LogSource:
+    """The vLLM log file followed as it grows (``kvdoctor.sources.vllm_log.LogFollower``: only
+    appended lines are parsed). Each change gives a new :class:`~kvdoctor.facts.VllmLog` (the
+    follower's own keeps growing), so Snapshots never see a log change under them and a
+    recording writes only the appended events. A file that appears later is picked up."""
+
+    kind = "log"
+
+    def __init__(self, path: Path, timeout_s: float = 2.0) -> None:
+        self.path = path
+        self.origin = str(path)
+        self.timeout_s = timeout_s
+        self._follower: Any = None
+        self._view: VllmLog | None = None
+        self._seen: tuple[int, int, str | None] | None = None
+
+    def warm(self) -> None:
+        """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
+        import kvdoctor.sources.bundle  # noqa: F401
+        import kvdoctor.sources.vllm_log  # noqa: F401
+
+    def read(self) -> Reading:
+        """Parse what was appended since the last read."""
+        from kvdoctor.sources.bundle import describe_log
+        from kvdoctor.sources.vllm_log import LogFollower, check_log_file
+
+        if self._follower is None:
+            check_log_file(self.path)
+            self._follower = LogFollower(self.path)
+        try:
+            self._follower.poll()
+        except Exception:
+            self._follower = None  # start again from the top next time
+            raise
+        log = self._follower.log
+        key = (log.line_count, len(log.events), log.vllm_version)
+        if self._view is None or key != self._seen:
+            self._view = replace(log, events=list(log.events), args=dict(log.args))
+            self._seen = key
+        return Reading({"log": self._view}, describe_log(self._view))
+
+    @property
+    def last_log(self) -> VllmLog | None:
+        """The last log read, kept while the file is unreadable (a log only grows)."""
+        return self._view
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass
+class _State:
+    source: LiveSource
+    health: SourceHealth
+    future: Future[tuple[Reading, float]] | None = None
+    started: float = 0.0
+    next_attempt: float = 0.0
+
+
+def _timed(fn: Callable[[], Reading]) -> tuple[Reading, float]:
+    t0 = time.monotonic()
+    return fn(), time.monotonic() - t0
+
+
+class Sampler:
+    """Reads every live source concurrently once per :meth:`sample` into one Snapshot.
+
+    Each source runs on a worker thread with its own deadline (``timeout_s``): a source still
+    running at its deadline is dropped for that read ("error", "timed out after 2s") and the
+    others are used; it is not started again while that read hangs. A failing source is retried
+    with exponential backoff and jitter (the interval doubling up to ``backoff_max_s``, times a
+    random 0.5..1) and recovers by itself: NVML is initialised afresh, the log reopened.
+    Without ``--metrics`` URLs the /metrics endpoints are discovered from the API server
+    processes on every read (engines that start are scraped, those that stop are dropped).
+    ``sources`` replaces the default set (tests inject slow or failing ones).
+    """
+
+    def __init__(
+        self,
+        opts: LiveOptions,
+        *,
+        sources: list[LiveSource] | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.opts = opts
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kvdoctor-source")
+        self._states: dict[str, _State] = {}
+        self._fixed_urls = list(opts.metrics_urls)
+        #: /metrics page texts of the last read, origin → (unix seconds, text)
+        self.last_raw: dict[str, tuple[float, str]] = {}
+        self._configs: dict[tuple[str, ...], EngineConfig | None] = {}
+        self._log_source: LogSource | None = None
+        self._warmed: set[int] = set()
+        base: list[LiveSource]
+        if sources is not None:
+            base = list(sources)
+        else:
+            base = []
+            if opts.use_nvml:
+                base.append(NvmlSource(opts.timeout_s))
+            if opts.use_processes:
+                base.append(ProcessSource(opts.timeout_s))
+            for url in self._fixed_urls:
+                base.append(MetricsSource(url, opts.timeout_s))
+            if opts.log_path is not None:
+                self._log_source = LogSource(opts.log_path, opts.timeout_s)
+                base.append(self._log_source)
+        for src in base:
+            self._add(src)
+        self._default_sources = sources is None
+        self._discovering = sources is None and not self._fixed_urls and opts.use_processes
+
+    def _add(self, src: LiveSource) -> _State:
+        st = _State(src, SourceHealth(src.kind, src.origin))
+        # copy-on-write: health() may iterate from another thread (sidecar, watch)
+        self._states = {**self._states, f"{src.kind}\0{src.origin}": st}
+        return st
+
+    def health(self) -> list[SourceHealth]:
+        """Per-source health, in source order (copies; safe to read from another thread)."""
+        return [replace(st.health) for st in list(self._states.values())]
+
+    # ------------------------------------------------------------------ one read
+
+    def _start(self, st: _State, now: float, statuses: dict[str, SourceStatus]) -> None:
+        key = f"{st.source.kind}\0{st.source.origin}"
+        if st.future is not None and not st.future.done():
+            # The previous read still hangs: do not pile threads up behind it.
+            self._fail(st, f"timed out after {st.source.timeout_s:g}s (still running)", now, None)
+            statuses[key] = self._status(st, st.health.last_error or "")
+            return
+        if st.future is not None:
+            st.future = None
+        if now < st.next_attempt:
+            wait = st.next_attempt - now
+            statuses[key] = self._status(st, f"{st.health.last_error} (retrying in {wait:.1f}s)")
+            return
+        warm = getattr(st.source, "warm", None)
+        if callable(warm) and id(st.source) not in self._warmed:
+            # Imports take the import lock and, on a loaded host, seconds: never inside a
+            # source's timeout (two threads importing at once would wait on each other).
+            self._warmed.add(id(st.source))
+            try:
+                warm()
+            except Exception:
+                pass  # read() will say what is missing
+            now = self._clock()
+        st.started = now
+        st.health.last_attempt_ts = time.time()
+        st.future = self._pool.submit(_timed, st.source.read)
+
+    def _finish(self, st: _State, snap: Snapshot, statuses: dict[str, SourceStatus]) -> None:
+        key = f"{st.source.kind}\0{st.source.origin}"
+        fut = st.future
+        if fut is None or key in statuses:
+            return
+        remaining = st.started + st.source.timeout_s - self._clock()
+        try:
+            reading, duration = fut.result(timeout=max(0.0, remaining))
+        except FutureTimeout:
+            self._fail(st, f"timed out after {st.source.timeout_s:g}s", self._clock(), None)
+            statuses[key] = self._status(st, st.health.last_error or "")
+            return
+        except Exception as e:
+            st.future = None
+            self._fail(st, _one_line(e), self._clock(), self._clock() - st.started)
+            statuses[key] = self._status(st, st.health.last_error or "")
+            return
+        st.future = None
+        h = st.health
+        h.up, h.last_success_ts, h.last_duration_s = True, time.time(), duration
+        h.consecutive_errors, h.last_error, h.next_attempt_ts = 0, None, None
+        st.next_attempt = 0.0
+        for name, value in reading.values.items():
+            if name == "metrics":
+                snap.metrics.extend(value)
+            else:
+                setattr(snap, name, value)
+        if reading.raw is not None and snap.metrics:
+            self.last_raw[st.source.origin] = (snap.metrics[-1].timestamp or time.time(), reading.raw)
+        statuses[key] = SourceStatus(
+            st.source.kind,
+            st.source.origin,
+            reading.status,
+            reading.detail,
+            duration_s=duration,
+            last_success=h.last_success_ts,
+        )
+
+    def _fail(self, st: _State, message: str, now: float, duration: float | None) -> None:
+        h = st.health
+        h.up = False
+        h.last_error = message
+        h.errors_total += 1
+        h.consecutive_errors += 1
+        if duration is not None:
+            h.last_duration_s = duration
+        n = h.consecutive_errors
+        if n >= 2:
+            delay = min(self.opts.backoff_max_s, self.opts.interval_s * 2 ** (n - 1))
+            delay *= self._rng.uniform(0.5, 1.0)
+            st.next_attempt = now + delay
+            h.next_attempt_ts = time.time() + delay
+        else:
+            st.next_attempt = 0.0
+            h.next_attempt_ts = None
+
+    def _status(self, st: _State, detail: str) -> SourceStatus:
+        h = st.health
+        return SourceStatus(
+            st.source.kind,
+            st.source.origin,
+            "error",
+            detail,
+            duration_s=h.last_duration_s,
+            last_success=h.last_success_ts,
+        )
+
+    def _rediscover(self, snap: Snapshot, statuses: dict[str, SourceStatus]) -> None:
+        """Metrics endpoints from this read's API server processes; new ones start now."""
+        if not snap.process_table_known:
+            return  # psutil failed this time: keep the endpoints known
+        from kvdoctor.sources.processes import metrics_url_for
+
+        urls: list[str] = []
+        for p in snap.processes:
+            url = metrics_url_for(p) if p.vllm_role == "api_server" else None
+            if url and url not in urls:
+                urls.append(url)
+        gone = [
+            k
+            for k, st in self._states.items()
+            if st.source.kind == "metrics" and st.source.origin not in urls
+        ]
+        if gone:  # those engines stopped
+            self._states = {k: st for k, st in self._states.items() if k not in gone}
+            for k in gone:
+                self.last_raw.pop(k.split("\0", 1)[1], None)
+        now = self._clock()
+        for url in urls:
+            if f"metrics\0{url}" not in self._states:
+                self._start(self._add(MetricsSource(url, self.opts.timeout_s)), now, statuses)
+
+    def sample(self) -> Snapshot:
+        """Read every live source once, concurrently; never raises for a source failure.
+
+        Waits at most the longest source timeout. Statuses come in source order; with no
+        /metrics endpoint known a "missing" metrics status says how to give one."""
+        snap = Snapshot(timestamp=time.time())
+        statuses: dict[str, SourceStatus] = {}
+        now = self._clock()
+        for st in list(self._states.values()):
+            self._start(st, now, statuses)
+        proc = self._states.get("processes\0psutil")
+        if proc is not None and self._discovering:
+            self._finish(proc, snap, statuses)
+            self._rediscover(snap, statuses)
+        for st in list(self._states.values()):
+            self._finish(st, snap, statuses)
+        if self._log_source is not None and snap.log is None:
+            snap.log = self._log_source.last_log  # unreadable now: what was read stays true
+        ordered = [statuses[k] for k in self._states if k in statuses]
+        if self._default_sources and not any(st.source.kind == "metrics" for st in self._states.values()):
+            insert = next((i for i, s in enumerate(ordered) if s.kind == "log"), len(ordered))
+            ordered.insert(
+                insert,
+                SourceStatus(
+                    "metrics", "/metrics", "missing", "no vLLM server found to scrape (give --metrics URL)"
+                ),
+            )
+        snap.sources = ordered
+        return snap
+
+    def configs(self, snap: Snapshot) -> list[EngineConfig]:
+        """Engine configs from the live API servers' command lines (``/proc/PID/cmdline`` via
+        psutil, redacted; ``kvdoctor.sources.cmdline.parse_argv``). A command line parsed once
+        gives the same EngineConfig object on every read."""
+        from kvdoctor.sources.cmdline import parse_argv
+
+        out = []
+        for p in snap.processes:
+            if p.vllm_role != "api_server" or not p.cmdline:
+                continue
+            key = (str(p.pid), *p.cmdline)
+            if key not in self._configs:
+                if len(self._configs) > 256:
+                    self._configs.clear()  # engines came and went: keep the cache bounded
+                try:
+                    self._configs[key] = parse_argv(p.cmdline, origin=f"pid {p.pid}")
+                except SourceError:
+                    self._configs[key] = None
+            cfg = self._configs[key]
+            if cfg is not None:
+                out.append(cfg)
+        return out
+
+    def close(self) -> None:
+        """Release every source (nvmlShutdown) and the worker threads; never raises. A read
+        that hangs is abandoned, not waited for."""
+        for st in list(self._states.values()):
+            try:
+                st.source.close()
+            except Exception:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+# --------------------------------------------------------------------------- feeds and the loop
 
 
 class SnapshotFeed(Protocol):
@@ -33,6 +556,11 @@ class SnapshotFeed(Protocol):
     exhausted. :meth:`next` never raises for a source failure: that becomes a
     :class:`~kvdoctor.facts.SourceStatus` in the Snapshot. ``label`` names the input for headers
     ("live", "bundle b.tar.gz", "recording r.jsonl.gz").
+
+    Optional, looked up with ``getattr`` by :class:`LiveLoop`: ``health()`` → list of
+    :class:`SourceHealth` (:class:`LiveFeed`); ``keep_last(n)`` (a recording: pass over all
+    but the last ``n`` Snapshots without decoding them); ``seek(i)``, ``position``, ``len()``
+    (a recording, a :class:`TimelineFeed`: replay controls).
     """
 
     live: bool
@@ -65,6 +593,10 @@ class TimelineFeed:
         """Index of the Snapshot :meth:`next` returns next (0-based)."""
         return self._pos
 
+    def seek(self, index: int) -> None:
+        """Move to Snapshot ``index`` (clamped to 0..len)."""
+        self._pos = max(0, min(index, len(self._snapshots)))
+
     def next(self) -> Snapshot | None:
         """The next Snapshot, or None at the end."""
         if self._pos >= len(self._snapshots):
@@ -78,17 +610,23 @@ class TimelineFeed:
 
 
 class LiveFeed:
-    """The live machine: each :meth:`next` reads every live source once (``kvdoctor.collect``
-    Sampler: NVML, psutil process table, /metrics over HTTP, the log followed as it grows) and
-    attaches the engine configs parsed from the API servers' command lines (redacted)."""
+    """The live machine: each :meth:`next` reads every live source once through
+    :class:`Sampler` (NVML, psutil process table, /metrics over HTTP, the log followed as it
+    grows) and attaches the engine configs parsed from the API servers' command lines
+    (redacted). :meth:`health` says how each source is doing; :attr:`last_raw` holds the
+    /metrics page texts of the last read (``kvdoctor bundle`` writes them as they came)."""
 
     live = True
 
-    def __init__(self, opts: LiveOptions) -> None:
-        from kvdoctor.collect import Sampler
-
+    def __init__(
+        self,
+        opts: LiveOptions,
+        *,
+        sources: list[LiveSource] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.opts = opts
-        self._sampler = Sampler(opts)
+        self._sampler = Sampler(opts, sources=sources, rng=rng)
         self.label = "live"
 
     def next(self) -> Snapshot:
@@ -97,8 +635,17 @@ class LiveFeed:
         snap.configs = self._sampler.configs(snap)
         return snap
 
+    def health(self) -> list[SourceHealth]:
+        """Per-source health (:class:`SourceHealth`), in source order."""
+        return self._sampler.health()
+
+    @property
+    def last_raw(self) -> dict[str, tuple[float, str]]:
+        """/metrics page texts of the last read: URL → (unix seconds, text)."""
+        return self._sampler.last_raw
+
     def close(self) -> None:
-        """Release NVML; never raises."""
+        """Release NVML and the worker threads; never raises."""
         self._sampler.close()
 
 
@@ -160,19 +707,23 @@ class LiveLoop:
         max_cycles: int | None = None,
         duration_s: float | None = None,
         pace_finite: bool = False,
+        evaluate_every: int = 1,
     ) -> None:
         """Loop until ``stop`` is set, ``max_cycles`` or ``duration_s`` is reached, or a finite
         feed ends; call ``on_cycle`` after each read. A finite feed is read as fast as it goes
-        unless ``pace_finite`` (replay at ``interval_s``). Exceptions from ``on_cycle``
-        propagate (they are the face's bugs, not a source's)."""
+        unless ``pace_finite`` (replay at ``interval_s``). ``evaluate_every`` N evaluates the
+        pipeline on every Nth cycle only (a fast replay of a long recording; the other cycles
+        carry ``report=None``). Exceptions from ``on_cycle`` propagate (they are the face's
+        bugs, not a source's)."""
         start = self._clock()
         n = 0
+        every = max(1, evaluate_every)
         while not stop.is_set():
             if self.paused.is_set():
                 stop.wait(0.05)
                 continue
             t0 = self._clock()
-            cycle = self.step()
+            cycle = self.step(evaluate=(self._index % every == every - 1) or every == 1)
             if cycle is None:
                 return
             on_cycle(cycle)
@@ -184,21 +735,47 @@ class LiveLoop:
             if self.feed.live or pace_finite:
                 stop.wait(max(0.0, self.interval_s - (self._clock() - t0)))
 
-    def collect(self, window_s: float, *, sleep: Callable[[float], None] = time.sleep) -> Timeline:
+    def collect(
+        self,
+        window_s: float,
+        *,
+        sleep: Callable[[float], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> Timeline:
         """Read without evaluating: a live feed for ``window_s`` seconds at ``interval_s`` (one
-        read only when no /metrics answered, since rates need two scrapes), a finite feed to
-        its end. Returns the Timeline (``diagnose`` then evaluates once)."""
+        read only when no /metrics answered; at least two when one did, since rates need two
+        scrapes), a finite feed to
+        its end; ``stop`` ends it early (Ctrl-C). Returns the Timeline (``diagnose`` then
+        evaluates once)."""
         start = self._clock()
-        while True:
+        keep_last = getattr(self.feed, "keep_last", None)
+        if not self.feed.live and callable(keep_last):
+            # The Timeline keeps the last max_len Snapshots: a recording need not decode the rest.
+            keep_last(self.timeline.max_len)
+        while stop is None or not stop.is_set():
+            t0 = self._clock()
             cycle = self.step(evaluate=False)
-            if cycle is None or not self.feed.live:
-                if cycle is None:
-                    break
-                continue
-            if self._clock() - start >= window_s or not cycle.snapshot.metrics:
+            if cycle is None:
                 break
-            sleep(self.interval_s)
+            if not self.feed.live:
+                continue
+            if not cycle.snapshot.metrics:
+                break  # nothing to take a rate of: one read tells all
+            if self._clock() - start >= window_s and cycle.index >= 1:
+                break  # at least two scrapes, so counter rates exist
+            wait = max(0.0, self.interval_s - (self._clock() - t0))
+            if sleep is not None:
+                sleep(wait)
+            elif stop is not None:
+                stop.wait(wait)
+            else:
+                time.sleep(wait)
         return self.timeline
+
+    def health(self) -> list[SourceHealth]:
+        """Per-source health of a live feed (:class:`SourceHealth`); [] for a finite feed."""
+        fn = getattr(self.feed, "health", None)
+        return list(fn()) if callable(fn) else []
 
 
 def error_status(kind: str, origin: str, err: BaseException) -> SourceStatus:

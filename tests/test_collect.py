@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -13,38 +10,15 @@ from click.testing import CliRunner
 
 from kvdoctor.cli import cli
 from kvdoctor.collect import LiveOptions, collect_live
+from tests.conftest import FakeMetricsServer
 
 CASE = Path(__file__).parent / "data" / "cases" / "b17-v1-preemption-thrash-long-prompts"
-SCRAPES = sorted((CASE / "metrics").glob("*.txt"))
 
 
 @pytest.fixture
-def metrics_server() -> Iterator[str]:
+def metrics_server(fake_metrics_server: FakeMetricsServer) -> str:
     """Serves the b17 scrapes in order, one per GET (the last one repeats)."""
-    pages = [p.read_bytes() for p in SCRAPES]
-    state = {"i": 0}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = pages[min(state["i"], len(pages) - 1)]
-            state["i"] += 1
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return fake_metrics_server.url
 
 
 def test_sampler_reads_metrics_and_log_over_a_window(metrics_server: str, tmp_path: Path) -> None:
@@ -68,7 +42,9 @@ def test_sampler_reads_metrics_and_log_over_a_window(metrics_server: str, tmp_pa
     assert configs == []  # no process table read
 
 
-def test_live_diagnose_with_a_metrics_url(metrics_server: str) -> None:
+def test_live_diagnose_with_a_metrics_url(metrics_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No vLLM process here, whatever else runs on the machine.
+    monkeypatch.setattr("kvdoctor.sources.processes.list_processes", lambda *a, **k: [])
     r = CliRunner().invoke(
         cli,
         [

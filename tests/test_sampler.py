@@ -1,0 +1,228 @@
+"""The live loop's sources: concurrent reads with their own timeout, backoff with jitter,
+recovery, re-discovery of engines, per-source health."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvdoctor.facts import Gpu, HostProcess, SourceError, Timeline
+from kvdoctor.sampler import (
+    LiveFeed,
+    LiveLoop,
+    LiveOptions,
+    LogSource,
+    MetricsSource,
+    NvmlSource,
+    Reading,
+    Sampler,
+)
+from tests.conftest import FakeMetricsServer
+
+CASE = Path(__file__).parent / "data" / "cases" / "b17-v1-preemption-thrash-long-prompts"
+
+
+class FakeGpus:
+    kind, origin, timeout_s = "nvml", "NVML", 1.0
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self) -> Reading:
+        self.reads += 1
+        return Reading({"gpus": [Gpu(index=0, memory_used_bytes=2**30)]}, "1 GPU(s)")
+
+    def close(self) -> None:
+        pass
+
+
+class Flaky:
+    """Fails while ``failing`` is set; counts attempts."""
+
+    kind, origin, timeout_s = "log", "flaky.log", 1.0
+
+    def __init__(self) -> None:
+        self.failing = True
+        self.attempts = 0
+
+    def read(self) -> Reading:
+        self.attempts += 1
+        if self.failing:
+            raise SourceError("flaky.log: cannot read log: Permission denied")
+        return Reading({}, "ok now")
+
+    def close(self) -> None:
+        pass
+
+
+def _opts(**kw: object) -> LiveOptions:
+    base: dict[str, object] = {"use_nvml": False, "use_processes": False, "interval_s": 0.01}
+    base.update(kw)
+    return LiveOptions(**base)  # type: ignore[arg-type]
+
+
+def test_a_slow_metrics_endpoint_never_delays_the_gpu_reading(fake_metrics_server: FakeMetricsServer) -> None:
+    fake_metrics_server.delay_s = 3.0
+    gpus = FakeGpus()
+    sampler = Sampler(_opts(), sources=[gpus, MetricsSource(fake_metrics_server.url, timeout_s=0.3)])
+    try:
+        t0 = time.monotonic()
+        snap = sampler.sample()
+        took = time.monotonic() - t0
+        assert took < 2.0  # hang guard: bounded by the metrics timeout, not the 3 s stall
+        by_kind = {s.kind: s for s in snap.sources}
+        assert by_kind["nvml"].status == "ok" and snap.gpus[0].memory_used_bytes == 2**30
+        assert by_kind["metrics"].status == "error" and "timed out after 0.3s" in by_kind["metrics"].detail
+        # The hung read is not started again behind itself; the GPU read goes on.
+        snap = sampler.sample()
+        assert gpus.reads == 2 and {s.kind: s.status for s in snap.sources}["metrics"] == "error"
+        health = {h.kind: h for h in sampler.health()}
+        assert health["metrics"].up is False and health["metrics"].errors_total == 2
+        assert health["nvml"].up is True and health["nvml"].last_success_ts is not None
+    finally:
+        sampler.close()
+
+
+def test_a_failing_source_backs_off_with_jitter_and_recovers() -> None:
+    flaky = Flaky()
+    clock = [0.0]
+    sampler = Sampler(
+        _opts(interval_s=1.0, backoff_max_s=8.0),
+        sources=[flaky],
+        rng=random.Random(1),
+        clock=lambda: clock[0],
+    )
+    try:
+        attempts_at: list[float] = []
+        for t in range(40):
+            clock[0] = float(t)
+            before = flaky.attempts
+            snap = sampler.sample()
+            if flaky.attempts > before:
+                attempts_at.append(clock[0])
+            assert snap.sources[0].status == "error"
+        gaps = [b - a for a, b in zip(attempts_at, attempts_at[1:], strict=False)]
+        assert gaps[0] == 1.0  # the first failure retries on the next read
+        assert max(gaps) <= 8.0 + 1 and gaps[-1] >= 4.0  # doubling, capped at backoff_max_s
+        assert len(set(gaps[2:])) > 1 or len(gaps) < 4  # jittered, not a fixed period
+        h = sampler.health()[0]
+        assert h.consecutive_errors == len(attempts_at) and "Permission denied" in (h.last_error or "")
+        flaky.failing = False
+        for t in range(40, 60):
+            clock[0] = float(t)
+            snap = sampler.sample()
+            if snap.sources[0].status == "ok":
+                break
+        assert snap.sources[0].status == "ok" and snap.sources[0].detail == "ok now"
+        h = sampler.health()[0]
+        assert h.up is True and h.last_error is None and h.consecutive_errors == 0
+    finally:
+        sampler.close()
+
+
+def test_nvml_that_fails_is_initialised_afresh_and_comes_back() -> None:
+    calls = {"n": 0}
+
+    class Reader:
+        def read(self) -> list[Gpu]:
+            return [Gpu(index=0)]
+
+        def close(self) -> None:
+            pass
+
+    def factory() -> Reader:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise SourceError("NVML unavailable: Driver Not Loaded")
+        return Reader()
+
+    src = NvmlSource(factory=factory)
+    with pytest.raises(SourceError):
+        src.read()
+    got = src.read()
+    assert got.values["gpus"][0].timestamp is not None and calls["n"] == 2
+
+
+def test_engines_are_discovered_as_they_start_and_stop(
+    fake_metrics_server: FakeMetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = int(fake_metrics_server.url.rsplit(":", 1)[1].split("/")[0])
+    procs: list[HostProcess] = []
+    monkeypatch.setattr("kvdoctor.sources.processes.list_processes", lambda *a, **k: list(procs))
+    sampler = Sampler(_opts(use_processes=True))
+    try:
+        snap = sampler.sample()
+        assert {s.kind: s.status for s in snap.sources}["metrics"] == "missing"
+        procs.append(
+            HostProcess(
+                pid=4242,
+                name="vllm",
+                cmdline=["vllm", "serve", "m", "--port", str(port)],
+                listen_ports=[port],
+                vllm_role="api_server",
+            )
+        )
+        snap = sampler.sample()
+        ok = [s for s in snap.sources if s.kind == "metrics" and s.status == "ok"]
+        assert [s.origin for s in ok] == [fake_metrics_server.url] and snap.metrics
+        assert sampler.configs(snap)[0].model == "m"
+        procs.clear()
+        snap = sampler.sample()
+        assert {s.kind: s.status for s in snap.sources}["metrics"] == "missing" and not snap.metrics
+        assert all(h.kind != "metrics" for h in sampler.health())
+    finally:
+        sampler.close()
+
+
+def test_a_log_that_appears_later_is_followed_and_kept_while_unreadable(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    src = LogSource(log)
+    with pytest.raises(SourceError):
+        src.read()
+    log.write_text((CASE / "vllm.log").read_text())
+    first = src.read().values["log"]
+    assert first.vllm_version == "0.10.0"
+    again = src.read().values["log"]
+    assert again is first  # unchanged: the same fact, not a copy
+    with log.open("a") as fh:
+        fh.write("INFO 07-29 10:20:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s\n")
+    grown = src.read().values["log"]
+    assert grown is not first and grown.line_count == first.line_count + 1
+    assert first.line_count == len((CASE / "vllm.log").read_text().splitlines())  # never changed
+
+
+def test_live_loop_stops_on_the_stop_signal(fake_metrics_server: FakeMetricsServer) -> None:
+    feed = LiveFeed(_opts(metrics_urls=[fake_metrics_server.url], interval_s=0.05))
+    loop = LiveLoop(feed, None, interval_s=0.05)
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def on_cycle(c: object) -> None:
+        seen.append(1)
+        if len(seen) == 3:
+            stop.set()
+
+    t = threading.Thread(target=loop.run, args=(on_cycle, stop))
+    t.start()
+    t.join(10)
+    feed.close()
+    assert not t.is_alive() and len(seen) == 3
+    assert [h.kind for h in loop.health()] == ["metrics"] and loop.health()[0].up
+
+
+def test_gpu_readings_over_time_have_one_shape() -> None:
+    live = Timeline()
+    from kvdoctor.facts import Snapshot
+
+    for t in (10.0, 11.0, 12.0):
+        live.append(Snapshot(timestamp=t, gpus=[Gpu(index=0, memory_used_bytes=int(t))]))
+    moments = live.gpu_moments()
+    assert [[(g.index, g.timestamp) for g in m] for m in moments] == [[(0, 10.0)], [(0, 11.0)], [(0, 12.0)]]
+    offline = Timeline()
+    offline.append(Snapshot(gpu_series=[[g for g in m] for m in moments], gpus=moments[-1]))
+    assert offline.gpu_moments() == moments
+    assert live.snapshots[0].gpus[0].timestamp is None  # the facts were not changed
