@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvdoctor.plan:plan_command",
         "Plan KV-cache capacity for a model, GPU and vLLM flags (agrees with vLLM to the block).",
     ),
+    "watch": (
+        "kvdoctor.watch.command:watch_command",
+        "Live TUI: each GPU's memory by what holds it, engines, findings with their fix (--demo to try).",
+    ),
     "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
     "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
 }

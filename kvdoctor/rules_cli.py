@@ -150,9 +150,16 @@ def explain_command(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
         click.echo(f"kvdoctor: unknown rule '{rule_id}'{hint}", err=True)
         raise click.exceptions.Exit(EXIT_INVALID)
     console = _console()
+    for part in explain_renderables(rule):
+        console.print(part)
+
+
+def explain_renderables(rule: Rule) -> list[Any]:
+    """A rule's documentation as rich renderables, the text ``kvdoctor explain`` prints (and
+    ``kvdoctor watch``'s finding detail shows): id and title, a table of family, severity, needs,
+    thresholds, fixes and file, then the rule's markdown ``doc``."""
     head = Text(rule.id, style="bold")
     head.append(f" — {rule.title.source}")
-    console.print(head)
     meta = Table.grid(padding=(0, 2))
     meta.add_column(style="dim")
     meta.add_column()
@@ -167,8 +174,6 @@ def explain_command(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
     if rule.fix:
         meta.add_row("fixes", ", ".join(k for k, _ in rule.fix))
     meta.add_row("file", rule.path)
-    console.print(meta)
-    console.print()
     from rich.markdown import Markdown  # only explain renders markdown (~70 ms import)
 
-    console.print(Markdown(rule.doc))
+    return [head, meta, Text(""), Markdown(rule.doc)]
