@@ -297,6 +297,7 @@ class WatchApp(App[None]):
         self.filter_text = ""
         self.exit_message: str | None = None
         self._selected_key: Any = None
+        self._w: dict[str, Any] = {}
         self._rows: list[FindingRow] = []
         self._last_post = time.monotonic()
         self._rules = {r.id: r for r in pipeline.rules}
@@ -321,11 +322,28 @@ class WatchApp(App[None]):
 
     def on_mount(self) -> None:
         """Start the worker thread and a 1 s tick that keeps the header's age current."""
+        # Kept: queries go to the active screen, and a detail or help screen may be on top.
+        self._w = {
+            name: self.query_one(f"#{name}")
+            for name in ("header", "gpus", "engines", "lower", "findings-box", "findings-list", "filter")
+        }
         self._draw_header()
-        self.query_one("#findings-list", OptionList).focus()
+        self._ol.focus()
         self.set_interval(1.0, self._tick)
         if self.autostart:
             self.run_worker(self.controller.start, thread=True, group="control")
+
+    @property
+    def _ol(self) -> OptionList:
+        ol = self._w["findings-list"]
+        assert isinstance(ol, OptionList)
+        return ol
+
+    @property
+    def _filter(self) -> Input:
+        f = self._w["filter"]
+        assert isinstance(f, Input)
+        return f
 
     def on_unmount(self) -> None:
         """Stop the loop (without waiting for a worker that may be handing over a View)."""
@@ -335,6 +353,8 @@ class WatchApp(App[None]):
 
     def _post(self, view: View) -> None:
         # Worker thread → UI thread; blocks until the UI took the View (natural back-pressure).
+        if not self.is_running:
+            return
         try:
             self.call_from_thread(self.apply_view, view)
         except RuntimeError:
@@ -342,11 +362,13 @@ class WatchApp(App[None]):
 
     def apply_view(self, view: View) -> None:
         """Show a new View (UI thread)."""
+        if not self._w:
+            return
         self.view = view
         self.views_seen += 1
         self._last_post = time.monotonic()
         for pid in ("#gpus", "#engines"):
-            self.query_one(pid, PanelView).view = view
+            self._w[pid.lstrip("#")].view = view
         self._relayout()
         self._fill_findings()
         self._draw_header()
@@ -367,6 +389,8 @@ class WatchApp(App[None]):
         )
 
     def _draw_header(self) -> None:
+        if not self._w:
+            return
         text = header_panel.render(self.view, self._mode(), self.host or self.label, self.size.width or 80)
         if not self.shown["sources"]:
             text = text.split("\n")[0]
@@ -380,7 +404,7 @@ class WatchApp(App[None]):
             lines = text.split("\n")
             lines[0].append(f"  {self.controller.error}", style="bold red")
             text = Text("\n").join(lines)
-        self.query_one("#header", Static).update(text)
+        self._w["header"].update(text)
 
     def _tick(self) -> None:
         self._draw_header()
@@ -391,20 +415,22 @@ class WatchApp(App[None]):
         self._draw_header()
 
     def _relayout(self) -> None:
+        if not self._w:
+            return
         v = self.view
         busy = [not gpus_panel.is_idle(b) for b in v.gpus] if v else [True]
         n_e = len(v.engines) if v else 1
         lay = plan_layout(self.size.width or 80, self.size.height or 24, busy, n_e, self.shown)
-        hdr = self.query_one("#header", Static)
+        hdr = self._w["header"]
         hdr.styles.height = lay.header_height
-        gp = self.query_one("#gpus", PanelView)
+        gp = self._w["gpus"]
         gp.lines, gp.columns = lay.gpu_lines, lay.gpu_columns
         gp.styles.height = lay.gpu_height
         gp.set_class(not self.shown["gpus"], "-hidden")
-        ep = self.query_one("#engines", PanelView)
+        ep = self._w["engines"]
         ep.lines = lay.engine_lines
-        lower = self.query_one("#lower", Container)
-        box = self.query_one("#findings-box", Vertical)
+        lower = self._w["lower"]
+        box = self._w["findings-box"]
         box.set_class(not self.shown["findings"], "-hidden")
         ep.set_class(not self.shown["engines"], "-hidden")
         if lay.wide:
@@ -421,7 +447,7 @@ class WatchApp(App[None]):
         ep.refresh()
 
     def _fill_findings(self) -> None:
-        ol = self.query_one("#findings-list", OptionList)
+        ol = self._ol
         v = self.view
         rows = [r for r in (v.findings if v else []) if findings_panel.matches(r, self.filter_text)]
         keep = self._selected_key
@@ -525,7 +551,7 @@ class WatchApp(App[None]):
 
     def action_filter(self) -> None:
         """Show the filter box and focus it."""
-        f = self.query_one("#filter", Input)
+        f = self._filter
         f.add_class("-on")
         f.focus()
 
@@ -536,21 +562,21 @@ class WatchApp(App[None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         """Enter in the filter box goes back to the list."""
-        self.query_one("#findings-list", OptionList).focus()
+        self._ol.focus()
 
     def action_escape(self) -> None:
         """Esc clears and hides the filter."""
-        f = self.query_one("#filter", Input)
+        f = self._filter
         if f.has_class("-on") or self.filter_text:
             f.value = ""
             self.filter_text = ""
             f.remove_class("-on")
-            self.query_one("#findings-list", OptionList).focus()
+            self._ol.focus()
             self._fill_findings()
 
     def action_cursor(self, delta: int) -> None:
         """j / k move the selection."""
-        ol = self.query_one("#findings-list", OptionList)
+        ol = self._ol
         if int(delta) > 0:
             ol.action_cursor_down()
         else:
@@ -558,7 +584,7 @@ class WatchApp(App[None]):
 
     def action_open(self) -> None:
         """Enter opens the selected finding."""
-        ol = self.query_one("#findings-list", OptionList)
+        ol = self._ol
         if ol.highlighted is not None and 0 <= ol.highlighted < len(self._rows):
             self._open(self._rows[ol.highlighted])
 

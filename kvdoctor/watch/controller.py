@@ -205,6 +205,10 @@ class Controller:
             return False
         if self.paused:
             self.loop.paused.clear()
+            with self._ctl:
+                # After a seek while paused no thread runs: start one.
+                if self._thread is None or not self._thread.is_alive():
+                    self._launch()
         else:
             self.loop.paused.set()
         return self.paused
