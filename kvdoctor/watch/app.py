@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical, VerticalScroll
+from textual.geometry import Region
 from textual.screen import ModalScreen, Screen
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
@@ -92,7 +95,10 @@ def plan_layout(
 
 
 class PanelView(Widget):
-    """A panel drawn from the latest View by a renderer of the panel's width."""
+    """A panel drawn from the latest View by a renderer of the panel's width.
+
+    Line API: the renderer's lines become Strips once per View (or resize), and
+    :meth:`render_line` hands them out — no re-wrapping of the text for every frame."""
 
     DEFAULT_CSS = "PanelView { height: auto; }"
 
@@ -102,13 +108,60 @@ class PanelView(Widget):
         self.view: View | None = None
         self.lines = 4
         self.columns = 1
+        self._strips: list[Strip] = []
+        self._lines: list[Text] = []
+        self._built_for: tuple[int, int, int] | None = None
+        self._blank = Strip.blank(0)
 
-    def render(self) -> RenderableType:
+    def text(self) -> Text:
         """The panel's text at its current width."""
         w = max(10, self.content_size.width or self.size.width)
         if self.kind == "gpus":
             return gpus_panel.render(self.view, w, self.lines, self.columns)
         return engines_panel.render(self.view, w, self.lines)
+
+    def update_view(self, view: View | None) -> None:
+        """Take a new View and redraw the lines that changed (no re-layout)."""
+        self.view = view
+        key = (self.size.width, self.lines, self.columns)
+        if self._built_for != key or not self.size.width:
+            self._built_for = None
+            self.refresh()
+            return
+        old = self._strips
+        self._build(key)
+        changed = [y for y, strip in enumerate(self._strips) if y >= len(old) or old[y] != strip]
+        changed += range(len(self._strips), len(old))
+        for y in changed:
+            self.refresh(Region(0, y, self.size.width, 1))
+
+    def render(self) -> RenderableType:
+        """The whole text (for tests and screenshots that ask for it)."""
+        return self.text()
+
+    def _build(self, key: tuple[int, int, int]) -> None:
+        console = self.app.console
+        width, style = key[0], self.rich_style
+        old_lines, old_strips = (self._lines, self._strips) if self._built_for == key else ([], [])
+        self._lines = list(self.text().split("\n", allow_blank=True))
+        self._strips = []
+        for y, line in enumerate(self._lines):
+            if y < len(old_lines) and old_lines[y] == line:
+                self._strips.append(old_strips[y])  # unchanged line: keep its Strip
+                continue
+            line.no_wrap = True
+            # The widget's own style (background, colour) under the text's styles.
+            segs = list(Segment.apply_style(line.render(console, end=""), style=style))
+            self._strips.append(Strip(segs, line.cell_len).crop_extend(0, width, style))
+        self._blank = Strip.blank(width, style)
+        self._built_for = key
+
+    def render_line(self, y: int) -> Strip:
+        """Line ``y`` of the panel, cut or padded to the width (built once per View)."""
+        key = (self.size.width, self.lines, self.columns)
+        if self._built_for != key:
+            self._build(key)
+        return self._strips[y] if y < len(self._strips) else self._blank
 
 
 class HelpScreen(ModalScreen[None]):
@@ -298,6 +351,9 @@ class WatchApp(App[None]):
         self.exit_message: str | None = None
         self._selected_key: Any = None
         self._w: dict[str, Any] = {}
+        self._layout_key: Any = None
+        self._findings_key: Any = None
+        self._findings_rows: list[Any] = []
         self._rows: list[FindingRow] = []
         self._last_post = time.monotonic()
         self._rules = {r.id: r for r in pipeline.rules}
@@ -308,14 +364,14 @@ class WatchApp(App[None]):
         """Header, GPU cards, then engines and findings, and the footer of keys."""
         yield Static(id="header")
         gp = PanelView("gpus", id="gpus", classes="panel")
-        gp.border_title = "GPUs [1]"
+        gp.border_title = "[1] GPUs"
         yield gp
         with Container(id="lower"):
             ep = PanelView("engines", id="engines", classes="panel")
-            ep.border_title = "Engines [2]"
+            ep.border_title = "[2] Engines"
             yield ep
             with Vertical(id="findings-box", classes="panel") as box:
-                box.border_title = "Findings [3] — Enter opens, / filters"
+                box.border_title = "[3] Findings — Enter opens, / filters"
                 yield Input(placeholder="filter findings (Esc clears)", id="filter")
                 yield OptionList(id="findings-list")
         yield Footer()
@@ -367,8 +423,8 @@ class WatchApp(App[None]):
         self.view = view
         self.views_seen += 1
         self._last_post = time.monotonic()
-        for pid in ("#gpus", "#engines"):
-            self._w[pid.lstrip("#")].view = view
+        for name in ("gpus", "engines"):
+            self._w[name].update_view(view)
         self._relayout()
         self._fill_findings()
         self._draw_header()
@@ -404,10 +460,11 @@ class WatchApp(App[None]):
             lines = text.split("\n")
             lines[0].append(f"  {self.controller.error}", style="bold red")
             text = Text("\n").join(lines)
-        self._w["header"].update(text)
+        self._w["header"].update(text, layout=False)  # fixed height: no re-layout
 
     def _tick(self) -> None:
-        self._draw_header()
+        if self.controller.live:  # only live shows an age that changes between Views
+            self._draw_header()
 
     def on_resize(self) -> None:
         """Re-plan panel sizes for the new terminal size."""
@@ -421,13 +478,16 @@ class WatchApp(App[None]):
         busy = [not gpus_panel.is_idle(b) for b in v.gpus] if v else [True]
         n_e = len(v.engines) if v else 1
         lay = plan_layout(self.size.width or 80, self.size.height or 24, busy, n_e, self.shown)
+        gp, ep = self._w["gpus"], self._w["engines"]
+        key = (lay, tuple(self.shown.values()))
+        if key == self._layout_key:
+            return  # same sizes: a style change would re-run the layout for nothing
+        self._layout_key = key
         hdr = self._w["header"]
         hdr.styles.height = lay.header_height
-        gp = self._w["gpus"]
         gp.lines, gp.columns = lay.gpu_lines, lay.gpu_columns
         gp.styles.height = lay.gpu_height
         gp.set_class(not self.shown["gpus"], "-hidden")
-        ep = self._w["engines"]
         ep.lines = lay.engine_lines
         lower = self._w["lower"]
         box = self._w["findings-box"]
@@ -443,8 +503,8 @@ class WatchApp(App[None]):
             ep.styles.height = lay.engine_height
             ep.styles.width = "1fr"
             box.styles.width = "1fr"
-        gp.refresh()
-        ep.refresh()
+        gp.update_view(v)
+        ep.update_view(v)
 
     def _fill_findings(self) -> None:
         ol = self._ol
@@ -455,7 +515,21 @@ class WatchApp(App[None]):
             keep = self._rows[ol.highlighted].key
         self._rows = rows
         two = (self.size.height or 24) >= 30
-        width = max(20, (ol.content_size.width or ol.size.width or self.size.width or 80) - 1)
+        width = max(20, (ol.content_size.width or ol.size.width or self.size.width or 80) - 3)
+        prompts = [findings_panel.finding_prompt(r, v.now if v else 0, two, width) for r in rows]
+        fkey = (tuple(p.markup for p in prompts), self.filter_text, v is None)
+        if fkey == self._findings_key:
+            return  # unchanged: rebuilding the list would redraw it for nothing
+        same_rows = [r.key for r in rows] == self._findings_rows and v is not None and bool(rows)
+        prev = self._findings_key[0] if self._findings_key else None
+        self._findings_key = fkey
+        self._findings_rows = [r.key for r in rows]
+        if same_rows:
+            # Same findings, new numbers: replace the prompts in place (no list rebuild).
+            for i, p in enumerate(prompts):
+                if prev is None or i >= len(prev) or prev[i] != p.markup:
+                    ol.replace_option_prompt_at_index(i, p)
+            return
         ol.clear_options()
         if not rows:
             msg = "no findings" if not self.filter_text else f"no finding matches '{self.filter_text}'"

@@ -44,14 +44,20 @@ def memory_bar(b: GpuBreakdown, width: int) -> Text:
     mark = round(b.gmu * width) if b.gmu is not None else None
     if mark is not None:
         mark = min(width - 1, max(0, mark))
-    for i, part in enumerate(runs):
+    # One span per run of cells (not per cell): cheap to draw every second.
+    i = 0
+    while i < width:
+        part = runs[i]
+        j = i
+        while j < width and runs[j] == part and j != mark:
+            j += 1
         style = PART_STYLE.get(part, "")
-        if i == mark:
+        if j > i:
+            text.append(("·" if part == "free" else "█") * (j - i), style=style)
+        if j == mark:
             text.append("┃", style=f"bold bright_white on {style}" if part != "free" else "bold bright_white")
-        elif part == "free":
-            text.append("·", style=style)
-        else:
-            text.append("█", style=style)
+            j += 1
+        i = j
     return text
 
 
