@@ -30,13 +30,15 @@ from pathlib import Path
 
 from kvdoctor.facts import Gpu, GpuProcess, HistogramData, HostProcess, Snapshot, SourceStatus, Timeline
 from kvdoctor.sources.bundle import load_bundle
-from kvdoctor.sources.metrics import DISPLAY_HISTOGRAMS, parse_metrics
+from kvdoctor.sources.metrics import READ_HISTOGRAMS, parse_metrics
 from kvdoctor.sources.recording import RecordingWriter, open_recording
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = ROOT / "tests" / "data" / "cases" / "b17-v1-preemption-thrash-long-prompts"
 OUT = ROOT / "kvdoctor" / "data" / "demo" / "watch-demo.jsonl.gz"
 
+#: what the rules read, plus TTFT for the engine panel (the other latencies would only add bytes)
+HISTOGRAMS = (*READ_HISTOGRAMS, "vllm:time_to_first_token_seconds")
 START = 1753785600.0  # 2025-07-29 10:40:00 UTC, after b17's log
 STEPS = 240
 MIB = 2**20
@@ -83,7 +85,9 @@ def build() -> list[Snapshot]:
     # The log as it stood before this incident: startup lines only (b17's own stats lines
     # belong to its earlier run; the incident's state comes from /metrics).
     log = (
-        dataclasses.replace(base.log, events=[e for e in base.log.events if e.kind != "stats"])
+        dataclasses.replace(
+            base.log, origin="vllm.log", events=[e for e in base.log.events if e.kind != "stats"]
+        )
         if base.log
         else None
     )
@@ -96,7 +100,7 @@ def build() -> list[Snapshot]:
         HostProcess(JUPYTER_PID, 1, "python3.11", ["/opt/conda/bin/python3.11", "-m", "ipykernel"], 0.5, GIB),
     ] + [HostProcess(p, 1, "torchrun", ["torchrun", "train.py"], 100.0, 8 * GIB) for p in TRAIN_PIDS]
     page = sorted((CASE / "metrics").glob("*.txt"))[0].read_text()
-    template = parse_metrics(page, origin="http://127.0.0.1:8000/metrics", histograms=DISPLAY_HISTOGRAMS)[0]
+    template = parse_metrics(page, origin="http://127.0.0.1:8000/metrics", histograms=HISTOGRAMS)[0]
     gmu = 0.9
     engine_bytes = int(gmu * L40S_TOTAL) - 3 * GIB // 10  # what vLLM's EngineCore holds on the card
     preempt = template.num_preemptions_total or 0.0
