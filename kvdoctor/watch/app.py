@@ -304,8 +304,17 @@ class WatchApp(App[None]):
         Binding("q", "quit", "Quit"),
         Binding("question_mark,h", "help", "Help", key_display="?"),
         Binding("p", "pause", "Pause"),
-        Binding("plus,equals_sign", "interval(2)", "Interval+", key_display="+"),
-        Binding("minus", "interval(0.5)", "Interval-", key_display="-"),
+        Binding("plus,equals_sign", "interval(2)", "Interval", key_display="+/-"),
+        Binding("minus", "interval(0.5)", "Interval-", show=False),
+        # Replay only (hidden from the footer and inactive live; see check_action).
+        Binding("space", "play", "Play", key_display="space"),
+        # priority: the findings list would take ←/→ for scrolling otherwise
+        Binding("left", "seek(-1)", "Seek", key_display="←→", priority=True),
+        Binding("right", "seek(1)", "Seek+", show=False, priority=True),
+        Binding("shift+left", "seek(-10)", show=False, priority=True),
+        Binding("shift+right", "seek(10)", show=False, priority=True),
+        Binding("left_square_bracket", "speed(-1)", "Speed", key_display="[]"),
+        Binding("right_square_bracket", "speed(1)", "Faster", show=False),
         Binding("r", "record", "Record"),
         Binding("b", "bundle", "Bundle"),
         Binding("slash", "filter", "Filter", key_display="/"),
@@ -317,14 +326,9 @@ class WatchApp(App[None]):
         Binding("2", "panel('engines')", "Engines", show=False),
         Binding("3", "panel('findings')", "Findings", show=False),
         Binding("4", "panel('sources')", "Sources", show=False),
-        Binding("space", "play", "Play", show=False),
-        Binding("left", "seek(-1)", "Seek-", show=False),
-        Binding("right", "seek(1)", "Seek+", show=False),
-        Binding("shift+left", "seek(-10)", show=False),
-        Binding("shift+right", "seek(10)", show=False),
-        Binding("left_square_bracket", "speed(-1)", "Slower", show=False, key_display="["),
-        Binding("right_square_bracket", "speed(1)", "Faster", show=False, key_display="]"),
     ]
+    #: actions that only a replay has
+    REPLAY_ACTIONS = frozenset({"play", "seek", "speed"})
 
     def __init__(
         self,
@@ -672,3 +676,10 @@ class WatchApp(App[None]):
         """Quit (the worker is told to stop; it is a daemon thread)."""
         self.controller.stop(wait=False)
         self.exit()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Replay keys (space, ←/→, [/]) act and show in the footer only in a replay, and not
+        while the filter box has the focus (it takes the arrows and letters)."""
+        if action in self.REPLAY_ACTIONS:
+            return self.controller.replay and not isinstance(self.focused, Input)
+        return True

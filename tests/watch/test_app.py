@@ -325,3 +325,27 @@ def test_watch_help_does_not_import_textual_for_other_commands():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
     _ = threading  # (threads are the controller's)
+
+
+def test_bundle_input_reads_to_the_end_and_shows_its_findings(pipeline):
+    """--bundle: a finite feed read to its end; DP engines each get an engine line."""
+    from pathlib import Path
+
+    from kvdoctor.inputs import InputOptions, open_feed
+
+    bundle = Path(__file__).parents[1] / "data" / "bundles" / "r04-dp2-engines-preempting"
+
+    async def go():
+        feed = open_feed(InputOptions(bundle=bundle))
+        app = WatchApp(feed, pipeline, host="test-host")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.controller.ended and app.view is not None)
+            await pilot.pause(0.1)
+            assert app.view.report is not None and app.view.report.findings
+            assert "preemption-storm" in {r.finding.rule for r in app.view.findings}
+            assert len(app.view.engines) == 2  # DP=2: one line per engine label
+            assert "bundle" in _header(app)
+            await pilot.press("right")  # not a replay: seeking does nothing, raises nothing
+            await pilot.press("q")
+
+    run(go())
