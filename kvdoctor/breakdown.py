@@ -302,6 +302,22 @@ def _label_for(engine_id: str, index: int, labels: list[str]) -> str | None:
     return None
 
 
+def _recent(timeline: Timeline, window_s: float) -> Timeline:
+    """The snapshots of the last ``window_s`` seconds plus one before (the delta's baseline):
+    a live Timeline holds an hour, and the figures read a minute of it every second."""
+    snaps = timeline.snapshots
+    latest = snaps[-1].timestamp if snaps else None
+    if latest is None:
+        return timeline
+    i = len(snaps) - 1
+    while i > 0:
+        ts = snaps[i].timestamp
+        if ts is not None and ts < latest - window_s:
+            break
+        i -= 1
+    return Timeline(snapshots=snaps[i:], max_len=timeline.max_len)
+
+
 def engine_stats(timeline: Timeline, report: Report, window_s: float = 60.0) -> list[EngineStats]:
     """One :class:`EngineStats` per ``report.engines`` entry, from the engine's /metrics series
     in ``timeline`` (vllm:kv_cache_usage_perc, num_requests_running/waiting,
@@ -310,6 +326,7 @@ def engine_stats(timeline: Timeline, report: Report, window_s: float = 60.0) -> 
     Never raises."""
     from kvdoctor import timeline as tl
 
+    timeline = _recent(timeline, window_s)
     labels = sorted({m.engine for s in timeline.snapshots for m in s.metrics if m.engine is not None})
     out: list[EngineStats] = []
     for i, e in enumerate(report.engines):

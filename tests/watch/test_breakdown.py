@@ -157,3 +157,18 @@ def test_breakdown_does_not_mutate_facts(demo_feed, pipeline):
     gpu_breakdown(tl.latest, rep)
     engine_stats(tl, rep)
     assert tl.latest == before
+
+
+def test_engine_figures_read_only_the_window_of_a_long_timeline(demo_feed, pipeline):
+    """A long live Timeline is cut to its last minute plus the snapshot before it (the
+    baseline of the counter and histogram deltas)."""
+    from kvdoctor.breakdown import _recent
+
+    tl = Timeline()
+    for _ in range(200):
+        tl.append(demo_feed.next())
+    recent = _recent(tl, 60.0)
+    assert len(recent.snapshots) == 62  # 61 in [t-60, t] and the one before
+    latest = tl.snapshots[-1].timestamp
+    assert recent.snapshots[0].timestamp < latest - 60 <= recent.snapshots[1].timestamp
+    assert recent.snapshots[-1] is tl.snapshots[-1]
