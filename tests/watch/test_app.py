@@ -81,7 +81,8 @@ def test_every_key(demo_feed, pipeline, tmp_path):
             assert c.speed == 1.0
             await pilot.press("plus")
             assert c.speed == 0.5
-            await pilot.press("right_square_bracket")
+            await pilot.press(*["right_square_bracket"] * 4)
+            assert c.speed == 8.0  # (fast, so that the waits below are short)
             # space / p: play and pause
             await pilot.press("space")
             assert not c.paused
