@@ -613,3 +613,35 @@ def finish(root: Path, manifest: Manifest, out: Path) -> Path:
                 shutil.rmtree(target)
             shutil.move(str(item), str(target))
     return out
+
+
+def write_bundle(
+    timeline: Timeline,
+    out: Path,
+    *,
+    source: str,
+    opts: Any = None,
+    raw_metrics: list[tuple[float, str, str]] | None = None,
+    live: bool = False,
+) -> Manifest:
+    """Write a whole support bundle from what was read: the given input files copied (``opts``,
+    :class:`kvdoctor.inputs.InputOptions`, redacted), the Timeline's facts rendered for what no
+    file gave (``raw_metrics`` as in :func:`render_facts`), on a ``live`` host the tools of
+    :data:`LIVE_TOOLS`, the latest sources' errors, and ``manifest.json``; then moved to
+    ``out`` (directory or ``.tar.gz``). Used by ``kvdoctor bundle`` and watch's ``b`` key.
+    Returns the manifest. Raises OSError when ``out`` cannot be written."""
+    manifest = Manifest(input=source)
+    with tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-out-") as tmp:
+        root = Path(tmp) / "bundle"
+        root.mkdir()
+        if opts is not None:
+            copy_inputs(root, manifest, opts)
+        render_facts(root, manifest, timeline, list(raw_metrics or []), source)
+        if live:
+            run_tools(root, manifest)
+        latest = timeline.latest
+        for st in latest.sources if latest is not None else []:
+            if st.status == "error":
+                manifest.add("", st.kind, st.origin, "error", st.detail)
+        finish(root, manifest, out)
+    return manifest

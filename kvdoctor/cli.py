@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvdoctor.commands.bundle:bundle_command",
         "Write a redacted support bundle (directory or .tar.gz) from the current inputs.",
     ),
+    "watch": (
+        "kvdoctor.watch.command:watch_command",
+        "Live TUI: each GPU's memory by what holds it, engines, findings with their fix (--demo to try).",
+    ),
     "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
     "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
 }

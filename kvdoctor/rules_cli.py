@@ -153,9 +153,17 @@ def explain_command(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
         click.echo(f"kvdoctor: unknown rule '{rule_id}'{hint}", err=True)
         raise click.exceptions.Exit(EXIT_INVALID)
     console = _console()
+    for part in explain_renderables(rule, list(rules.values())):
+        console.print(part)
+
+
+def explain_renderables(rule: Rule, catalogue: list[Rule] | None = None) -> list[Any]:
+    """A rule's documentation as rich renderables, the text ``kvdoctor explain`` prints (and
+    ``kvdoctor watch``'s finding detail shows): id and title, a table of family, severity, needs,
+    thresholds, fixes, the findings it explains and (given the ``catalogue``) those that explain
+    it, and file, then the rule's markdown ``doc``."""
     head = Text(rule.id, style="bold")
     head.append(f" — {rule.title.source}")
-    console.print(head)
     meta = Table.grid(padding=(0, 2))
     meta.add_column(style="dim")
     meta.add_column()
@@ -171,14 +179,12 @@ def explain_command(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
         meta.add_row("fixes", ", ".join(k for k, _ in rule.fix))
     if rule.explains:
         meta.add_row("root cause of", ", ".join(rule.explains))
-    causes = sorted(r.id for r in rules.values() if rule.id in r.explains)
+    causes = sorted(r.id for r in catalogue or [] if rule.id in r.explains)
     if causes:
         meta.add_row("explained by", ", ".join(causes))
     if rule.for_s or rule.clear_for_s:
         meta.add_row("for / clear_for", f"{rule.for_s:g} s / {rule.clear_for_s:g} s (sidecar, watch)")
     meta.add_row("file", rule.path)
-    console.print(meta)
-    console.print()
     from rich.markdown import Markdown  # only explain renders markdown (~70 ms import)
 
-    console.print(Markdown(rule.doc))
+    return [head, meta, Text(""), Markdown(rule.doc)]

@@ -10,7 +10,6 @@ opened.
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -81,33 +80,24 @@ def bundle_command(output: Path, window_s: float, interval_s: float, force: bool
     except InputError as e:
         _fail(str(e))
         return
-    manifest = bw.Manifest(input=feed.label)
     try:
-        with tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-out-") as tmp:
-            root = Path(tmp) / "bundle"
-            root.mkdir()
-            bw.copy_inputs(root, manifest, opts)
-            loop = LiveLoop(feed, None, interval_s=interval_s)
+        loop = LiveLoop(feed, None, interval_s=interval_s)
 
-            def on_cycle(cycle: Cycle) -> None:
-                for url, (ts, text) in getattr(feed, "last_raw", {}).items():
-                    sink(ts, url, text)
+        def on_cycle(cycle: Cycle) -> None:
+            for url, (ts, text) in getattr(feed, "last_raw", {}).items():
+                sink(ts, url, text)
 
-            try:
-                loop.run(on_cycle, threading.Event(), duration_s=window_s if feed.live else None)
-            except KeyboardInterrupt:
-                pass  # Ctrl-C: bundle what was read so far
-            bw.render_facts(root, manifest, loop.timeline, raws, feed.label)
-            if feed.live:
-                bw.run_tools(root, manifest)
-            latest = loop.timeline.latest
-            for s in latest.sources if latest is not None else []:
-                if s.status == "error":
-                    manifest.add("", s.kind, s.origin, "error", s.detail)
-            try:
-                bw.finish(root, manifest, output)
-            except OSError as e:
-                _fail(f"{output}: cannot write bundle: {e.strerror or e}")
+        try:
+            loop.run(on_cycle, threading.Event(), duration_s=window_s if feed.live else None)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C: bundle what was read so far
+        try:
+            manifest = bw.write_bundle(
+                loop.timeline, output, source=feed.label, opts=opts, raw_metrics=raws, live=feed.live
+            )
+        except OSError as e:
+            _fail(f"{output}: cannot write bundle: {e.strerror or e}")
+            return
     finally:
         feed.close()
     written = [e for e in manifest.entries if e.status == "ok"]

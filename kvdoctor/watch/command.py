@@ -1,0 +1,87 @@
+"""The ``kvdoctor watch`` click command. Textual is imported only when the command runs."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvdoctor.inputs import input_options
+from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
+
+EXIT_UNKNOWN = 3
+#: the bundled recording ``watch --demo`` replays (tools/make_watch_demo.py makes it).
+DEMO_RECORDING = "watch-demo.jsonl.gz"
+#: where the demo starts: late enough that history fills the sparklines, before the incident.
+DEMO_START = 45
+
+
+def demo_recording_path() -> Path:
+    """Path of the bundled demo recording inside the installed package."""
+    return Path(str(resources.files("kvdoctor") / "data" / "demo" / DEMO_RECORDING))
+
+
+def _fail(message: str) -> None:
+    click.echo(f"kvdoctor: {message}", err=True)
+    raise click.exceptions.Exit(EXIT_UNKNOWN)
+
+
+@click.command("watch")
+@input_options
+@click.option(
+    "--interval",
+    "interval_s",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between live reads (+/- change it while watching).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="User config (thresholds, disabled rules); default $KVDOCTOR_CONFIG or ~/.config/kvdoctor/config.yaml.",
+)
+@rules_dir_option
+def watch_command(
+    interval_s: float, config_path: Path | None, rules_dirs: tuple[Path, ...], **inputs: Any
+) -> None:
+    """Live TUI: where each GPU's memory went, what each engine does, findings with their fix.
+
+    With no input option it reads the live machine (the same discovery as diagnose); --bundle,
+    single artifacts or --recording FILE (replay: space, ←/→, [/]) read files; --demo replays a
+    bundled incident on any machine. Keys: ? help, q quit.
+    """
+    from kvdoctor.inputs import InputError, open_feed, options_from_kwargs
+    from kvdoctor.pipeline import Pipeline, PipelineError
+
+    if interval_s <= 0:
+        _fail("--interval must be a positive number of seconds")
+    opts = options_from_kwargs(inputs, interval_s=interval_s)
+    start_at = None
+    label = None
+    if opts.demo:
+        if opts.bundle or opts.recording or opts.has_artifacts:
+            _fail("--demo cannot be combined with other inputs")
+        opts.demo, opts.recording = False, demo_recording_path()
+        start_at, label = DEMO_START, "demo"
+    try:
+        pipeline = Pipeline.load(resolve_rules_dirs(rules_dirs), config_path)
+    except PipelineError as e:
+        _fail(str(e))
+        return
+    try:
+        feed = open_feed(opts)
+    except InputError as e:
+        _fail(str(e))
+        return
+    if label:
+        feed.label = label
+    from kvdoctor.watch.app import WatchApp
+
+    app = WatchApp(feed, pipeline, interval_s=interval_s, start_at=start_at)
+    app.run()
+    if app.exit_message:
+        click.echo(app.exit_message, err=True)

@@ -1,0 +1,204 @@
+"""The GPU cards: a memory bar split into what holds it, the gmu × total line, sparklines of
+utilisation and memory, temperature / power / throttle reasons, and the GPU's processes."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from kvdoctor.breakdown import PART_LABELS, GpuBreakdown
+from kvdoctor.watch.controller import View
+from kvdoctor.watch.panels import gib, pct, sparkline
+
+#: colour of each breakdown part in the bar and legend.
+PART_STYLE = {
+    "weights": "dodger_blue2",
+    "kv_cache": "green3",
+    "activation": "magenta",
+    "engine": "dodger_blue2",
+    "other_engines": "orange1",
+    "foreign": "red1",
+    "unlisted": "grey50",
+    "free": "grey30",
+}
+PART_SHORT = {"activation": "act+graphs", "other_engines": "other eng", "kv_cache": "KV"}
+
+
+def memory_bar(b: GpuBreakdown, width: int) -> Text:
+    """``width`` cells: each part a run of cells in proportion to its bytes (largest
+    remainder), free as "·"; the engine's gmu × total line drawn as "┃"."""
+    total = b.total_bytes or sum(p.bytes for p in b.parts)
+    text = Text()
+    if width <= 0:
+        return text
+    if not total:
+        return Text("?" * width, style="grey50")
+    shares = [(p.part, p.bytes * width / total) for p in b.parts]
+    cells = [int(s) for _, s in shares]
+    order = sorted(range(len(shares)), key=lambda i: -(shares[i][1] - cells[i]))
+    for i in order[: max(0, width - sum(cells))]:
+        cells[i] += 1
+    runs: list[str] = []
+    for (part, _), n in zip(shares, cells, strict=False):
+        runs.extend([part] * n)
+    runs = (runs + ["free"] * width)[:width]
+    mark = round(b.gmu * width) if b.gmu is not None else None
+    if mark is not None:
+        mark = min(width - 1, max(0, mark))
+    # One span per run of cells (not per cell): cheap to draw every second.
+    i = 0
+    while i < width:
+        part = runs[i]
+        j = i
+        while j < width and runs[j] == part and j != mark:
+            j += 1
+        style = PART_STYLE.get(part, "")
+        if j > i:
+            text.append(("·" if part == "free" else "█") * (j - i), style=style)
+        if j == mark:
+            text.append("┃", style=f"bold bright_white on {style}" if part != "free" else "bold bright_white")
+            j += 1
+        i = j
+    return text
+
+
+def _title(b: GpuBreakdown, view: View, width: int) -> Text:
+    g = next((g for g in view.snapshot.gpus if g.index == b.index), None)
+    t = Text()
+    t.append(f"GPU{b.index} ", style="bold")
+    name = (b.name or "").replace("NVIDIA ", "")
+    if name and width >= 60:
+        t.append(name + " ", style="dim")
+    util = g.utilization_gpu if g is not None else None
+    spark_w = 16 if width >= 100 else 10 if width >= 70 else 0
+    t.append("util ")
+    if spark_w:
+        t.append(sparkline(view.gpu_util.get(b.index, []), spark_w), style="cyan")
+    t.append(f" {pct(util):>4} ")
+    if spark_w and width >= 90:
+        t.append("mem ")
+        t.append(sparkline(view.gpu_mem.get(b.index, []), spark_w), style="green3")
+        t.append(" ")
+    if g is not None:
+        if g.temperature_c is not None:
+            hot = g.temperature_c >= 85
+            t.append(f"{g.temperature_c:.0f}°C ", style="bold red" if hot else "")
+        if g.power_w is not None:
+            lim = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
+            t.append(f"{g.power_w:.0f}{lim}W ")
+        if g.clock_event_reasons:
+            t.append("⚠ " + ",".join(g.clock_event_reasons) + " ", style="yellow")
+        if g.mig_enabled:
+            t.append("MIG ", style="magenta")
+    if b.engine:
+        t.append("· " + b.engine.rsplit("/", 1)[-1], style="bold dodger_blue2")
+    t.truncate(width, overflow="ellipsis")
+    return t
+
+
+def _bar_line(b: GpuBreakdown, width: int, prefix: str = "") -> Text:
+    used = f" {gib(b.used_bytes)}/{gib(b.total_bytes)}"
+    gmu = f" gmu {b.gmu:.2f}" if b.gmu is not None and width >= 60 else ""
+    t = Text(prefix, style="bold")
+    bar_w = max(8, width - len(prefix) - len(used) - len(gmu) - 2)
+    t.append("▕")
+    t.append_text(memory_bar(b, bar_w))
+    t.append("▏")
+    t.append(used)
+    t.append(gmu, style="dim")
+    t.truncate(width, overflow="ellipsis")
+    return t
+
+
+def _legend(b: GpuBreakdown, width: int) -> Text:
+    t = Text(" ")
+    for p in b.parts:
+        if p.bytes <= 0:
+            continue
+        t.append("■ " if p.part != "free" else "· ", style=PART_STYLE.get(p.part, ""))
+        t.append(f"{PART_SHORT.get(p.part, PART_LABELS.get(p.part, p.part))} {gib(p.bytes)}  ")
+    t.truncate(width, overflow="ellipsis")
+    return t
+
+
+def _processes(b: GpuBreakdown, width: int) -> Text:
+    t = Text(" ")
+    if not b.processes:
+        t.append("no processes", style="dim")
+    for p, kind in sorted(b.processes, key=lambda pk: -(pk[0].used_bytes or 0)):
+        style = {"foreign": "red1", "other_engine": "orange1"}.get(kind, "")
+        t.append(f"{p.pid} ", style="dim")
+        t.append(f"{(p.name or '?')[:28]} ", style=style)
+        t.append(f"{gib(p.used_bytes)}", style="bold")
+        if kind != "engine":
+            t.append(f" ({kind.replace('_', ' ')})", style=style)
+        t.append("  ")
+    t.truncate(width, overflow="ellipsis")
+    return t
+
+
+def is_idle(b: GpuBreakdown) -> bool:
+    """No process and under 1 GiB used: the card collapses to one line."""
+    return not b.processes and (b.used_bytes or 0) < 2**30
+
+
+def _idle_line(b: GpuBreakdown, view: View, width: int) -> Text:
+    g = next((g for g in view.snapshot.gpus if g.index == b.index), None)
+    t = Text(f"GPU{b.index} ", style="bold")
+    t.append(f"{(b.name or '').replace('NVIDIA ', '')} ", style="dim")
+    t.append("idle", style="grey62")
+    t.append(f" · {gib(b.used_bytes)}/{gib(b.total_bytes)} · no processes", style="dim")
+    if g is not None and g.utilization_gpu:
+        t.append(f" · util {pct(g.utilization_gpu)}")
+    if g is not None and g.temperature_c is not None:
+        t.append(f" · {g.temperature_c:.0f}°C", style="dim")
+    t.truncate(width, overflow="ellipsis")
+    return t
+
+
+def card_lines(b: GpuBreakdown, lines: int) -> int:
+    """Lines a card takes at ``lines`` per card (an idle GPU takes one)."""
+    return 1 if is_idle(b) else lines
+
+
+def card(b: GpuBreakdown, view: View, width: int, lines: int) -> list[Text]:
+    """One GPU card in ``lines`` lines (1: a bar line; 2: + title; 3: + legend; 4: + processes);
+    an idle GPU in one line."""
+    if is_idle(b):
+        return [_idle_line(b, view, width)]
+    if lines <= 1:
+        g = next((g for g in view.snapshot.gpus if g.index == b.index), None)
+        line = _bar_line(b, max(20, width - 6), prefix=f"GPU{b.index}")
+        line.append(f" {pct(g.utilization_gpu if g else None):>4}")
+        line.truncate(width, overflow="ellipsis")
+        return [line]
+    out = [_title(b, view, width), _bar_line(b, width)]
+    if lines >= 3:
+        out.append(_legend(b, width))
+    if lines >= 4:
+        out.append(_processes(b, width))
+    return out
+
+
+def render(view: View | None, width: int, lines_per_card: int, columns: int = 1) -> Text:
+    """The GPU panel: every card at ``lines_per_card`` lines, in ``columns`` side by side."""
+    if view is None:
+        return Text("waiting for the first read…", style="dim")
+    if not view.gpus:
+        src = [s for s in view.sources if s.status.kind in ("nvml", "nvidia-smi")]
+        why = src[0].status.detail if src and src[0].status.detail else "no GPU read"
+        return Text(f"No GPUs: {why}", style="dim")
+    col_w = max(20, (width - (columns - 1)) // columns)
+    cards = [card(b, view, col_w, lines_per_card) for b in view.gpus]
+    rows: list[Text] = []
+    for start in range(0, len(cards), columns):
+        group = cards[start : start + columns]
+        for i in range(max(len(c) for c in group)):
+            line = Text()
+            for j, c in enumerate(group):
+                cell = c[i].copy() if i < len(c) else Text()
+                cell.truncate(col_w, pad=j < len(group) - 1)
+                line.append_text(cell)
+                if j < len(group) - 1:
+                    line.append("│", style="grey30")
+            rows.append(line)
+    return Text("\n").join(rows)

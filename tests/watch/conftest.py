@@ -1,0 +1,52 @@
+"""Factories for the watch tests: the demo recording's feed, a pipeline loaded once, an app
+started paused at a fixed replay position (deterministic screens)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvdoctor.pipeline import Pipeline
+from kvdoctor.sources.recording import RecordingFeed, open_recording
+from kvdoctor.watch.command import demo_recording_path
+
+
+@pytest.fixture(scope="session")
+def pipeline() -> Pipeline:
+    """The shipped rules, loaded once."""
+    return Pipeline.load()
+
+
+@pytest.fixture
+def demo_feed() -> RecordingFeed:
+    """A fresh feed over the bundled demo recording, labelled as ``watch --demo`` labels it."""
+    feed = open_recording(demo_recording_path())
+    feed.label = "demo"
+    return feed
+
+
+def make_app(
+    feed: Any, pipeline: Pipeline, *, start_at: int | None = None, paused: bool = False, **kw: Any
+) -> Any:
+    """A WatchApp with a fixed host name; ``paused`` sets the loop paused before it starts, so
+    a replay shows exactly snapshot ``start_at``."""
+    from kvdoctor.watch.app import WatchApp
+
+    app = WatchApp(feed, pipeline, start_at=start_at, host="test-host", **kw)
+    if paused:
+        app.controller.loop.paused.set()
+    return app
+
+
+async def wait_for(pilot: Any, cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Let the app run until ``cond()`` holds (hang guard: fails after ``timeout`` s)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        await pilot.pause(0.05)
+    await asyncio.sleep(0)
