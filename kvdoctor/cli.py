@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvdoctor.plan:plan_command",
         "Plan KV-cache capacity for a model, GPU and vLLM flags (agrees with vLLM to the block).",
     ),
+    "sidecar": (
+        "kvdoctor.sidecar.command:sidecar_command",
+        "Serve findings as Prometheus metrics next to a vLLM server (/metrics, /readyz, /findings).",
+    ),
     "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
     "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
 }
