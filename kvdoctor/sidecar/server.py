@@ -272,12 +272,16 @@ class Sidecar:
                 "input": self.feed.label,
             }
         )
-        for target, name in ((self._server.serve_forever, "http"), (self._run_loop, "loop")):
+        server = self._server
+        for target, name in (
+            (lambda: server.serve_forever(poll_interval=0.1), "http"),
+            (self._run_loop, "loop"),
+        ):
             t = threading.Thread(target=target, name=f"kvdoctor-sidecar-{name}", daemon=True)
             t.start()
             self._threads.append(t)
 
-    def stop(self, timeout_s: float = 1.5) -> None:
+    def stop(self, timeout_s: float = 0.8) -> None:
         """Stop the loop and the server; waits at most about ``timeout_s`` for the loop thread
         (a read in progress is bounded by the sources' own timeouts; the thread is a daemon)."""
         self.stop_event.set()
@@ -304,7 +308,7 @@ def serve(sidecar: Sidecar) -> None:
     old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         sidecar.start()
-        while not sidecar.stop_event.wait(0.2):
+        while not sidecar.stop_event.wait(0.1):
             pass
     finally:
         sidecar.stop()
