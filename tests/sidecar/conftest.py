@@ -7,6 +7,7 @@ Kept local to tests/sidecar (the shared ``fake_metrics_server`` of tests/conftes
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import re
@@ -32,6 +33,17 @@ SAMPLE_PAGE = DATA / "metrics" / "vllm-0.33.0-sample.txt"
 _PREEMPT = re.compile(r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$", re.M)
 
 
+@functools.lru_cache(maxsize=1)
+def gzip_bomb() -> bytes:
+    """1 GiB of zeros, gzip-compressed (about 1 MB); built once per test session."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6) as gz:
+        chunk = b"\0" * (1 << 20)
+        for _ in range(1024):
+            gz.write(chunk)
+    return buf.getvalue()
+
+
 def storm_pages() -> list[str]:
     """The b17 scrapes, oldest first."""
     return [p.read_text() for p in sorted(STORM_DIR.glob("*.txt"))]
@@ -51,7 +63,6 @@ class FakeVllm:
         self.hang_s = 30.0
         self.scrapes = 0
         self.release = threading.Event()
-        self._bomb: bytes | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -80,14 +91,7 @@ class FakeVllm:
         return _PREEMPT.sub(lambda m: f"{m.group(1)} {float(m.group(2)) + extra}", self.pages[-1])
 
     def bomb(self) -> bytes:
-        if self._bomb is None:
-            buf = io.BytesIO()
-            with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9) as gz:
-                chunk = b"\0" * (1 << 20)
-                for _ in range(1024):
-                    gz.write(chunk)
-            self._bomb = buf.getvalue()
-        return self._bomb
+        return gzip_bomb()
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         mode = self.mode
