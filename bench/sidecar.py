@@ -156,6 +156,7 @@ def main() -> int:
         "--duration", type=float, default=60.0, help="seconds to run (600 for the issue's figure)"
     )
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--history", type=float, default=600.0, help="the sidecar's --history, seconds")
     ap.add_argument(
         "--pod",
         action="store_true",
@@ -183,7 +184,7 @@ def main() -> int:
             "--listen",
             f"127.0.0.1:{port}",
         ]
-        cmd += ["--interval", str(args.interval)]
+        cmd += ["--interval", str(args.interval), "--history", str(args.history)]
         if args.pod:
             cmd = ["unshare", "--pid", "--fork", "--mount-proc", *cmd]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -218,7 +219,8 @@ def main() -> int:
             c1, n1 = sum(ps.cpu_times()[:2]), evaluations(base)
             rss_end = ps.memory_info().rss
         finally:
-            proc.terminate()
+            target = ps if args.pod else proc
+            target.terminate()  # the sidecar itself: unshare does not pass SIGTERM on
             proc.wait(timeout=10)
     per_cycle = (c1 - c0) / max(1.0, n1 - n0)
     steady = (c1 - half[0]) / max(1.0, n1 - half[1]) if half else per_cycle
