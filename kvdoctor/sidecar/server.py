@@ -243,6 +243,12 @@ class Sidecar:
         return Handler
 
     @property
+    def busy(self) -> bool:
+        """True when a thread is still inside a read after :meth:`stop` (a source that hangs up
+        to its own timeout)."""
+        return any(t.is_alive() for t in self._threads)
+
+    @property
     def address(self) -> tuple[str, int]:
         """(host, port) the server listens on (the real port when --listen gave 0)."""
         assert self._server is not None
@@ -281,7 +287,7 @@ class Sidecar:
             t.start()
             self._threads.append(t)
 
-    def stop(self, timeout_s: float = 0.8) -> None:
+    def stop(self, timeout_s: float = 0.5) -> None:
         """Stop the loop and the server; waits at most about ``timeout_s`` for the loop thread
         (a read in progress is bounded by the sources' own timeouts; the thread is a daemon)."""
         self.stop_event.set()

@@ -173,7 +173,7 @@ def test_signal_stops_the_process_within_two_seconds(sig: signal.Signals, fake_v
             proc.kill()
     out, err = proc.communicate()
     assert rc == 0, err
-    assert elapsed < 2.0
+    assert elapsed < 2.0, elapsed
     events = [json.loads(line) for line in out.splitlines()]
     assert events[0]["event"] == "started" and events[-1]["event"] == "stopped"
     assert "Traceback" not in err
