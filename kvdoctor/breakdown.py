@@ -52,6 +52,12 @@ class GpuBreakdown:
     other_engines: int | None = None
     foreign: int | None = None
     free: int | None = None
+    #: how the engine's memory on this GPU was told apart: "pid" (NVML processes matched the
+    #: engine's pids), "gpu" (no pid resolved — another PID namespace, a bundle without
+    #: processes — so the GPU's used memory less other engines' and foreign processes' is the
+    #: engine's, by the engine's GPU placement: CUDA/NVIDIA_VISIBLE_DEVICES UUIDs or indices),
+    #: None when no engine is placed on it.
+    attribution: str | None = None
 
     def parts(self) -> dict[str, int | None]:
         """``{part: bytes | None}`` in :data:`PARTS` order."""
@@ -114,6 +120,7 @@ def gpu_breakdown(snapshot: Snapshot, report: Report) -> list[GpuBreakdown]:
         b.other_engines, b.foreign = other, foreign
         if engine is not None and g.memory_used_bytes is not None:
             engine_used = own or max(0, g.memory_used_bytes - other - foreign)
+            b.attribution = "pid" if own else "gpu"
             b.weights = weights
             b.kv_cache = kv
             if weights is not None and kv is not None:

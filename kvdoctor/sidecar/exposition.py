@@ -13,7 +13,7 @@ Series (``gpu`` is the GPU index as text, ``engine`` the report's engine id):
   (``gpu=""`` when none);
 - ``kvdoctor_suggested_flag_info{rule,engine,flag,value}`` 1 per suggested flag of an active one;
 - ``kvdoctor_gpu_memory_bytes{gpu,part}``, ``kvdoctor_gpu_memory_total_bytes{gpu}``,
-  ``kvdoctor_gpu_utilization_ratio{gpu}``, ``kvdoctor_gpu_info{gpu,uuid,name}``;
+  ``kvdoctor_gpu_utilization_ratio{gpu}``, ``kvdoctor_gpu_info{gpu,uuid,name,engine,attribution}``;
 - ``kvdoctor_engine_kv_capacity_tokens{engine}``, ``kvdoctor_engine_kv_usage_ratio{engine}``,
   ``kvdoctor_engine_preemptions_per_second{engine}``;
 - ``kvdoctor_source_up{source,origin}``, ``kvdoctor_source_last_success_timestamp_seconds``,
@@ -164,10 +164,18 @@ def _families(v: View, version: str) -> Iterator[Metric]:
         if b.utilization is not None:
             util.add_metric([gpu], float(b.utilization))
     info = GaugeMetricFamily(
-        "kvdoctor_gpu_info", f"The GPUs kvdoctor reads, by index {_FROM}.", labels=["gpu", "uuid", "name"]
+        "kvdoctor_gpu_info",
+        f"The GPUs kvdoctor reads, by index; attribution: how engine memory was told apart "
+        f"(pid: NVML processes matched the engine's pids; gpu: by the engine's GPUs, pids unresolvable) {_FROM}.",
+        labels=["gpu", "uuid", "name", "engine", "attribution"],
     )
+    how = {b.gpu: (b.engine or "", b.attribution or "") for b in v.breakdown}
     for g in v.gpu_info:
-        info.add_metric([str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or "")], 1.0)
+        engine, attribution = how.get(int(g.get("index") or 0), ("", ""))
+        info.add_metric(
+            [str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or ""), engine, attribution],
+            1.0,
+        )
     yield from (mem, total, util, info)
 
     cap = GaugeMetricFamily(

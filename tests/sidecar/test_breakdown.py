@@ -44,6 +44,7 @@ def test_parts_add_up_and_a_foreign_process_is_named() -> None:
     )
     assert b.activation_and_graphs == 70 * GiB - 15 * GiB - 50 * GiB
     assert sum(v or 0 for v in b.parts().values()) == b.total
+    assert b.attribution == "pid"
 
 
 def test_host_pid_from_another_namespace_is_never_called_foreign() -> None:
@@ -53,8 +54,10 @@ def test_host_pid_from_another_namespace_is_never_called_foreign() -> None:
     (b,) = gpu_breakdown(snap(procs, host, table_known=True), report([{"id": "m", "pid": 7, "gpus": [0]}]))
     assert b.foreign == 0 and b.other_engines == 0
     assert b.activation_and_graphs == 74 * GiB - 65 * GiB  # the engine's share
+    assert b.attribution == "gpu"  # said so: by the engine's GPU, not by pid
 
 
 def test_gpu_without_engine_has_no_engine_parts() -> None:
     (b,) = gpu_breakdown(snap([], [], table_known=False), report([]))
     assert (b.weights, b.kv_cache, b.activation_and_graphs) == (0, 0, 0) and b.free == 6 * GiB
+    assert b.attribution is None

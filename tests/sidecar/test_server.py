@@ -77,6 +77,8 @@ def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., 
     assert parts["other_engines"] == 0
     (util,) = series(base, "kvdoctor_gpu_utilization_ratio")
     assert 0 <= util[1] <= 1
+    (info,) = series(base, "kvdoctor_gpu_info")
+    assert info[0]["engine"] == "Qwen/Qwen2.5-7B-Instruct" and info[0]["attribution"] == "gpu"
     (build,) = series(base, "kvdoctor_build_info")
     assert build[0]["version"]
     up = {lb["source"]: v for lb, v in series(base, "kvdoctor_source_up")}
