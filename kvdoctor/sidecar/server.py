@@ -213,6 +213,14 @@ class Sidecar:
                     self.wfile.write(body)
 
             def do_GET(self) -> None:  # noqa: N802
+                try:
+                    self._route()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away
+                except Exception as e:  # a bug in a view: one line, never a traceback
+                    self._send(500, f"{type(e).__name__}\n".encode(), "text/plain; charset=utf-8")
+
+            def _route(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     self._send(200, generate_latest(sidecar.registry), CONTENT_TYPE_LATEST)
