@@ -127,8 +127,8 @@ class Sidecar:
         now = self.clock()
         for event in self.transitions.update(report.findings, now):
             self.log(event)
-        statuses = cycle.snapshot.sources
-        self.health.update(statuses, now)
+        self.health.update(cycle.snapshot.sources, now)
+        statuses = report.sources  # redacted copies: /readyz may be read by anyone in the pod
         engine_ok = [s for s in statuses if s.kind in ENGINE_SOURCE_KINDS and s.status == "ok"]
         self.ready = bool(engine_ok)
         if engine_ok:

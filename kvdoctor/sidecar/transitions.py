@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -43,7 +43,6 @@ class Tracked:
     state: str = "pending"
     fired_at: float | None = None
     absent_since: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -213,3 +213,14 @@ def test_busy_port_is_a_one_line_error() -> None:
         s.close()
     assert r.returncode == 3
     assert r.stderr.strip().startswith("kvdoctor: cannot listen on") and "Traceback" not in r.stderr
+
+
+def test_credentials_in_a_metrics_url_never_reach_an_endpoint(start_sidecar: Callable[..., Sidecar]) -> None:
+    port = _free_port()
+    secret = "s3cr3t-pass"
+    sc = start_sidecar(live_feed(f"http://admin:{secret}@127.0.0.1:{port}/metrics"), interval_s=0.2)
+    base = sc.base  # type: ignore[attr-defined]
+    wait_for(lambda: sc.cycles >= 2)
+    for path in ("/readyz", "/metrics", "/findings"):
+        assert secret not in get(base + path).text
+    assert all(secret not in line for line in sc.out.lines())  # type: ignore[attr-defined]
