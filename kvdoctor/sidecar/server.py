@@ -34,6 +34,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from kvdoctor.breakdown import engine_preemption_rates, gpu_breakdown
 from kvdoctor.pipeline import Pipeline
+from kvdoctor.redact import redact_text
 from kvdoctor.sampler import Cycle, LiveLoop, SnapshotFeed, error_status
 from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealthTracker, View
 from kvdoctor.sidecar.transitions import Transitions, event_line, iso, rule_timings
@@ -183,7 +184,7 @@ class Sidecar:
                     {
                         "event": "error",
                         "time": iso(self.clock()),
-                        "detail": f"{type(e).__name__}: {status.detail}",
+                        "detail": redact_text(f"{type(e).__name__}: {status.detail}"),
                     }
                 )
                 self.stop_event.wait(self.interval_s)
