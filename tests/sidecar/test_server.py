@@ -224,3 +224,24 @@ def test_credentials_in_a_metrics_url_never_reach_an_endpoint(start_sidecar: Cal
     for path in ("/readyz", "/metrics", "/findings"):
         assert secret not in get(base + path).text
     assert all(secret not in line for line in sc.out.lines())  # type: ignore[attr-defined]
+
+
+def test_a_failing_cycle_is_logged_and_the_loop_goes_on(start_sidecar: Callable[..., Sidecar]) -> None:
+    from kvdoctor.pipeline import Pipeline
+
+    class Flaky(Pipeline):
+        calls = 0
+
+        def evaluate(self, timeline, *, now=None):  # type: ignore[no-untyped-def]
+            Flaky.calls += 1
+            if Flaky.calls == 2:
+                raise RuntimeError("bug with token hf_abcdefghijklmnopqrstuvwxyz123456")
+            return super().evaluate(timeline, now=now)
+
+    real = Pipeline.load()
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)), pipeline=Flaky(rules=real.rules), interval_s=0.1)
+    wait_for(lambda: sc.cycles >= 3)
+    events = [json.loads(line) for line in sc.out.lines()]  # type: ignore[attr-defined]
+    (err,) = [e for e in events if e["event"] == "error"]
+    assert err["detail"].startswith("RuntimeError") and "hf_abcdefghijklmnop" not in err["detail"]
+    assert get(sc.base + "/healthz").status_code == 200  # type: ignore[attr-defined]
