@@ -79,8 +79,9 @@ def selector_matchers(selector: str | None) -> str:
 
 
 def step_for(since_s: float) -> float:
-    """Query step, seconds: about 200 points over the window, never under 5 s."""
-    return max(5.0, math.ceil(since_s / 200.0))
+    """Query step, seconds: about 200 points over the window (15m → 5 s), never under 1 s.
+    A step shorter than the scrape interval repeats samples, which leaves rates unchanged."""
+    return max(1.0, math.ceil(since_s / 200.0))
 
 
 @dataclass

@@ -63,6 +63,9 @@ class FakeVllm:
         self.hang_s = 30.0
         self.scrapes = 0
         self.release = threading.Event()
+        #: when set, every page served is also written there as <unix-seconds>.txt (the last
+        #: one of each second), a metrics/ directory ``diagnose --metrics DIR`` reads.
+        self.record_dir: Path | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -109,7 +112,10 @@ class FakeVllm:
             body, code = self.bomb(), 200
             headers["Content-Encoding"] = "gzip"
         else:
-            body, code = self.page().encode(), 200
+            text = self.page()
+            if self.record_dir is not None:
+                (self.record_dir / f"{int(time.time())}.txt").write_text(text)
+            body, code = text.encode(), 200
         try:
             h.send_response(code)
             for k, v in headers.items():
@@ -180,6 +186,15 @@ def start_sidecar() -> Iterator[Callable[..., Sidecar]]:
     yield make
     for sc in started:
         sc.stop()
+
+
+def live_feed(url: str, *, nvml: bool = False, timeout_s: float = 1.0) -> SnapshotFeed:
+    """The live feed the sidecar runs, reading ``url`` (and NVML when ``nvml``), without the host's
+    process table: other vLLM servers on a shared test machine must not join the diagnosis."""
+    from kvdoctor.collect import LiveOptions
+    from kvdoctor.sampler import LiveFeed
+
+    return LiveFeed(LiveOptions(metrics_urls=[url], use_nvml=nvml, use_processes=False, timeout_s=timeout_s))
 
 
 def get(url: str, timeout: float = 5.0) -> httpx.Response:

@@ -13,9 +13,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvdoctor.inputs import InputOptions, open_feed
 from kvdoctor.sidecar.server import Sidecar
-from tests.sidecar.conftest import FakeVllm, get, wait_for
+from tests.sidecar.conftest import FakeVllm, get, live_feed, wait_for
 from tests.sources.test_nvml import H100, NVMLError, NVMLError_LibraryNotFound, make_fake
 
 MiB = 2**20
@@ -52,9 +51,7 @@ def test_endpoint_fault_keeps_serving_readyz_truthful_and_recovers(
     fake_vllm.mode = mode
     fake_vllm.bomb()  # built before the clock runs
     rss0 = psutil.Process().memory_info().rss
-    sc = start_sidecar(
-        open_feed(InputOptions(metrics=[fake_vllm.url], no_nvml=True, timeout_s=0.5)), interval_s=0.2
-    )
+    sc = start_sidecar(live_feed(fake_vllm.url, timeout_s=0.5), interval_s=0.2)
     base = sc.base  # type: ignore[attr-defined]
     wait_for(lambda: sc.cycles >= 3, 20)
     assert get(base + "/healthz").status_code == 200
@@ -75,7 +72,7 @@ def test_dead_endpoint_from_the_start(start_sidecar: Callable[..., Sidecar]) -> 
     s.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{s.getsockname()[1]}/metrics"
     s.close()
-    sc = start_sidecar(open_feed(InputOptions(metrics=[url], no_nvml=True, timeout_s=0.5)), interval_s=0.1)
+    sc = start_sidecar(live_feed(url, timeout_s=0.5), interval_s=0.1)
     wait_for(lambda: sc.cycles >= 5, 20)
     base = sc.base  # type: ignore[attr-defined]
     assert get(base + "/readyz").status_code == 503
@@ -97,7 +94,7 @@ def test_nvml_absent(
     monkeypatch: pytest.MonkeyPatch, fake_vllm: FakeVllm, start_sidecar: Callable[..., Sidecar]
 ) -> None:
     _nvml(monkeypatch, [], init_error=NVMLError_LibraryNotFound())
-    sc = start_sidecar(open_feed(InputOptions(metrics=[fake_vllm.url], timeout_s=0.5)), interval_s=0.2)
+    sc = start_sidecar(live_feed(fake_vllm.url, nvml=True, timeout_s=0.5), interval_s=0.2)
     base = sc.base  # type: ignore[attr-defined]
     wait_for(lambda: sc.cycles >= 3, 20)
     assert source_up(base, "nvml") == 0.0
@@ -111,7 +108,7 @@ def test_nvml_fields_not_supported(
     # Only the memory info answers; every other NVML call says NotSupported.
     dev = {"nvmlDeviceGetMemoryInfo": H100["nvmlDeviceGetMemoryInfo"]}
     _nvml(monkeypatch, [dev])
-    sc = start_sidecar(open_feed(InputOptions(metrics=[fake_vllm.url], timeout_s=0.5)), interval_s=0.2)
+    sc = start_sidecar(live_feed(fake_vllm.url, nvml=True, timeout_s=0.5), interval_s=0.2)
     base = sc.base  # type: ignore[attr-defined]
     wait_for(lambda: sc.cycles >= 3, 20)
     assert source_up(base, "nvml") == 1.0
@@ -126,7 +123,7 @@ def test_gpu_lost_mid_run(
     monkeypatch: pytest.MonkeyPatch, fake_vllm: FakeVllm, start_sidecar: Callable[..., Sidecar]
 ) -> None:
     fake = _nvml(monkeypatch, [dict(H100)])
-    sc = start_sidecar(open_feed(InputOptions(metrics=[fake_vllm.url], timeout_s=0.5)), interval_s=0.2)
+    sc = start_sidecar(live_feed(fake_vllm.url, nvml=True, timeout_s=0.5), interval_s=0.2)
     base = sc.base  # type: ignore[attr-defined]
     wait_for(lambda: source_up(base, "nvml") == 1.0, 20)
 

@@ -19,9 +19,8 @@ import yaml
 from click.testing import CliRunner
 
 from kvdoctor.cli import cli
-from kvdoctor.inputs import InputOptions, open_feed
 from kvdoctor.sidecar.server import Sidecar
-from tests.sidecar.conftest import FakeVllm, wait_for
+from tests.sidecar.conftest import FakeVllm, live_feed, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "kvdoctor-alerts.yaml"
@@ -108,11 +107,11 @@ def _rules(out: str) -> set[str]:
 
 
 def test_alert_fires_and_fleet_mode_agrees_with_diagnose(
-    fake_vllm: FakeVllm, start_sidecar: Callable[..., Sidecar], prometheus: Callable[..., str]
+    fake_vllm: FakeVllm, start_sidecar: Callable[..., Sidecar], prometheus: Callable[..., str], tmp_path: Path
 ) -> None:
-    sc = start_sidecar(
-        open_feed(InputOptions(metrics=[fake_vllm.url], no_nvml=True, timeout_s=1.0)), interval_s=0.5
-    )
+    fake_vllm.record_dir = tmp_path / "metrics"
+    fake_vllm.record_dir.mkdir()
+    sc = start_sidecar(live_feed(fake_vllm.url), interval_s=0.5)
     host, port = sc.address
     vllm_target = fake_vllm.url.split("//", 1)[1].split("/", 1)[0]
     base = prometheus([("vllm", vllm_target), ("kvdoctor", f"{host}:{port}")])
@@ -124,14 +123,20 @@ def test_alert_fires_and_fleet_mode_agrees_with_diagnose(
     assert storm["labels"]["severity"] == "warning" and storm["labels"]["pod"] == "vllm-0"
     assert storm["annotations"]["runbook"] == "kvdoctor explain preemption-storm"
 
+    # Rates need a span of scrapes: let Prometheus hold 15 s of vLLM's series first.
+    def span() -> bool:
+        q = 'count_over_time(vllm:num_preemptions_total{pod="vllm-0"}[1m])'
+        got = httpx.get(base + "/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
+        return bool(got) and float(got[0]["value"][1]) >= 15
+
+    wait_for(span, 60, 0.5)
+    # diagnose directly on the pages the fake served (a metrics/ directory of scrapes).
     runner = CliRunner()
-    direct = runner.invoke(
-        cli, ["diagnose", "--metrics", fake_vllm.url, "--no-nvml", "--window", "3", "--format", "json"]
-    )
+    direct = runner.invoke(cli, ["diagnose", "--metrics", str(tmp_path / "metrics"), "--format", "json"])
     fleet = runner.invoke(cli, ["diagnose", "--prometheus", base, "--since", "2m", "--format", "json"])
     assert "Traceback" not in direct.output + fleet.output
     assert "preemption-storm" in _rules(direct.stdout)
-    assert _rules(fleet.stdout) == _rules(direct.stdout)
+    assert _rules(fleet.stdout) == _rules(direct.stdout), fleet.stdout[:3000]
     report = json.loads(fleet.stdout)
     assert all(f["engine"].startswith("ml/vllm-0") for f in report["findings"])  # grouped by pod
     assert fleet.exit_code == direct.exit_code == 1

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.inputs import InputOptions, open_feed
 from kvdoctor.sidecar.server import Sidecar, parse_listen
-from tests.sidecar.conftest import DATA, FakeVllm, get, wait_for
+from tests.sidecar.conftest import DATA, FakeVllm, get, live_feed, wait_for
 
 B05 = DATA / "cases" / "b05-foreign-process-blocks-startup"
 
@@ -31,10 +31,6 @@ def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 def series(base: str, name: str) -> list[tuple[dict[str, str], float]]:
     return [(labels, v) for n, labels, v in samples(get(base + "/metrics").text) if n == name]
-
-
-def live_feed(url: str) -> object:
-    return open_feed(InputOptions(metrics=[url], no_nvml=True, timeout_s=1.0))
 
 
 def test_metrics_pass_promtool_and_follow_conventions(start_sidecar: Callable[..., Sidecar]) -> None:
