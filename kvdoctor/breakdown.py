@@ -11,11 +11,14 @@ it was read from:
 - ``kv_cache``: the KV-cache pool, "Available KV cache memory: X GiB" (per worker), else
   ``vllm:cache_config_info`` num_gpu_blocks × block_size × KV bytes per token per rank
   (``kvmath.kv_bytes_per_token`` from config.json).
-- ``activation``: the rest of what the engine's processes hold on the card (activation peak,
-  CUDA graphs, non-torch memory such as the CUDA context and NCCL buffers).
+- ``activation_and_graphs``: the rest of what the engine's processes hold on the card
+  (activation peak, CUDA graphs, non-torch memory such as the CUDA context and NCCL buffers).
 - ``engine``: what the engine holds when weights and KV pool are both unknown (not split).
 - ``other_engines``: vLLM processes of another engine on the same card.
-- ``foreign``: processes that are not vLLM (NVML ``nvmlDeviceGetComputeRunningProcesses``).
+- ``foreign``: processes that are not vLLM (NVML ``nvmlDeviceGetComputeRunningProcesses``). A
+  pid the host process table lacks while the table is known belongs to another PID namespace
+  (NVML reports host pids; a pod sees its own): it is never called foreign on that ground
+  alone, and counts to the engine placed on the GPU (``attribution`` "gpu").
 - ``unlisted``: used memory no listed process accounts for (driver reservations, processes in
   other containers NVML cannot name).
 - ``free``: NVML / nvidia-smi total − used.
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
 PARTS: tuple[str, ...] = (
     "weights",
     "kv_cache",
-    "activation",
+    "activation_and_graphs",
     "engine",
     "other_engines",
     "foreign",
@@ -51,7 +54,7 @@ PARTS: tuple[str, ...] = (
 PART_LABELS: dict[str, str] = {
     "weights": "weights",
     "kv_cache": "KV cache",
-    "activation": "activation+graphs+non-torch",
+    "activation_and_graphs": "activation+graphs+non-torch",
     "engine": "engine",
     "other_engines": "other engines",
     "foreign": "foreign",
@@ -77,6 +80,11 @@ class GpuBreakdown:
     ``engine`` is the report engine id that runs on this GPU (None when none does);
     ``gmu_bytes`` its ``--gpu-memory-utilization`` × total — the line vLLM budgets up to.
     ``processes`` are the GPU's processes with ``kind`` "engine", "other_engine" or "foreign".
+    ``utilization`` fraction 0..1 (NVML ``utilization.gpu``). ``attribution`` says how the
+    engine's memory was told apart: "pid" (NVML processes matched the engine's), "gpu" (no pid
+    resolved — another PID namespace, a bundle without processes — so the GPU's used memory
+    less other engines' and foreign processes' is the engine's, by its GPU placement), None
+    when no engine is placed on the GPU.
     """
 
     index: int
@@ -88,6 +96,8 @@ class GpuBreakdown:
     gmu_bytes: int | None = None
     parts: list[MemoryPart] = field(default_factory=list)
     processes: list[tuple[GpuProcess, str]] = field(default_factory=list)
+    utilization: float | None = None
+    attribution: str | None = None
 
     def part(self, name: str) -> int | None:
         """Bytes of one part, None when the breakdown has no such part."""
@@ -171,7 +181,10 @@ def _one_gpu(
 ) -> GpuBreakdown:
     engines = [e for e in report.engines if g.index in (e.get("gpus") or [])]
     primary = engines[0] if engines else None
-    out = GpuBreakdown(g.index, g.name, g.memory_total_bytes, g.memory_used_bytes)
+    out = GpuBreakdown(
+        g.index, g.name, g.memory_total_bytes, g.memory_used_bytes, utilization=g.utilization_gpu
+    )
+    host_pids = {hp.pid for hp in snapshot.processes}
     if primary is not None:
         out.engine = primary["id"]
         gmu = (primary.get("config") or {}).get("gpu_memory_utilization")
@@ -185,10 +198,14 @@ def _one_gpu(
     engine_b = other_b = foreign_b = 0
     listed = 0
     engine_known = True
+    unresolved = False
     for p in g.processes:
         if _vllm_like(p, vllm_pids):
             mine = primary is not None and (own_pids is None or p.pid in own_pids)
             kind = "engine" if mine else "other_engine"
+        elif primary is not None and snapshot.process_table_known and p.pid not in host_pids:
+            # Another PID namespace: the engine's by placement, never "foreign" for that alone.
+            kind, unresolved = "engine", True
         else:
             kind = "foreign"
         out.processes.append((p, kind))
@@ -204,6 +221,9 @@ def _one_gpu(
         else:
             foreign_b += p.used_bytes
     used = g.memory_used_bytes
+    if primary is not None:
+        by_pid = engine_known and not unresolved and any(k == "engine" for _, k in out.processes)
+        out.attribution = "pid" if by_pid else "gpu"
     if primary is not None and (not engine_known or not any(k == "engine" for _, k in out.processes)):
         # No per-process figure for the engine (a container NVML cannot see into): what the
         # card uses beyond the other listed processes is the engine's.
@@ -230,7 +250,7 @@ def _one_gpu(
         if weights is None and kv is None:
             parts.append(MemoryPart("engine", rest, "NVML processes (engine)"))
         else:
-            parts.append(MemoryPart("activation", rest, "engine processes − weights − KV pool"))
+            parts.append(MemoryPart("activation_and_graphs", rest, "engine processes − weights − KV pool"))
     elif engine_b > 0:
         other_b += engine_b
     if other_b:
@@ -377,4 +397,30 @@ def engine_stats(timeline: Timeline, report: Report, window_s: float = 60.0) -> 
         st.kv_history = [
             m.kv_cache_usage for m in tl.window(series, window_s) if m.kv_cache_usage is not None
         ]
+    return out
+
+
+def engine_preemption_rates(timeline: Timeline, report: Report, window_s: float) -> dict[str, float | None]:
+    """Preemptions per second over the last ``window_s`` seconds per report engine id:
+    ``rate(vllm:num_preemptions_total)`` (``kvdoctor.timeline.counter_rate``, reset aware).
+
+    A data-parallel engine id "M [engine 1]" reads the ``engine="1"`` series; any other engine
+    the first ``engine`` label of the scrapes (None for V0 pages). None with fewer than two
+    scrapes in the window."""
+    from kvdoctor.timeline import counter_rate, engine_series
+
+    labels = sorted({m.engine for s in timeline.snapshots for m in s.metrics if m.engine is not None})
+    out: dict[str, float | None] = {}
+    for idx, e in enumerate(report.engines):
+        eid = str(e.get("id"))
+        label: str | None = None
+        if eid.endswith("]") and "[engine " in eid:
+            label = eid.rsplit("[engine ", 1)[1][:-1]
+        elif idx == 0:
+            label = labels[0] if labels else None
+        else:
+            out[eid] = None
+            continue
+        series = engine_series(timeline, label)
+        out[eid] = counter_rate(series, "num_preemptions_total", window_s) if series else None
     return out

@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvdoctor.watch.command:watch_command",
         "Live TUI: each GPU's memory by what holds it, engines, findings with their fix (--demo to try).",
     ),
+    "sidecar": (
+        "kvdoctor.sidecar.command:sidecar_command",
+        "Serve findings as Prometheus metrics next to a vLLM server (/metrics, /readyz, /findings).",
+    ),
     "rules": ("kvdoctor.rules_cli:rules_command", "List the rule catalogue."),
     "explain": ("kvdoctor.rules_cli:explain_command", "Show one rule's documentation."),
 }

@@ -57,12 +57,23 @@ def _fail(message: str) -> None:
     help="User config (thresholds, disabled rules); default $KVDOCTOR_CONFIG or ~/.config/kvdoctor/config.yaml.",
 )
 @rules_dir_option
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    metavar="URL",
+    help="Fleet mode: diagnose every vLLM pod a Prometheus server scrapes (PromQL over its HTTP API).",
+)
+@click.option("--since", "since", default="15m", show_default=True, help="Fleet mode: window to read.")
+@click.option("--selector", "selector", help="Fleet mode: label matchers, e.g. '{namespace=\"ml\"}'.")
 def diagnose_command(
     fmt: str | None,
     window_s: float | None,
     interval_s: float,
     config_path: Path | None,
     rules_dirs: tuple[Path, ...],
+    prometheus_url: str | None = None,
+    since: str = "15m",
+    selector: str | None = None,
     **inputs: Any,
 ) -> None:
     """Find why a vLLM GPU is out of memory or idle, and the flag that fixes it.
@@ -81,6 +92,9 @@ def diagnose_command(
         pipeline = Pipeline.load(resolve_rules_dirs(rules_dirs), config_path)
     except PipelineError as e:
         _fail(str(e))
+        return
+    if prometheus_url is not None:
+        _diagnose_fleet(pipeline, opts, prometheus_url, since, selector, fmt)
         return
     try:
         feed = open_feed(opts)
@@ -106,6 +120,38 @@ def diagnose_command(
         # (a probe must not read CRITICAL as WARNING or OK).
         silence_stdout()
     raise click.exceptions.Exit(code)
+
+
+def _diagnose_fleet(
+    pipeline: Any, opts: Any, url: str, since: str, selector: str | None, fmt: str | None
+) -> None:
+    """``--prometheus``: every pod's series from Prometheus, the same rules per pod, one report
+    grouped by pod (kvdoctor.fleet)."""
+    from kvdoctor.facts import SourceError
+    from kvdoctor.fleet import diagnose_fleet
+    from kvdoctor.report import exit_code
+    from kvdoctor.sources.prometheus import fetch_fleet, parse_duration
+
+    if not opts.is_live or opts.urls or opts.log:
+        _fail("--prometheus reads the fleet's Prometheus: give no other input option")
+    try:
+        since_s = parse_duration(since)
+    except ValueError as e:
+        _fail(f"--since: {e}")
+        return
+    try:
+        pods = fetch_fleet(url, since_s=since_s, selector=selector, timeout_s=max(opts.timeout_s, 10.0))
+    except SourceError as e:
+        _fail(str(e).splitlines()[0])
+        return
+    if not pods:
+        _fail(
+            f"no vLLM series in Prometheus over the last {since}" + (f" for {selector}" if selector else "")
+        )
+    pipeline.window_s = max(since_s, 60.0)
+    report = diagnose_fleet(pods, pipeline)
+    _emit(report, fmt)
+    raise click.exceptions.Exit(exit_code(report))
 
 
 def _emit(report: Any, fmt: str | None) -> None:

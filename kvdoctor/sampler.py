@@ -210,24 +210,36 @@ class MetricsSource:
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.origin = url
         self.timeout_s = timeout_s
+        # One HTTP client for every scrape of this endpoint: building one costs ~40 ms (its TLS
+        # context), more than the rest of a sidecar cycle.
+        self._client: Any = None
 
     def warm(self) -> None:
-        """Import what :meth:`read` needs (httpx costs tens of ms; on the caller's thread,
-        outside the timeout)."""
-        import httpx  # noqa: F401
+        """Import what :meth:`read` needs and build the HTTP client (httpx costs tens of ms;
+        on the caller's thread, outside the timeout)."""
+        import httpx
 
         import kvdoctor.sources.metrics  # noqa: F401
+
+        if self._client is None:
+            self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.timeout_s))
 
     def read(self) -> Reading:
         """One scrape parsed into EngineMetrics; the page text kept in ``raw``."""
         from kvdoctor.sources.metrics import parse_metrics, scrape
 
-        text, ts = scrape(self.origin, timeout=self.timeout_s)
+        text, ts = scrape(self.origin, timeout=self.timeout_s, client=self._client)
         ms = parse_metrics(text, origin=self.origin, timestamp=ts)
         return Reading({"metrics": ms}, f"{len(ms)} engine(s)", raw=text)
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the HTTP client; never raises."""
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+            self._client = None
 
 
 class LogSource:

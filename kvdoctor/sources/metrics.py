@@ -410,6 +410,11 @@ def _http_error(method_url: str, exc: httpx.HTTPError, timeout: float) -> Source
     return SourceError(f"{method_url}: {why}")
 
 
+#: the most a /metrics body may hold once decoded, bytes (real pages: 50-500 KB; a DP=8 server
+#: with every histogram a few MB).
+MAX_BODY_BYTES = 16 * 2**20
+
+
 def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -> tuple[str, float]:
     """GET vLLM's ``/metrics`` (vllm-facts.md §5) and return ``(text, unix seconds)``.
 
@@ -428,9 +433,28 @@ def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -
     label = f"GET {_redact_url(target)}"
     own = client is None
     c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
+    deadline = time.monotonic() + timeout
     try:
-        resp = c.get(target, timeout=httpx.Timeout(timeout, connect=timeout))
-        ts = time.time()
+        # Streamed and bounded: a 50 MB page or a gzip bomb stops at MAX_BODY_BYTES (decoded),
+        # a server trickling bytes at the overall ``timeout``.
+        with c.stream("GET", target, timeout=httpx.Timeout(timeout, connect=timeout)) as resp:
+            ts = time.time()
+            if resp.status_code != 200:
+                raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase}".rstrip())
+            ctype = resp.headers.get("content-type", "")
+            mime = ctype.split(";", 1)[0].strip().lower()
+            if mime and mime not in ("text/plain", "application/openmetrics-text"):
+                raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime})")
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise SourceError(f"{label}: body larger than {MAX_BODY_BYTES // 2**20} MiB")
+                if time.monotonic() > deadline:
+                    raise SourceError(f"{label}: timed out after {timeout:g} s")
+                chunks.append(chunk)
+            text = b"".join(chunks).decode(resp.encoding or "utf-8", errors="replace")
     except httpx.HTTPError as exc:
         raise _http_error(label, exc, timeout) from None
     except (httpx.InvalidURL, ValueError) as exc:  # malformed URL
@@ -438,13 +462,6 @@ def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -
     finally:
         if own:
             c.close()
-    if resp.status_code != 200:
-        raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase}".rstrip())
-    ctype = resp.headers.get("content-type", "")
-    mime = ctype.split(";", 1)[0].strip().lower()
-    if mime and mime not in ("text/plain", "application/openmetrics-text"):
-        raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime})")
-    text = resp.text
     stripped = text.lstrip()
     if stripped[:1] in ("<", "{", "["):
         raise SourceError(f"{label}: not Prometheus text (body starts with {stripped[:20]!r})")

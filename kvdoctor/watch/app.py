@@ -200,7 +200,7 @@ class HelpScreen(ModalScreen[None]):
         for part, label in (
             ("weights", "weights"),
             ("kv_cache", "KV cache pool"),
-            ("activation", "activation + CUDA graphs + non-torch"),
+            ("activation_and_graphs", "activation + CUDA graphs + non-torch"),
             ("other_engines", "other engines"),
             ("foreign", "foreign processes"),
             ("unlisted", "unlisted"),

@@ -47,7 +47,7 @@ def test_parts_from_log_figures_and_processes_sum_to_total():
     assert b.engine == "m"
     assert b.part("weights") == 15 * GiB
     assert b.part("kv_cache") == 20 * GiB
-    assert b.part("activation") == 5 * GiB  # 40 − 15 − 20
+    assert b.part("activation_and_graphs") == 5 * GiB  # 40 − 15 − 20
     assert b.part("foreign") == 3 * GiB
     assert b.part("unlisted") == 1 * GiB
     assert b.part("free") == 4 * GiB
@@ -107,7 +107,7 @@ def test_engine_without_process_figures_takes_used_minus_others():
     )
     [b] = gpu_breakdown(Snapshot(gpus=[g], log=_log()), _report([_engine([0])]))
     assert b.part("foreign") == 2 * GiB
-    assert b.part("weights") == 15 * GiB and b.part("activation") == 40 * GiB - 35 * GiB
+    assert b.part("weights") == 15 * GiB and b.part("activation_and_graphs") == 40 * GiB - 35 * GiB
 
 
 def test_gpu_of_no_engine_has_no_gmu_line_and_foreign_bytes():

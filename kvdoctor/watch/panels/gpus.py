@@ -13,14 +13,14 @@ from kvdoctor.watch.panels import gib, pct, sparkline
 PART_STYLE = {
     "weights": "dodger_blue2",
     "kv_cache": "green3",
-    "activation": "magenta",
+    "activation_and_graphs": "magenta",
     "engine": "dodger_blue2",
     "other_engines": "orange1",
     "foreign": "red1",
     "unlisted": "grey50",
     "free": "grey30",
 }
-PART_SHORT = {"activation": "act+graphs", "other_engines": "other eng", "kv_cache": "KV"}
+PART_SHORT = {"activation_and_graphs": "act+graphs", "other_engines": "other eng", "kv_cache": "KV"}
 
 
 def memory_bar(b: GpuBreakdown, width: int) -> Text:

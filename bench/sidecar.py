@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""The sidecar over time: CPU per cycle and RSS (figures, not pass/fail; tests assert behaviour).
+
+Runs ``kvdoctor sidecar --interval 1`` as its own process against a local fake vLLM serving a
+real-size /metrics page (tests/data/bench/vllm-0.33.0-metrics-sample.txt, 55 KB, its
+``vllm:num_preemptions_total`` rising) and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
+answering like 8 H100s, each with one vLLM process), scrapes the sidecar's /metrics like
+Prometheus every 5 s, and prints:
+
+- CPU seconds of the sidecar process per evaluation cycle (user+sys / cycles), over the run and
+  over its second half (steady state);
+- RSS at the first quarter and at the end, and the growth between them;
+- the baseline measured in the same process: CPU of one bare scrape + parse of the same page
+  (``kvdoctor.sources.metrics``), and the cycle / baseline ratio.
+
+Budgets (issue 10): ≤ 5 ms CPU per cycle, ≤ 60 MiB RSS, no growth, after 10 minutes at 1 s.
+usage: .venv/bin/python bench/sidecar.py [--duration 60|600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "tests" / "data" / "bench" / "vllm-0.33.0-metrics-sample.txt"
+MiB = 2**20
+
+FAKE_PYNVML = '''
+"""8 H100s with one vLLM process each: a stand-in for pynvml (bench/sidecar.py)."""
+import types
+
+class NVMLError(Exception):
+    pass
+
+MiB = 2**20
+nvmlMemory_v2 = 0x02000028
+NVML_TEMPERATURE_GPU = 0
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+_ns = types.SimpleNamespace
+
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 8
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return "NVIDIA H100 80GB HBM3"
+def nvmlDeviceGetUUID(h): return "GPU-%08d-0000-0000-0000-000000000000" % h
+def nvmlDeviceGetPciInfo(h): return _ns(busId="00000000:%02X:00.0" % (0x18 + h))
+def nvmlDeviceGetMemoryInfo(h, version=None):
+    return _ns(total=81559 * MiB, used=75327 * MiB, free=6232 * MiB, reserved=330 * MiB)
+def nvmlDeviceGetUtilizationRates(h): return _ns(gpu=87, memory=40)
+def nvmlDeviceGetTemperature(h, sensor): return 55
+def nvmlDeviceGetPowerUsage(h): return 550000
+def nvmlDeviceGetEnforcedPowerLimit(h): return 700000
+def nvmlDeviceGetMigMode(h): return [0, 0]
+def nvmlDeviceGetCurrentClocksEventReasons(h): return 0
+def nvmlDeviceGetTotalEccErrors(h, a, b): return 0
+def nvmlDeviceGetComputeRunningProcesses(h): return [_ns(pid=4000 + h, usedGpuMemory=74000 * MiB)]
+def nvmlDeviceGetGraphicsRunningProcesses(h): return []
+def nvmlSystemGetProcessName(pid): return b"VLLM::Worker_TP%d" % (pid - 4000)
+'''
+
+_PREEMPT = re.compile(r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$", re.M)
+
+
+class FakeVllm:
+    """Serves the page; each scrape adds 1 to the preemption counter (a live engine)."""
+
+    def __init__(self) -> None:
+        self.page = PAGE.read_text()
+        self.n = 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                fake.n += 1
+                body = _PREEMPT.sub(
+                    lambda m: f"{m.group(1)} {float(m.group(2)) + fake.n}", fake.page
+                ).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the sidecar gave up on a slow answer (its --timeout): fine
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+
+def baseline(url: str, runs: int = 50) -> float:
+    """CPU seconds of one bare scrape + parse of the page, in this process (median-ish mean)."""
+    from kvdoctor.sources.metrics import parse_metrics, scrape
+
+    with httpx.Client(timeout=2.0) as client:  # one client, as the sampler keeps
+        for _ in range(5):
+            parse_metrics(scrape(url, client=client)[0])
+        t0 = time.process_time()
+        for _ in range(runs):
+            text, ts = scrape(url, client=client)
+            parse_metrics(text, timestamp=ts)
+    return (time.process_time() - t0) / runs
+
+
+def own_share(url: str, runs: int = 30) -> tuple[float, float]:
+    """(CPU s of one read + evaluation, CPU s of the sidecar's own work per cycle: transitions,
+    memory breakdown, rates, the /metrics view and the /findings JSON), in this process, over a
+    Timeline of 60 snapshots (the rules' 60 s window at 1 s)."""
+    import io
+
+    from kvdoctor.inputs import InputOptions, open_feed
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.sidecar.server import Sidecar
+
+    feed = open_feed(InputOptions(metrics=[url], no_nvml=True))
+    sc = Sidecar(feed, Pipeline.load(), interval_s=1.0, out=io.StringIO())
+    cycles = [sc.loop.step() for _ in range(60)]
+    t0 = time.process_time()
+    for _ in range(runs):
+        cycles.append(sc.loop.step())
+    step = (time.process_time() - t0) / runs
+    t0 = time.process_time()
+    for c in cycles[-runs:]:
+        assert c is not None
+        sc.on_cycle(c)
+    own = (time.process_time() - t0) / runs
+    feed.close()
+    return step, own
+
+
+def evaluations(base: str) -> float:
+    m = re.search(r"^kvdoctor_evaluations_total (\S+)$", httpx.get(base + "/metrics", timeout=5).text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--duration", type=float, default=60.0, help="seconds to run (600 for the issue's figure)"
+    )
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--history", type=float, default=600.0, help="the sidecar's --history, seconds")
+    ap.add_argument(
+        "--pod",
+        action="store_true",
+        help="run the sidecar in a PID namespace of its own (unshare; root), like a pod that sees a "
+        "handful of processes rather than the whole host's",
+    )
+    args = ap.parse_args()
+
+    fake = FakeVllm()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "pynvml.py").write_text(FAKE_PYNVML)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvdoctor",
+            "sidecar",
+            "--metrics",
+            fake.url,
+            "--listen",
+            f"127.0.0.1:{port}",
+        ]
+        cmd += ["--interval", str(args.interval), "--history", str(args.history)]
+        if args.pod:
+            cmd = ["unshare", "--pid", "--fork", "--mount-proc", *cmd]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            ps = psutil.Process(proc.pid)
+            if args.pod:  # measure the sidecar, not unshare
+                deadline = time.monotonic() + 10
+                while not ps.children() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                ps = ps.children()[0]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if evaluations(base) >= 2:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+            else:
+                print("sidecar did not start:", proc.stderr.read().decode() if proc.stderr else "")
+                return 1
+            c0, n0, t0 = sum(ps.cpu_times()[:2]), evaluations(base), time.monotonic()
+            rss_q = None
+            half = None
+            while (elapsed := time.monotonic() - t0) < args.duration:
+                time.sleep(5)
+                evaluations(base)  # scraped like Prometheus would
+                if rss_q is None and elapsed >= args.duration / 4:
+                    rss_q = ps.memory_info().rss
+                if half is None and elapsed >= args.duration / 2:
+                    half = (sum(ps.cpu_times()[:2]), evaluations(base))
+            c1, n1 = sum(ps.cpu_times()[:2]), evaluations(base)
+            rss_end = ps.memory_info().rss
+        finally:
+            target = ps if args.pod else proc
+            target.terminate()  # the sidecar itself: unshare does not pass SIGTERM on
+            proc.wait(timeout=10)
+    per_cycle = (c1 - c0) / max(1.0, n1 - n0)
+    steady = (c1 - half[0]) / max(1.0, n1 - half[1]) if half else per_cycle
+    base_cpu = baseline(fake.url)
+    step_cpu, own_cpu = own_share(fake.url)
+    rss_q = rss_q or rss_end
+    where = (
+        "own PID namespace (pod-like)" if args.pod else f"host PID namespace, {len(psutil.pids())} processes"
+    )
+    print(
+        f"sidecar, {args.duration:.0f} s at {args.interval:g} s interval, 55 KB /metrics page, 8 GPUs, {where}"
+    )
+    print(f"  cycles                     {n1 - n0:.0f}")
+    print(
+        f"  CPU per cycle              {per_cycle * 1e3:.2f} ms   (second half {steady * 1e3:.2f} ms; budget 5 ms)"
+    )
+    print(f"  RSS at 1/4 of the run      {rss_q / MiB:.1f} MiB")
+    print(f"  RSS at the end             {rss_end / MiB:.1f} MiB   (budget 60 MiB)")
+    print(f"  RSS growth 1/4 -> end      {(rss_end - rss_q) / MiB:+.1f} MiB")
+    print(f"  baseline: scrape + parse   {base_cpu * 1e3:.2f} ms CPU (same page, this process)")
+    print(f"  ratio cycle / baseline     {per_cycle / base_cpu:.1f}x")
+    print(
+        f"  in-process: read+evaluate  {step_cpu * 1e3:.2f} ms CPU per cycle (psutil table of this host included)"
+    )
+    print(
+        f"  in-process: sidecar's own  {own_cpu * 1e3:.2f} ms CPU per cycle (transitions, breakdown, view, JSON)"
+    )
+    print(f"  host processes (the in-process figures' psutil scan sees them): {len(psutil.pids())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The sidecar's ``/metrics``: kvdoctor's own evaluation cycle as Prometheus series.
+
+Every value comes from the sidecar's last evaluation cycle (the Report of
+:class:`~kvdoctor.pipeline.Pipeline`, the breakdown arithmetic of :mod:`kvdoctor.breakdown` and
+the sources' statuses); nothing is computed at scrape time but the text. Conventions
+(https://prometheus.io/docs/practices/naming/): base units (bytes, seconds), ratios 0..1, no
+target labels (Prometheus adds ``namespace``/``pod``), no ``_created`` series.
+
+Series (``gpu`` is the GPU index as text, ``engine`` the report's engine id):
+
+- ``kvdoctor_finding{rule,severity,family,engine,gpu}`` 1 while a finding is active (it held its
+  rule's ``for:``; see :mod:`kvdoctor.sidecar.transitions`); one series per GPU it names
+  (``gpu=""`` when none);
+- ``kvdoctor_suggested_flag_info{rule,engine,flag,value}`` 1 per suggested flag of an active one;
+- ``kvdoctor_gpu_memory_bytes{gpu,part}``, ``kvdoctor_gpu_memory_total_bytes{gpu}``,
+  ``kvdoctor_gpu_utilization_ratio{gpu}``, ``kvdoctor_gpu_info{gpu,uuid,name,engine,attribution}``;
+- ``kvdoctor_engine_kv_capacity_tokens{engine}``, ``kvdoctor_engine_kv_usage_ratio{engine}``,
+  ``kvdoctor_engine_preemptions_per_second{engine}``;
+- ``kvdoctor_source_up{source,origin}``, ``kvdoctor_source_last_success_timestamp_seconds``,
+  ``kvdoctor_source_errors_total``, ``kvdoctor_source_read_duration_seconds`` (when the loop
+  measures it);
+- ``kvdoctor_last_evaluation_timestamp_seconds``, ``kvdoctor_evaluation_duration_seconds``,
+  ``kvdoctor_evaluations_total``, ``kvdoctor_build_info{version}``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvdoctor.breakdown import GpuBreakdown
+from kvdoctor.facts import SourceStatus
+from kvdoctor.findings import Finding
+from kvdoctor.redact import redact_text
+
+_FROM = "(from kvdoctor's own evaluation cycle)"
+
+
+@dataclass
+class SourceHealth:
+    """One source's health over the sidecar's life: ``up`` (its last read was ok), ``last_success``
+    (unix s), ``errors`` (reads that failed, a counter), ``duration_s`` (its last read, seconds,
+    when the loop measures it)."""
+
+    up: bool = False
+    last_success: float | None = None
+    errors: int = 0
+    duration_s: float | None = None
+
+
+class SourceHealthTracker:
+    """Per (kind, origin) :class:`SourceHealth`, updated from each cycle's
+    ``snapshot.sources`` (``SourceStatus``; ``duration_s`` read when the status carries one).
+    Bounded: at most ``max_sources`` entries (the least recently seen dropped)."""
+
+    def __init__(self, max_sources: int = 64) -> None:
+        self.max_sources = max_sources
+        self.sources: dict[tuple[str, str], SourceHealth] = {}
+
+    def update(self, statuses: list[SourceStatus], now: float) -> None:
+        """Fold one cycle's statuses in (a "missing" source is down but no error)."""
+        for s in statuses:
+            key = (s.kind, redact_text(s.origin))
+            h = self.sources.pop(key, None) or SourceHealth()
+            self.sources[key] = h  # re-insert: most recently seen last
+            h.up = s.status == "ok"
+            if h.up:
+                h.last_success = now
+            elif s.status == "error":
+                h.errors += 1
+            dur = getattr(s, "duration_s", None)
+            h.duration_s = float(dur) if isinstance(dur, (int, float)) else None
+        while len(self.sources) > self.max_sources:
+            del self.sources[next(iter(self.sources))]
+
+
+@dataclass
+class View:
+    """What one cycle exposes (immutable once built; the collector reads the latest)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    breakdown: list[GpuBreakdown] = field(default_factory=list)
+    gpu_info: list[dict[str, Any]] = field(default_factory=list)
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    preemptions_per_s: dict[str, float | None] = field(default_factory=dict)
+    sources: dict[tuple[str, str], SourceHealth] = field(default_factory=dict)
+    last_evaluation: float | None = None
+    evaluation_duration_s: float | None = None
+    evaluations: int = 0
+
+
+class SidecarCollector(Collector):
+    """A prometheus-client collector over the latest :class:`View` (set by :meth:`publish`)."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self._view = View()
+        self._lock = threading.Lock()
+
+    def publish(self, view: View) -> None:
+        """Make ``view`` the one the next scrape shows."""
+        with self._lock:
+            self._view = view
+
+    def collect(self) -> Iterator[Metric]:
+        """The families of the current view (prometheus-client calls this per scrape)."""
+        with self._lock:
+            v = self._view
+        yield from _families(v, self.version)
+
+
+def _families(v: View, version: str) -> Iterator[Metric]:
+    finding = GaugeMetricFamily(
+        "kvdoctor_finding",
+        f"1 while a kvdoctor finding is active (held its rule's for: time) {_FROM}.",
+        labels=["rule", "severity", "family", "engine", "gpu"],
+    )
+    flags = GaugeMetricFamily(
+        "kvdoctor_suggested_flag_info",
+        f"A vLLM flag (or environment variable) an active finding suggests, with its value {_FROM}.",
+        labels=["rule", "engine", "flag", "value"],
+    )
+    seen_f: set[tuple[str, ...]] = set()
+    seen_s: set[tuple[str, ...]] = set()
+    for f in v.findings:
+        for gpu in [str(g) for g in f.gpus] or [""]:
+            flabels: tuple[str, ...] = (f.rule, f.severity, f.family, f.engine or "", gpu)
+            if flabels not in seen_f:
+                seen_f.add(flabels)
+                finding.add_metric(list(flabels), 1.0)
+        for flag, value in f.suggested_flags.items():
+            labels = (f.rule, f.engine or "", flag, value)
+            if labels not in seen_s:
+                seen_s.add(labels)
+                flags.add_metric(list(labels), 1.0)
+    yield finding
+    yield flags
+
+    mem = GaugeMetricFamily(
+        "kvdoctor_gpu_memory_bytes",
+        f"GPU memory by part: weights, kv_cache, activation_and_graphs, engine (not split), other_engines, "
+        f"foreign, unlisted (used but held by no listed process), free {_FROM}.",
+        labels=["gpu", "part"],
+    )
+    total = GaugeMetricFamily(
+        "kvdoctor_gpu_memory_total_bytes", f"GPU memory total (NVML memory.total) {_FROM}.", labels=["gpu"]
+    )
+    util = GaugeMetricFamily(
+        "kvdoctor_gpu_utilization_ratio",
+        f"GPU utilisation 0..1 (NVML utilization.gpu) {_FROM}.",
+        labels=["gpu"],
+    )
+    for b in v.breakdown:
+        gpu = str(b.index)
+        for part in b.parts:
+            mem.add_metric([gpu, part.part], float(part.bytes))
+        if b.total_bytes is not None:
+            total.add_metric([gpu], float(b.total_bytes))
+        if b.utilization is not None:
+            util.add_metric([gpu], float(b.utilization))
+    info = GaugeMetricFamily(
+        "kvdoctor_gpu_info",
+        f"The GPUs kvdoctor reads, by index; attribution: how engine memory was told apart "
+        f"(pid: NVML processes matched the engine's pids; gpu: by the engine's GPUs, pids unresolvable) {_FROM}.",
+        labels=["gpu", "uuid", "name", "engine", "attribution"],
+    )
+    how = {b.index: (b.engine or "", b.attribution or "") for b in v.breakdown}
+    for g in v.gpu_info:
+        engine, attribution = how.get(int(g.get("index") or 0), ("", ""))
+        info.add_metric(
+            [str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or ""), engine, attribution],
+            1.0,
+        )
+    yield from (mem, total, util, info)
+
+    cap = GaugeMetricFamily(
+        "kvdoctor_engine_kv_capacity_tokens",
+        f"Tokens the engine's KV cache holds (num_gpu_blocks x block_size) {_FROM}.",
+        labels=["engine"],
+    )
+    usage = GaugeMetricFamily(
+        "kvdoctor_engine_kv_usage_ratio",
+        f"KV cache usage 0..1 (vllm:kv_cache_usage_perc) {_FROM}.",
+        labels=["engine"],
+    )
+    pre = GaugeMetricFamily(
+        "kvdoctor_engine_preemptions_per_second",
+        f"Preemptions per second over the rules' window (rate of vllm:num_preemptions_total) {_FROM}.",
+        labels=["engine"],
+    )
+    for e in v.engines:
+        eid = str(e.get("id"))
+        kv = e.get("kv") or {}
+        if kv.get("capacity_tokens") is not None:
+            cap.add_metric([eid], float(kv["capacity_tokens"]))
+        if kv.get("usage") is not None:
+            usage.add_metric([eid], float(kv["usage"]))
+        rate = v.preemptions_per_s.get(eid)
+        if rate is not None:
+            pre.add_metric([eid], float(rate))
+    yield from (cap, usage, pre)
+
+    up = GaugeMetricFamily(
+        "kvdoctor_source_up", f"1 when the source's last read succeeded {_FROM}.", labels=["source", "origin"]
+    )
+    last = GaugeMetricFamily(
+        "kvdoctor_source_last_success_timestamp_seconds",
+        f"Unix time of the source's last successful read {_FROM}.",
+        labels=["source", "origin"],
+    )
+    errors = CounterMetricFamily(
+        "kvdoctor_source_errors",
+        f"Reads of the source that failed {_FROM}.",
+        labels=["source", "origin"],
+    )
+    dur = GaugeMetricFamily(
+        "kvdoctor_source_read_duration_seconds",
+        f"Seconds the source's last read took {_FROM}.",
+        labels=["source", "origin"],
+    )
+    for (kind, origin), h in v.sources.items():
+        up.add_metric([kind, origin], 1.0 if h.up else 0.0)
+        if h.last_success is not None:
+            last.add_metric([kind, origin], h.last_success)
+        errors.add_metric([kind, origin], float(h.errors))
+        if h.duration_s is not None:
+            dur.add_metric([kind, origin], h.duration_s)
+    yield from (up, last, errors, dur)
+
+    if v.last_evaluation is not None:
+        yield GaugeMetricFamily(
+            "kvdoctor_last_evaluation_timestamp_seconds",
+            f"Unix time of the last evaluation {_FROM}.",
+            value=v.last_evaluation,
+        )
+    if v.evaluation_duration_s is not None:
+        yield GaugeMetricFamily(
+            "kvdoctor_evaluation_duration_seconds",
+            f"Seconds the last read + evaluation took {_FROM}.",
+            value=v.evaluation_duration_s,
+        )
+    yield CounterMetricFamily(
+        "kvdoctor_evaluations", f"Evaluation cycles run {_FROM}.", value=float(v.evaluations)
+    )
+    build = GaugeMetricFamily("kvdoctor_build_info", "kvdoctor's version; always 1.", labels=["version"])
+    build.add_metric([version], 1.0)
+    yield build

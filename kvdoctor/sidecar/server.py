@@ -1,0 +1,331 @@
+"""``kvdoctor sidecar``: the live loop, evaluated every --interval, served over HTTP.
+
+One process per serving pod. A thread runs :class:`~kvdoctor.sampler.LiveLoop` over the feed
+the input flags open (live by default; ``--bundle``/``--recording`` for tests and demos) and,
+after each cycle, updates the finding transitions (``for:`` / ``clear_for:``), the source
+health and the :class:`~kvdoctor.sidecar.exposition.View` the endpoints read. A finite feed that
+ends keeps being evaluated (its last Timeline) at the same interval, so ``for:`` elapses and the
+endpoints stay current. Endpoints, all read-only (GET/HEAD; anything else 405):
+
+- ``/metrics``  Prometheus text (prometheus-client), see :mod:`kvdoctor.sidecar.exposition`;
+- ``/healthz``  200 while the process serves (liveness);
+- ``/readyz``   200 when the last cycle read at least one engine source (vLLM /metrics or log),
+  else 503 with the reason (a readiness signal for the sidecar itself; it never gates vLLM);
+- ``/findings`` the last Report as JSON (spec/report.md);
+- ``/``         a landing page linking them.
+
+stdout gets JSON lines: ``started``, each finding ``fired`` / ``resolved`` (with ``first_seen``
+and ``duration_s``), ``error`` (a bug in a cycle: the loop goes on), ``stopped``. SIGTERM and
+SIGINT stop the loop and the server; the process exits within 2 s.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import IO, Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.process_collector import ProcessCollector
+
+from kvdoctor.breakdown import engine_preemption_rates, gpu_breakdown
+from kvdoctor.pipeline import Pipeline
+from kvdoctor.redact import redact_text
+from kvdoctor.sampler import Cycle, LiveLoop, SnapshotFeed, error_status
+from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealthTracker, View
+from kvdoctor.sidecar.transitions import Transitions, event_line, iso, rule_timings
+
+#: source kinds that read an engine (readiness): vLLM's /metrics or its log.
+ENGINE_SOURCE_KINDS = frozenset({"metrics", "log"})
+DEFAULT_LISTEN = "127.0.0.1:8479"
+
+_LANDING = """<!doctype html>
+<html><head><meta charset="utf-8"><title>kvdoctor sidecar</title></head>
+<body><h1>kvdoctor sidecar</h1>
+<p>Why is this vLLM GPU out of memory (or idle), and which flag fixes it.</p>
+<ul>
+<li><a href="metrics">/metrics</a> Prometheus series of kvdoctor's evaluation cycle</li>
+<li><a href="findings">/findings</a> the last report (JSON, kvdoctor.report/1)</li>
+<li><a href="healthz">/healthz</a> liveness</li>
+<li><a href="readyz">/readyz</a> readiness: an engine source was read in the last cycle</li>
+</ul></body></html>
+"""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:8479"`` / ``":8479"`` / ``"[::1]:8479"`` → (host, port). Raises ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {value!r}: expected HOST:PORT")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class Sidecar:
+    """The sidecar's state and threads. ``clock`` gives unix seconds (transitions' time base).
+
+    ``max_len`` bounds the Timeline (snapshots kept), and so the memory; :meth:`start` binds the
+    server (OSError when the address is taken) and starts the loop thread; :meth:`stop` ends
+    both (returns within about ``timeout_s``)."""
+
+    def __init__(
+        self,
+        feed: SnapshotFeed,
+        pipeline: Pipeline,
+        *,
+        interval_s: float = 5.0,
+        listen: str = DEFAULT_LISTEN,
+        max_len: int = 720,
+        out: IO[str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from kvdoctor import __version__
+
+        self.feed = feed
+        self.pipeline = pipeline
+        self.interval_s = interval_s
+        self.listen = listen
+        self.loop = LiveLoop(feed, pipeline, interval_s=interval_s, max_len=max_len)
+        self.transitions = Transitions(rule_timings(pipeline.rules))
+        self.health = SourceHealthTracker()
+        self.collector = SidecarCollector(__version__)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)
+        self.out = out or sys.stdout
+        self.clock = clock
+        self.stop_event = threading.Event()
+        self.report_json = "{}"
+        self.ready = False
+        self.ready_reason = "no cycle yet"
+        self.cycles = 0
+        self._out_lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ cycle
+
+    def log(self, event: dict[str, Any]) -> None:
+        """Write one JSON line to stdout (flushed); never raises (a closed stdout is ignored)."""
+        with self._out_lock:
+            try:
+                self.out.write(event_line(event) + "\n")
+                self.out.flush()
+            except (OSError, ValueError):
+                pass
+
+    def on_cycle(self, cycle: Cycle) -> None:
+        """Fold one cycle in: transitions (logged), source health, readiness, the view."""
+        from kvdoctor.report import render_json
+
+        report = cycle.report
+        if report is None:
+            return
+        now = self.clock()
+        for event in self.transitions.update(report.findings, now):
+            self.log(event)
+        self.health.update(cycle.snapshot.sources, now)
+        statuses = report.sources  # redacted copies: /readyz may be read by anyone in the pod
+        engine_ok = [s for s in statuses if s.kind in ENGINE_SOURCE_KINDS and s.status == "ok"]
+        self.ready = bool(engine_ok)
+        if engine_ok:
+            self.ready_reason = "engine source read: " + ", ".join(f"{s.kind} {s.origin}" for s in engine_ok)
+        else:
+            bad = [
+                f"{s.kind} {s.origin}: {s.status} {s.detail}".strip()
+                for s in statuses
+                if s.kind in ENGINE_SOURCE_KINDS
+            ]
+            self.ready_reason = "no engine source read in the last cycle" + (
+                f" ({'; '.join(bad)})" if bad else ""
+            )
+        self.cycles += 1
+        self.collector.publish(
+            View(
+                findings=self.transitions.active(),
+                breakdown=gpu_breakdown(cycle.snapshot, report),
+                gpu_info=[{"index": g["index"], "uuid": g["uuid"], "name": g["name"]} for g in report.gpus],
+                engines=list(report.engines),
+                preemptions_per_s=engine_preemption_rates(cycle.timeline, report, self.pipeline.window_s),
+                sources=dict(self.health.sources),
+                last_evaluation=now,
+                evaluation_duration_s=cycle.duration_s,
+                evaluations=self.cycles,
+            )
+        )
+        self.report_json = render_json(report)
+
+    def _hold(self) -> None:
+        """A finite feed ended: evaluate its last Timeline at the interval until stopped."""
+        timeline = self.loop.timeline
+        while not self.stop_event.wait(self.interval_s):
+            latest = timeline.latest
+            if latest is None:
+                continue
+            t0 = time.monotonic()
+            report = self.pipeline.evaluate(timeline)
+            self.on_cycle(Cycle(self.cycles, latest, timeline, report, time.monotonic() - t0))
+
+    def _run_loop(self) -> None:
+        # The loop never raises for a source; a bug in a cycle is logged and the loop goes on.
+        while not self.stop_event.is_set():
+            try:
+                self.loop.run(self.on_cycle, self.stop_event, pace_finite=True)
+                if not self.stop_event.is_set() and not self.feed.live:
+                    self._hold()
+                return
+            except Exception as e:  # keep serving whatever a cycle did
+                status = error_status("sidecar", "cycle", e)
+                self.log(
+                    {
+                        "event": "error",
+                        "time": iso(self.clock()),
+                        "detail": redact_text(f"{type(e).__name__}: {status.detail}"),
+                    }
+                )
+                self.stop_event.wait(self.interval_s)
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        sidecar = self
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "kvdoctor-sidecar"
+            sys_version = ""
+            protocol_version = "HTTP/1.1"
+            #: seconds a client may take per request: a hanging one cannot pin a thread.
+            timeout = 5
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                """No access log on stdout: stdout carries the transition lines only."""
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                try:
+                    self._route()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away
+                except Exception as e:  # a bug in a view: one line, never a traceback
+                    self._send(500, f"{type(e).__name__}\n".encode(), "text/plain; charset=utf-8")
+
+            def _route(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(sidecar.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._send(200, b"ok\n", "text/plain; charset=utf-8")
+                elif path == "/readyz":
+                    code = 200 if sidecar.ready else 503
+                    self._send(code, (sidecar.ready_reason + "\n").encode(), "text/plain; charset=utf-8")
+                elif path == "/findings":
+                    self._send(200, (sidecar.report_json + "\n").encode(), "application/json")
+                elif path in ("/", "/index.html"):
+                    self._send(200, _LANDING.encode(), "text/html; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+            do_HEAD = do_GET  # noqa: N815
+
+            def _read_only(self) -> None:
+                self.send_response(405)
+                self.send_header("Allow", "GET, HEAD")
+                self.send_header("Content-Length", "0")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+
+            do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _read_only  # noqa: N815
+
+        return Handler
+
+    @property
+    def busy(self) -> bool:
+        """True when a thread is still inside a read after :meth:`stop` (a source that hangs up
+        to its own timeout)."""
+        return any(t.is_alive() for t in self._threads)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the server listens on (the real port when --listen gave 0)."""
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        """Bind the server and start the HTTP and loop threads. Raises OSError when the address
+        cannot be bound and ValueError for a malformed --listen."""
+        host, port = parse_listen(self.listen)
+        if ":" in host:
+            import socket
+
+            class V6Server(ThreadingHTTPServer):
+                address_family = socket.AF_INET6
+
+            self._server = V6Server((host, port), self._handler())
+        else:
+            self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._server.daemon_threads = True
+        h, p = self.address
+        self.log(
+            {
+                "event": "started",
+                "listen": f"{h}:{p}",
+                "interval_s": self.interval_s,
+                "input": self.feed.label,
+            }
+        )
+        server = self._server
+        for target, name in (
+            (lambda: server.serve_forever(poll_interval=0.1), "http"),
+            (self._run_loop, "loop"),
+        ):
+            t = threading.Thread(target=target, name=f"kvdoctor-sidecar-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout_s: float = 0.5) -> None:
+        """Stop the loop and the server; waits at most about ``timeout_s`` for the loop thread
+        (a read in progress is bounded by the sources' own timeouts; the thread is a daemon)."""
+        self.stop_event.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        try:
+            self.feed.close()
+        except Exception:
+            pass
+        self.log({"event": "stopped", "cycles": self.cycles})
+
+
+def serve(sidecar: Sidecar) -> None:
+    """Start ``sidecar`` and block until SIGTERM/SIGINT (or its stop event); then stop it."""
+    import signal
+
+    def _stop(signum: int, frame: Any) -> None:
+        sidecar.stop_event.set()
+
+    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        sidecar.start()
+        while not sidecar.stop_event.wait(0.1):
+            pass
+    finally:
+        sidecar.stop()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

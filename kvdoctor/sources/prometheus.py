@@ -1,0 +1,340 @@
+"""Fleet mode source: a Prometheus server's HTTP API → one Timeline of Snapshots per pod.
+
+``kvdoctor diagnose --prometheus URL [--since 15m] [--selector '{namespace="ml"}']`` reads what
+the fleet's Prometheus already scraped, over the window ``[now − since, now]``:
+
+- **vLLM**: every ``vllm:*`` series matching the selector, as one range query
+  (``/api/v1/query_range``, step :func:`step_for`), grouped by pod and laid back out, one
+  instant at a time, as the ``/metrics`` page vLLM served then, parsed by the same
+  :func:`kvdoctor.sources.metrics.parse_metrics` a live scrape uses. So the rules see the same
+  facts as ``diagnose --metrics URL`` and compute rates (``vllm:num_preemptions_total``) and
+  quantiles (``vllm:request_prompt_tokens`` buckets) over the window the same way.
+- **GPUs**, when present: DCGM exporter series joined to the pod by its ``namespace``/``pod``
+  labels — ≤ 4.8 names and units (``DCGM_FI_DEV_FB_USED``/``_FREE``/``_RESERVED`` MiB,
+  ``DCGM_FI_DEV_GPU_UTIL`` percent) and 4.9's byte/ratio ones (:data:`DCGM_METRICS`) — else
+  a kvdoctor sidecar's own ``kvdoctor_gpu_memory_*`` / ``kvdoctor_gpu_utilization_ratio``.
+- A pod is ``namespace/pod`` when those labels exist (Kubernetes discovery), else ``instance``.
+
+Errors are :class:`~kvdoctor.facts.SourceError` with one line (``GET …/api/v1/query_range:
+connection refused``, ``HTTP 400: bad selector``); a response is bounded (:data:`MAX_BODY_BYTES`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvdoctor.facts import Gpu, Snapshot, SourceError, SourceStatus
+
+MiB = 2**20
+#: the most one API response may hold, bytes (decoded).
+MAX_BODY_BYTES = 64 * 2**20
+#: labels Prometheus adds to every series (not vLLM's own): dropped when rebuilding a page.
+TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "service", "endpoint", "node"})
+
+#: DCGM exporter metric → (Gpu field, factor to base units). ≤ 4.8: MiB and percent; 4.9
+#: renamed fields to DCGM 4.7 names with bytes and 0..1 ratios (the ones listed here).
+DCGM_METRICS: dict[str, tuple[str, float]] = {
+    "DCGM_FI_DEV_FB_USED": ("used", MiB),
+    "DCGM_FI_DEV_FB_FREE": ("free", MiB),
+    "DCGM_FI_DEV_FB_RESERVED": ("reserved", MiB),
+    "DCGM_FI_DEV_FB_TOTAL": ("total", MiB),
+    "DCGM_FI_DEV_GPU_UTIL": ("util", 0.01),
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": ("total", 1.0),
+    "DCGM_FI_DEV_FB_USED_BYTES": ("used", 1.0),
+    "DCGM_FI_DEV_FB_FREE_BYTES": ("free", 1.0),
+    "DCGM_FI_DEV_FB_RESERVED_BYTES": ("reserved", 1.0),
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": ("util", 1.0),
+}
+_KVDOCTOR_GPU = (
+    "kvdoctor_gpu_memory_total_bytes",
+    "kvdoctor_gpu_memory_bytes",
+    "kvdoctor_gpu_utilization_ratio",
+)
+_HIST_SUFFIX = re.compile(r"_(bucket|count|sum)$")
+
+
+def parse_duration(text: str) -> float:
+    """``"15m"`` / ``"90s"`` / ``"2h"`` / ``"1d"`` / ``"300"`` → seconds. Raises ValueError."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text or "")
+    if not m:
+        raise ValueError(f"bad duration {text!r} (expected e.g. 15m, 90s, 2h)")
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2) or "s"]
+    return float(m.group(1)) * unit
+
+
+def selector_matchers(selector: str | None) -> str:
+    """``'{namespace="ml"}'`` → ``'namespace="ml"'`` (the inside, to add to other matchers);
+    "" for none. Raises ValueError for text that is not one ``{…}`` block."""
+    s = (selector or "").strip()
+    if not s:
+        return ""
+    if not (s.startswith("{") and s.endswith("}")) or "}" in s[1:-1]:
+        raise ValueError(f'--selector must be one {{label="value", …}} block, got {s[:60]!r}')
+    return s[1:-1].strip().rstrip(",")
+
+
+def step_for(since_s: float) -> float:
+    """Query step, seconds: about 200 points over the window (15m → 5 s), never under 1 s.
+    A step shorter than the scrape interval repeats samples, which leaves rates unchanged."""
+    return max(1.0, math.ceil(since_s / 200.0))
+
+
+@dataclass
+class PodData:
+    """What Prometheus holds for one pod: ``key`` ("ns/pod" or the instance), its Snapshots
+    oldest first, and how its GPU facts were found ("dcgm", "kvdoctor" or None)."""
+
+    key: str
+    snapshots: list[Snapshot] = field(default_factory=list)
+    gpu_source: str | None = None
+
+
+class PrometheusClient:
+    """The few HTTP API calls fleet mode needs (httpx; ``timeout_s`` per request)."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+        from kvdoctor.sources.metrics import _redact_url
+
+        self.base = url.rstrip("/")
+        if "://" not in self.base:
+            self.base = "http://" + self.base
+        self.shown = _redact_url(self.base)
+        self.timeout_s = timeout_s
+
+    def _get(self, path: str, params: dict[str, str]) -> Any:
+        import json
+
+        import httpx
+
+        label = f"GET {self.shown}{path}"
+        try:
+            with httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.timeout_s)) as c:
+                with c.stream("GET", self.base + path, params=params) as resp:
+                    chunks, size = [], 0
+                    for chunk in resp.iter_bytes():
+                        size += len(chunk)
+                        if size > MAX_BODY_BYTES:
+                            raise SourceError(f"{label}: answer larger than {MAX_BODY_BYTES // MiB} MiB")
+                        chunks.append(chunk)
+                    status = resp.status_code
+        except httpx.TimeoutException:
+            raise SourceError(f"{label}: timed out after {self.timeout_s:g} s") from None
+        except httpx.ConnectError as e:
+            why = "connection refused" if "refused" in str(e).lower() else "cannot connect"
+            raise SourceError(f"{label}: {why}") from None
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as e:
+            raise SourceError(f"{label}: {type(e).__name__}") from None
+        try:
+            body = json.loads(b"".join(chunks))
+        except ValueError:
+            raise SourceError(f"{label}: HTTP {status}, not a Prometheus API answer") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            err = str(body.get("error", "")) if isinstance(body, dict) else ""
+            raise SourceError(f"{label}: HTTP {status}: {err.splitlines()[0][:200] if err else 'error'}")
+        return body.get("data")
+
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """``/api/v1/query_range`` → the matrix ``[{"metric": {labels}, "values": [[t, "v"], …]}]``."""
+        data = self._get(
+            "/api/v1/query_range",
+            {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+        )
+        return list(data.get("result") or []) if isinstance(data, dict) else []
+
+
+def _pod_key(labels: dict[str, str]) -> str:
+    if labels.get("pod"):
+        return f"{labels.get('namespace', '')}/{labels['pod']}".lstrip("/")
+    return labels.get("instance", "") or labels.get("job", "") or "unknown"
+
+
+def _fmt_labels(labels: dict[str, str]) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    inner = ",".join(
+        f'{k}="{esc(v)}"' for k, v in sorted(labels.items()) if k != "__name__" and k not in TARGET_LABELS
+    )
+    return "{" + inner + "}" if inner else ""
+
+
+def render_page(samples: list[tuple[str, dict[str, str], float]]) -> str:
+    """Prometheus text for ``(name, labels, value)`` samples (target labels dropped), with a
+    ``# TYPE`` line per family: histograms where ``_bucket`` samples exist (so
+    ``vllm:iteration_tokens_total`` is one), counters for other ``_total`` names, else gauges."""
+    hist = {n[: -len("_bucket")] for n, _, _ in samples if n.endswith("_bucket")}
+    families: dict[str, list[str]] = defaultdict(list)
+    types: dict[str, str] = {}
+    for name, labels, value in samples:
+        fam = _histogram_family(name)
+        base = fam if fam in hist else name
+        kind = "histogram" if base in hist else ("counter" if name.endswith("_total") else "gauge")
+        types.setdefault(base, kind)
+        families[base].append(f"{name}{_fmt_labels(labels)} {value!r}")
+    lines: list[str] = []
+    for base, rows in families.items():
+        lines.append(f"# TYPE {base} {types[base]}")
+        lines.extend(rows)
+    return "\n".join(lines) + "\n"
+
+
+def _histogram_family(name: str) -> str | None:
+    """``vllm:iteration_tokens_total_bucket`` → ``vllm:iteration_tokens_total``; None for a
+    sample that is not part of a histogram."""
+    m = _HIST_SUFFIX.search(name)
+    return name[: m.start()] if m else None
+
+
+def fetch_fleet(
+    url: str,
+    *,
+    since_s: float = 900.0,
+    selector: str | None = None,
+    timeout_s: float = 10.0,
+    now: float | None = None,
+) -> list[PodData]:
+    """Every pod with vLLM series in ``[now − since_s, now]`` (matching ``selector``), each with
+    one Snapshot per query step (vLLM metrics parsed as a scrape, GPUs from DCGM or a kvdoctor
+    sidecar). Pods in key order. Raises SourceError when Prometheus cannot be queried or the
+    selector is invalid; a pod whose series cannot be parsed gets an "error" SourceStatus."""
+    from kvdoctor.sources.metrics import parse_metrics
+
+    try:
+        inner = selector_matchers(selector)
+    except ValueError as e:
+        raise SourceError(str(e)) from None
+    client = PrometheusClient(url, timeout_s=timeout_s)
+    end = time.time() if now is None else now
+    start = end - since_s
+    step = step_for(since_s)
+    extra = f",{inner}" if inner else ""
+    vllm = client.query_range(f'{{__name__=~"vllm:.+"{extra}}}', start, end, step)
+    # per pod, per timestamp: samples
+    pages: dict[str, dict[float, list[tuple[str, dict[str, str], float]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for series in vllm:
+        labels = dict(series.get("metric") or {})
+        name = labels.get("__name__", "")
+        if not name or name.endswith("_created"):
+            continue
+        key = _pod_key(labels)
+        for t, v in series.get("values") or []:
+            try:
+                pages[key][float(t)].append((name, labels, float(v)))
+            except (TypeError, ValueError):
+                continue
+    gpus = _gpu_series(client, extra, start, end, step)
+    out: list[PodData] = []
+    for key in sorted(pages):
+        pod = PodData(key)
+        origin = f"prometheus {client.shown} pod {key}"
+        pod_gpus, pod.gpu_source = gpus.get(key, ({}, None))
+        for t in sorted(pages[key]):
+            snap = Snapshot(timestamp=t)
+            try:
+                snap.metrics = parse_metrics(
+                    render_page(_fix_hist(pages[key][t])), origin=origin, timestamp=t
+                )
+                snap.sources.append(SourceStatus("metrics", origin, "ok", f"vLLM series at {_iso(t)}"))
+            except SourceError as e:
+                snap.sources.append(SourceStatus("metrics", origin, "error", str(e).splitlines()[0]))
+            snap.gpus = pod_gpus.get(t, [])
+            if snap.gpus:
+                snap.sources.append(
+                    SourceStatus(
+                        "nvml",
+                        f"prometheus {pod.gpu_source} series, pod {key}",
+                        "ok",
+                        f"{len(snap.gpus)} GPU(s)",
+                    )
+                )
+            pod.snapshots.append(snap)
+        out.append(pod)
+    return out
+
+
+def _fix_hist(samples: list[tuple[str, dict[str, str], float]]) -> list[tuple[str, dict[str, str], float]]:
+    # Sort so that a histogram's buckets, count and sum stay together under one # TYPE line.
+    return sorted(samples, key=lambda s: (_histogram_family(s[0]) or s[0], s[0]))
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _gpu_series(
+    client: PrometheusClient, extra: str, start: float, end: float, step: float
+) -> dict[str, tuple[dict[float, list[Gpu]], str | None]]:
+    """{pod key: ({timestamp: [Gpu]}, "dcgm" | "kvdoctor sidecar")} — DCGM first, else the
+    sidecar's series. A missing family is no error (GPU facts are optional)."""
+    names = "|".join(DCGM_METRICS)
+    try:
+        dcgm = client.query_range(f'{{__name__=~"{names}"{extra}}}', start, end, step)
+    except SourceError:
+        dcgm = []
+    acc: dict[str, dict[float, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    source: dict[str, str] = {}
+    for series in dcgm:
+        labels = dict(series.get("metric") or {})
+        fld, factor = DCGM_METRICS.get(labels.get("__name__", ""), ("", 0.0))
+        if not fld or not labels.get("gpu", "").isdigit():
+            continue
+        key = _pod_key(labels)
+        source[key] = "DCGM exporter"
+        for t, v in series.get("values") or []:
+            g = acc[key][float(t)].setdefault(
+                int(labels["gpu"]), {"uuid": labels.get("UUID"), "name": labels.get("modelName")}
+            )
+            g[fld] = float(v) * factor
+    if not acc:
+        try:
+            side = client.query_range(f'{{__name__=~"{"|".join(_KVDOCTOR_GPU)}"{extra}}}', start, end, step)
+        except SourceError:
+            side = []
+        for series in side:
+            labels = dict(series.get("metric") or {})
+            name = labels.get("__name__", "")
+            if not labels.get("gpu", "").isdigit():
+                continue
+            key = _pod_key(labels)
+            source[key] = "kvdoctor sidecar"
+            side_fld: str | None = {
+                "kvdoctor_gpu_memory_total_bytes": "total",
+                "kvdoctor_gpu_utilization_ratio": "util",
+            }.get(name)
+            if name == "kvdoctor_gpu_memory_bytes":
+                side_fld = "free" if labels.get("part") == "free" else None
+            if side_fld is None:
+                continue
+            for t, v in series.get("values") or []:
+                acc[key][float(t)].setdefault(int(labels["gpu"]), {})[side_fld] = float(v)
+    out: dict[str, tuple[dict[float, list[Gpu]], str | None]] = {}
+    for key, by_t in acc.items():
+        per_t: dict[float, list[Gpu]] = {}
+        for t, by_gpu in by_t.items():
+            per_t[t] = [_gpu(i, f) for i, f in sorted(by_gpu.items())]
+        out[key] = (per_t, source.get(key))
+    return out
+
+
+def _gpu(index: int, f: dict[str, Any]) -> Gpu:
+    used, free, total = f.get("used"), f.get("free"), f.get("total")
+    reserved = f.get("reserved") or 0.0
+    if total is None and used is not None and free is not None:
+        total = used + free + reserved  # DCGM's FB_TOTAL is not exported by default
+    if used is None and total is not None and free is not None:
+        used = total - free
+    return Gpu(
+        index=index,
+        uuid=f.get("uuid"),
+        name=f.get("name"),
+        memory_total_bytes=int(total) if total is not None else None,
+        memory_used_bytes=int(used) if used is not None else None,
+        utilization_gpu=f.get("util"),
+    )

@@ -1,0 +1,246 @@
+"""The sidecar end to end in-process: /metrics (promtool-clean), /healthz, /readyz, /findings, /,
+the transitions log, read-only endpoints; and as a process: SIGTERM/SIGINT exit within 2 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvdoctor.inputs import InputOptions, open_feed
+from kvdoctor.sidecar.server import Sidecar, parse_listen
+from tests.sidecar.conftest import DATA, FakeVllm, get, live_feed, wait_for
+
+B05 = DATA / "cases" / "b05-foreign-process-blocks-startup"
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def series(base: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(labels, v) for n, labels, v in samples(get(base + "/metrics").text) if n == name]
+
+
+def test_metrics_pass_promtool_and_follow_conventions(start_sidecar: Callable[..., Sidecar]) -> None:
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
+    base = sc.base  # type: ignore[attr-defined]
+    wait_for(lambda: series(base, "kvdoctor_finding"))
+    resp = get(base + "/metrics")
+    assert resp.headers["content-type"].startswith("text/plain")
+    text = resp.text
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed (.ci/run installs the Debian package prometheus)")
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "_created" not in text
+    helps = [line for line in text.splitlines() if line.startswith("# HELP kvdoctor_")]
+    assert helps and all("kvdoctor" in h for h in helps)
+    assert all("evaluation cycle" in h for h in helps if "build_info" not in h)
+    assert "_percent" not in text  # ratios, never percentages
+
+
+def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., Sidecar]) -> None:
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
+    base = sc.base  # type: ignore[attr-defined]
+    (labels, value), *_ = wait_for(lambda: series(base, "kvdoctor_finding"))
+    assert value == 1.0
+    assert labels == {
+        "rule": "gpu-shared-with-foreign-process",
+        "severity": "critical",
+        "family": "K",
+        "engine": "Qwen/Qwen2.5-7B-Instruct",
+        "gpu": "0",
+    }
+    flags = series(base, "kvdoctor_suggested_flag_info")
+    assert [(lb["flag"], lb["value"]) for lb, _ in flags] == [("--gpu-memory-utilization", "0.65")]
+    parts = {lb["part"]: v for lb, v in series(base, "kvdoctor_gpu_memory_bytes")}
+    (total,) = [v for _, v in series(base, "kvdoctor_gpu_memory_total_bytes")]
+    # nvidia-smi.txt: 15796 MiB used of 49140 MiB, 15790 MiB of it by pid 48213, not vLLM.
+    assert parts["foreign"] == 15790 * 2**20
+    assert parts["free"] == total - 15796 * 2**20 == (49140 - 15796) * 2**20
+    assert "other_engines" not in parts  # a part nothing holds is not exported
+    assert (
+        parts["engine"] == (15796 - 15790) * 2**20
+    )  # used beyond the listed processes: the engine placed there
+    (util,) = series(base, "kvdoctor_gpu_utilization_ratio")
+    assert 0 <= util[1] <= 1
+    (info,) = series(base, "kvdoctor_gpu_info")
+    assert info[0]["engine"] == "Qwen/Qwen2.5-7B-Instruct" and info[0]["attribution"] == "gpu"
+    (build,) = series(base, "kvdoctor_build_info")
+    assert build[0]["version"]
+    up = {lb["source"]: v for lb, v in series(base, "kvdoctor_source_up")}
+    assert up["nvidia-smi"] == 1.0 and up["log"] == 1.0
+    # read-only and landing page
+    assert httpx.post(base + "/metrics", timeout=5).status_code == 405
+    landing = get(base + "/").text
+    assert all(f'href="{p}"' in landing for p in ("metrics", "findings", "healthz", "readyz"))
+    assert get(base + "/nope").status_code == 404
+    assert get(base + "/healthz").status_code == 200
+
+
+def test_findings_endpoint_is_the_report(start_sidecar: Callable[..., Sidecar]) -> None:
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
+    base = sc.base  # type: ignore[attr-defined]
+    report = wait_for(lambda: get(base + "/findings").json() or None)
+    assert report["schema"] == "kvdoctor.report/1"
+    assert [f["rule"] for f in report["findings"]][:1] == ["gpu-shared-with-foreign-process"]
+
+
+def test_live_storm_fires_logs_and_readyz(start_sidecar: Callable[..., Sidecar], fake_vllm: FakeVllm) -> None:
+    sc = start_sidecar(live_feed(fake_vllm.url), interval_s=0.2)
+    base = sc.base  # type: ignore[attr-defined]
+    got = wait_for(
+        lambda: [lb for lb, _ in series(base, "kvdoctor_finding") if lb["rule"] == "preemption-storm"], 15
+    )
+    assert got[0]["engine"] and got[0]["severity"] == "warning"
+    r = get(base + "/readyz")
+    assert r.status_code == 200 and "metrics" in r.text
+    cap = series(base, "kvdoctor_engine_kv_capacity_tokens")
+    usage = series(base, "kvdoctor_engine_kv_usage_ratio")
+    rate = series(base, "kvdoctor_engine_preemptions_per_second")
+    assert cap and cap[0][1] > 0 and usage and 0.9 <= usage[0][1] <= 1 and rate and rate[0][1] > 0
+    events = [json.loads(line) for line in sc.out.lines()]  # type: ignore[attr-defined]
+    assert events[0]["event"] == "started"
+    fired = [e for e in events if e.get("event") == "fired" and e["rule"] == "preemption-storm"]
+    assert fired and fired[0]["first_seen"].endswith("Z") and "duration_s" in fired[0]
+
+
+def test_readyz_is_503_without_an_engine_source(start_sidecar: Callable[..., Sidecar]) -> None:
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens there now
+    sc = start_sidecar(live_feed(f"http://127.0.0.1:{port}/metrics"), interval_s=0.2)
+    base = sc.base  # type: ignore[attr-defined]
+    wait_for(lambda: sc.cycles >= 2)
+    r = get(base + "/readyz")
+    assert r.status_code == 503 and "connection refused" in r.text
+    assert get(base + "/healthz").status_code == 200
+    (err,) = [v for lb, v in series(base, "kvdoctor_source_errors_total") if lb["source"] == "metrics"]
+    assert err >= 2
+
+
+def test_parse_listen() -> None:
+    assert parse_listen("127.0.0.1:8479") == ("127.0.0.1", 8479)
+    assert parse_listen(":9000") == ("0.0.0.0", 9000)
+    assert parse_listen("[::1]:8479") == ("::1", 8479)
+    with pytest.raises(ValueError):
+        parse_listen("8479x")
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_the_process_within_two_seconds(sig: signal.Signals, fake_vllm: FakeVllm) -> None:
+    port = _free_port()
+    fake_vllm.mode = "hang"  # a read in progress must not hold the exit
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvdoctor", "sidecar", "--metrics", fake_vllm.url, "--no-nvml"]
+        + ["--listen", f"127.0.0.1:{port}", "--interval", "0.5", "--timeout", "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        wait_for(lambda: _answers(port), 20)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=10)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = proc.communicate()
+    assert rc == 0, err
+    assert elapsed < 2.0, elapsed
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["event"] == "started" and events[-1]["event"] == "stopped"
+    assert "Traceback" not in err
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_busy_port_is_a_one_line_error() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvdoctor",
+                "sidecar",
+                "--bundle",
+                str(B05),
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        s.close()
+    assert r.returncode == 3
+    assert r.stderr.strip().startswith("kvdoctor: cannot listen on") and "Traceback" not in r.stderr
+
+
+def test_credentials_in_a_metrics_url_never_reach_an_endpoint(start_sidecar: Callable[..., Sidecar]) -> None:
+    port = _free_port()
+    secret = "s3cr3t-pass"
+    sc = start_sidecar(live_feed(f"http://admin:{secret}@127.0.0.1:{port}/metrics"), interval_s=0.2)
+    base = sc.base  # type: ignore[attr-defined]
+    wait_for(lambda: sc.cycles >= 2)
+    for path in ("/readyz", "/metrics", "/findings"):
+        assert secret not in get(base + path).text
+    assert all(secret not in line for line in sc.out.lines())  # type: ignore[attr-defined]
+
+
+def test_a_failing_cycle_is_logged_and_the_loop_goes_on(start_sidecar: Callable[..., Sidecar]) -> None:
+    from kvdoctor.pipeline import Pipeline
+
+    class Flaky(Pipeline):
+        calls = 0
+
+        def evaluate(self, timeline, *, now=None):  # type: ignore[no-untyped-def]
+            Flaky.calls += 1
+            if Flaky.calls == 2:
+                raise RuntimeError("bug with token hf_abcdefghijklmnopqrstuvwxyz123456")
+            return super().evaluate(timeline, now=now)
+
+    real = Pipeline.load()
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)), pipeline=Flaky(rules=real.rules), interval_s=0.1)
+    wait_for(lambda: sc.cycles >= 3)
+    events = [json.loads(line) for line in sc.out.lines()]  # type: ignore[attr-defined]
+    (err,) = [e for e in events if e["event"] == "error"]
+    assert err["detail"].startswith("RuntimeError") and "hf_abcdefghijklmnop" not in err["detail"]
+    assert get(sc.base + "/healthz").status_code == 200  # type: ignore[attr-defined]
