@@ -51,7 +51,7 @@ _TOKEN_SHAPES = re.compile(
 _AUTH_HEADER = re.compile(
     r"(?i)(\bauthorization['\"]?\s*[:=]\s*['\"]?\s*(?:bearer|basic|token)\s+)([^\s'\",}]+)"
 )
-_URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@'\"]+:)([^\s@/'\"]+)(@)")
+_URL_USERINFO = re.compile(r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s:/@'\"]{1,256}:)([^\s@/'\"]{1,1024})(@)")
 # --flag value / --flag=value in free text (a log line quoting a command).
 _FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)('[^']*'|\"[^\"]*\"|\S+)")
 # --api-key K1 K2 (a list of keys in recent vLLM): every key up to the next flag.
@@ -65,7 +65,7 @@ _ASSIGN = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)(=)('[^']*'|\"[^\"]*\"
 # 'name': 'value' in a dict repr or JSON.
 _DICT_ITEM = re.compile(r"(['\"])([A-Za-z_][\w-]*)\1(\s*:\s*)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,}]+)")
 # name: value at the start of a line (YAML config files, HTTP headers).
-_LINE_KEY = re.compile(r"(?m)^(\s*-?\s*)([A-Za-z_][\w-]*)(\s*:\s+)(\S.*?)\s*$")
+_LINE_KEY = re.compile(r"(?m)^([ \t]*(?:-[ \t]*)?)([A-Za-z_][\w-]{0,200})([ \t]*:[ \t]+)(\S(?:.*\S)?)[ \t]*$")
 
 
 def _name_parts(name: str) -> list[str]:

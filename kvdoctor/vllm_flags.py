@@ -267,7 +267,7 @@ def lookup_option(option: str) -> tuple[Flag, bool] | None:
     return None
 
 
-_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_HUMAN_INT = re.compile(r"(\d{1,20}(?:\.\d{1,20})?)([kKmMgGtT])")
 _DECIMAL_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY_MULT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 

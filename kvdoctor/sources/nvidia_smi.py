@@ -161,9 +161,9 @@ _DATE_RE = re.compile(r"^\s*[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{
 _ROW1_CELL1 = re.compile(r"^\s*(\d+)\s+(.*?)\s+(On|Off|N/A|WDDM|TCC|MCDM)\s*$")
 _ROW1_CELL1_NOPM = re.compile(r"^\s*(\d+)\s+(.*?)\s*$")
 _TEMP_RE = re.compile(r"(?<![\w.])(\d+)C\b")
-_POWER_RE = re.compile(r"(\S+)\s*/\s*(\S+)\s*$")
+_POWER_RE = re.compile(r"(?<!\S)(\S{1,32})[ \t]{0,32}/[ \t]{0,32}(\S{1,32})[ \t]*$")
 _WATTS_RE = re.compile(r"^(\d+(?:\.\d+)?)W$")
-_MEM_RE = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
+_MEM_RE = re.compile(r"(?<!\d)(\d{1,15})MiB\s{0,32}/\s{0,32}(\d{1,15})MiB")
 _UTIL_RE = re.compile(r"^\s*(\d+)%")
 _PROC_GICI = re.compile(
     r"^\|\s*(\d+|N/A)\s+(\S+)\s+(\S+)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*?)\s+(\d+MiB|N/A)\s*\|\s*$"

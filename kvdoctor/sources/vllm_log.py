@@ -391,7 +391,7 @@ def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
 _RE = {
     "api_version": re.compile(r"vLLM API server version (\S+)"),
     "server_version": re.compile(r"vLLM server version (\S+?),? serving model (\S+)"),
-    "logo_version": re.compile(r"[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
+    "logo_version": re.compile(r"^\s*[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
     "init_engine": re.compile(
         r"Initializing (a V1 LLM engine|an LLM engine)(?: \(v?([^)\s]+)\))? with config: (.*)$"
     ),
@@ -413,14 +413,14 @@ _RE = {
         r"the rest of the memory reserved for KV Cache is (-?\d+(?:\.\d+)?) ?GiB"
     ),
     "v06_prof": re.compile(r"(?i)memory profiling results:(.*)$"),
-    "v06_field": re.compile(r"(\w+)=(-?\d+(?:\.\d+)?) ?(GiB|GB)?", re.I),
+    "v06_field": re.compile(r"(?<!\w)(\w{1,64})=(-?\d{1,20}(?:\.\d{1,20})?) ?(GiB|GB)?", re.I),
     "v1_prof": re.compile(r"Memory profiling takes (\d+(?:\.\d+)?) seconds\. ?(.*)$"),
-    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]*?): (-?\d+(?:\.\d+)?) ?GiB"),
+    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]{0,100}?): (-?\d{1,20}(?:\.\d{1,20})?) ?GiB"),
     "mem_request": re.compile(
         r"Initial free memory: (-?\d+(?:\.\d+)?) ?GiB; Requested memory: (\d+(?:\.\d+)?) \(util\), (-?\d+(?:\.\d+)?) ?GiB"
     ),
     "avail_kv": re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"),
-    "kv_size": re.compile(r"(\w+) KV cache size: ([\d,]+) tokens"),
+    "kv_size": re.compile(r"(\w{1,16}) KV cache size: ([\d,]{1,40}) tokens"),
     "max_conc": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
     "blocks_override": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
     "v0_blocks": re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
@@ -440,11 +440,11 @@ _RE = {
         r"Free memory on device (?:\S+ )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup\. "
         r"Desired GPU memory utilization is \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
     ),
-    "summary_consumed": re.compile(r"(-?\d+(?:\.\d+)?) GiB for consumed memory"),
-    "summary_weight": re.compile(r"(-?\d+(?:\.\d+)?) GiB for weights?\b"),
-    "summary_act": re.compile(r"(-?\d+(?:\.\d+)?) GiB for peak activation"),
-    "summary_nontorch": re.compile(r"(-?\d+(?:\.\d+)?) GiB for non-torch memory"),
-    "summary_cg": re.compile(r"(-?\d+(?:\.\d+)?) GiB for CUDAGraph memory"),
+    "summary_consumed": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for consumed memory"),
+    "summary_weight": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for weights?\b"),
+    "summary_act": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
+    "summary_nontorch": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
+    "summary_cg": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
     "summary_kvmem": re.compile(r"--kv-cache-memory=(\d+)"),
     "summary_inuse": re.compile(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
     "kv_reserved": re.compile(
@@ -483,23 +483,23 @@ _RE = {
     ),
     "input_too_long": re.compile(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
     "oom_modern": re.compile(
-        r"Tried to allocate (\d+(?:\.\d+)? ?\w+)\. GPU (\d+) has a total capac(?:i)?ty of (\d+(?:\.\d+)? ?\w+) "
-        r"of which (\d+(?:\.\d+)? ?\w+) is free\."
+        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})\. GPU (\d+) has a total capac(?:i)?ty of ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) "
+        r"of which ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is free\."
     ),
     "oom_legacy": re.compile(
-        r"Tried to allocate (\d+(?:\.\d+)? ?\w+) \(GPU (\d+); (\d+(?:\.\d+)? ?\w+) total capacity; (\d+(?:\.\d+)? ?\w+) already "
-        r"allocated; (\d+(?:\.\d+)? ?\w+) free; (?:(\d+(?:\.\d+)? ?\w+) allowed; )?(\d+(?:\.\d+)? ?\w+) reserved in total by PyTorch"
+        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) \(GPU (\d+); ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) total capacity; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) already "
+        r"allocated; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) free; (?:((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed; )?((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) reserved in total by PyTorch"
     ),
-    "oom_proc": re.compile(r"Process (\d+) has (\d+(?:\.\d+)? ?\w+) memory in use"),
+    "oom_proc": re.compile(r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"),
     "oom_self": re.compile(
-        r"Including non-PyTorch memory, this process has (\d+(?:\.\d+)? ?\w+) memory in use"
+        r"Including non-PyTorch memory, this process has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
     ),
-    "oom_allowed": re.compile(r"(\d+(?:\.\d+)? ?\w+) allowed;"),
+    "oom_allowed": re.compile(r"((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed;"),
     "oom_alloc": re.compile(
-        r"Of the allocated memory (\d+(?:\.\d+)? ?\w+) is allocated by PyTorch, (?:with (\d+(?:\.\d+)? ?\w+) allocated in "
-        r"private pools \(e\.g\., CUDA Graphs\), )?and (\d+(?:\.\d+)? ?\w+) is reserved by PyTorch but unallocated"
+        r"Of the allocated memory ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is allocated by PyTorch, (?:with ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allocated in "
+        r"private pools \(e\.g\., CUDA Graphs\), )?and ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is reserved by PyTorch but unallocated"
     ),
-    "oom_requested": re.compile(r"Requested size: (\d+(?:\.\d+)? ?\w+)"),
+    "oom_requested": re.compile(r"Requested size: ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})"),
     "sampler_oom": re.compile(
         r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
     ),
@@ -516,7 +516,7 @@ _RE = {
     "st_pending": re.compile(r"Pending: (\d+) reqs"),
     "st_deferred": re.compile(r"Deferred: (\d+) reqs"),
     "st_preempt": re.compile(r"Preemptions: (\d+)"),
-    "st_kv": re.compile(r"([A-Z]+) KV cache usage: (\d+(?:\.\d+)?)%"),
+    "st_kv": re.compile(r"([A-Z]{1,8}) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"),
     "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"),
     "preempted": re.compile(
         r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
@@ -792,7 +792,7 @@ class _Parser:
         if "version" in msg:
             m = R["api_version"].search(msg) or R["server_version"].search(msg)
             if m is None and ("\u2580" <= msg.lstrip()[:1] <= "\u259f"):
-                m = R["logo_version"].search(msg)
+                m = R["logo_version"].match(msg)  # anchored: one start, not one per block char
             if m:
                 self._set_version(m.group(1), None, pl, key)
         if "with config:" in msg and "Initializing" in msg:
