@@ -51,7 +51,9 @@ _TOKEN_SHAPES = re.compile(
 _AUTH_HEADER = re.compile(
     r"(?i)(\bauthorization['\"]?\s*[:=]\s*['\"]?\s*(?:bearer|basic|token)\s+)([^\s'\",}]+)"
 )
-_URL_USERINFO = re.compile(r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s:/@'\"]{1,256}:)([^\s@/'\"]{1,1024})(@)")
+_URL_USERINFO = re.compile(
+    r"((?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s:/@'\"]{1,256}:)([^\s@/'\"]{1,1024})(@)"
+)
 # --flag value / --flag=value in free text (a log line quoting a command).
 _FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)('[^']*'|\"[^\"]*\"|\S+)")
 # --api-key K1 K2 (a list of keys in recent vLLM): every key up to the next flag.

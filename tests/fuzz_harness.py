@@ -82,7 +82,7 @@ def _targets() -> list[Target]:
         b"Model loading took 15.0 GiB and 12.3 seconds",
         b"Available KV cache memory: -3.5 GiB",
         b"Received request cmpl-1: prompt: 'hello, params: x', params: SamplingParams(n=1)",
-        b"Traceback (most recent call last):\n  File \"x.py\", line 1\n",
+        b'Traceback (most recent call last):\n  File "x.py", line 1\n',
         b"\x1b[32m",
         b"2025-07-01T09:12:43.123Z stdout F ",
     ]
@@ -93,7 +93,11 @@ def _targets() -> list[Target]:
             "metrics.parse_metrics",
             lambda t: metrics.parse_metrics(t, origin="m.txt", timestamp=1.0),
             _seeds("metrics/*.txt", "bundles/*/metrics.txt", "bench/*.txt"),
-            [b'vllm:num_requests_running{engine="0",model_name="m"} ', b"# TYPE vllm:x histogram\n", b'le="+Inf"'],
+            [
+                b'vllm:num_requests_running{engine="0",model_name="m"} ',
+                b"# TYPE vllm:x histogram\n",
+                b'le="+Inf"',
+            ],
         ),
         Target(
             "nvidia_smi.parse_nvidia_smi_text",
@@ -111,9 +115,18 @@ def _targets() -> list[Target]:
             "cmdline.parse_cmdline_text",
             lambda t: cmdline.parse_cmdline_text(t, origin="cmdline.txt"),
             _seeds("cmdline/*.txt", "bundles/*/cmdline.txt"),
-            [b" --tensor-parallel-size ", b" --gpu-memory-utilization ", b" --api-key ", b"'", b"\\\n", b" --config x.yaml"],
+            [
+                b" --tensor-parallel-size ",
+                b" --gpu-memory-utilization ",
+                b" --api-key ",
+                b"'",
+                b"\\\n",
+                b" --config x.yaml",
+            ],
         ),
-        Target("cmdline.parse_argv", argv, _seeds("cmdline/*.txt", limit=4), [b" --max-model-len ", b" -tp "]),
+        Target(
+            "cmdline.parse_argv", argv, _seeds("cmdline/*.txt", limit=4), [b" --max-model-len ", b" -tp "]
+        ),
         Target(
             "env.parse_env_text",
             lambda t: env.parse_env_text(t, origin="env.txt"),
@@ -228,7 +241,9 @@ def run(
             except RecursionError:
                 failures.append(Failure(target.name, "exception", "RecursionError", data))
             except Exception as e:  # the contract: nothing but SourceError
-                failures.append(Failure(target.name, "exception", f"{type(e).__name__}: {str(e)[:100]}", data))
+                failures.append(
+                    Failure(target.name, "exception", f"{type(e).__name__}: {str(e)[:100]}", data)
+                )
             elapsed = time.perf_counter() - t0
             if trace:
                 peak = tracemalloc.get_traced_memory()[1]

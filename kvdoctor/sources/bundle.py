@@ -28,6 +28,7 @@ from kvdoctor.facts import (
     Timeline,
     VllmLog,
 )
+from kvdoctor.sources.limits import guarded, reason_of
 
 #: bundle file name → source kind (spec/report.md ``sources[].kind``)
 BUNDLE_FILES: dict[str, str] = {
@@ -106,16 +107,9 @@ def _guard(snap: Snapshot, kind: str, origin: str, fn: Callable[[], Any]) -> Any
         return fn()
     except SourceError as e:
         _status(snap, kind, origin, "error", _one_line(e))
-    except (OSError, UnicodeError, ValueError) as e:
-        _status(snap, kind, origin, "error", f"{origin}: {_one_line(e)}")
     except Exception as e:  # a parser bug must not take the other sources down
-        _status(
-            snap,
-            kind,
-            origin,
-            "error",
-            f"{origin}: internal error in parser: {type(e).__name__}: {_one_line(e)}",
-        )
+        # The reason only: an exception's message may quote the bytes it choked on.
+        _status(snap, kind, origin, "error", f"{origin}: {reason_of(e)}")
     return None
 
 
@@ -372,6 +366,7 @@ def artifacts_in_dir(root: Path) -> Artifacts:
     return art
 
 
+@guarded("path", 0)
 def load_bundle(path: Path) -> Loaded:
     """Read a bundle directory or ``.tar.gz`` (spec/bundle.md).
 

@@ -36,6 +36,7 @@ import yaml
 
 from kvdoctor.facts import EngineConfig, SourceError
 from kvdoctor.redact import MARK, is_secret_name, redact_argv, redact_env, redact_text
+from kvdoctor.sources.limits import guarded
 from kvdoctor.vllm_flags import (
     FlagError,
     canonical_dest,
@@ -409,6 +410,7 @@ def _build_config(
     return cfg
 
 
+@guarded("origin", 1)
 def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) -> EngineConfig:
     """Parse one command line given as argv (psutil ``Process.cmdline()``, a NUL-split
     ``/proc/PID/cmdline``). ``base_dir`` resolves a relative ``--config`` (the process's cwd).
@@ -427,6 +429,7 @@ def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) 
     return cfg
 
 
+@guarded("origin", 1)
 def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None) -> list[EngineConfig]:
     """Parse a bundle's ``cmdline.txt`` (or a ``/proc/PID/cmdline`` dump) into one
     :class:`EngineConfig` per vLLM command, in file order.
@@ -467,6 +470,7 @@ def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None
     return configs
 
 
+@guarded("path", 0)
 def parse_cmdline_file(path: str | os.PathLike[str]) -> list[EngineConfig]:
     """Read and parse a ``cmdline.txt`` file; ``--config`` resolves relative to its directory.
     Raises :class:`SourceError` when the file cannot be read or parsed."""

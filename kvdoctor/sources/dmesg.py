@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from kvdoctor.facts import SourceError
+from kvdoctor.sources.limits import guarded
 from kvdoctor.sources.nvidia_smi import normalize_bus_id
 
 __all__ = ["HARDWARE_XIDS", "parse_dmesg", "parse_dmesg_file"]
@@ -58,6 +59,7 @@ def _pid(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+@guarded("origin", 1)
 def parse_dmesg(text: str, origin: str = "") -> list[dict[str, Any]]:
     """Every NVIDIA XID line of a kernel log, in file order (other lines are ignored).
 
@@ -100,6 +102,7 @@ def parse_dmesg(text: str, origin: str = "") -> list[dict[str, Any]]:
     return events
 
 
+@guarded("path", 0)
 def parse_dmesg_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read and parse a kernel log file (``dmesg.txt``). Raises :class:`SourceError` for an
     unreadable, oversized or binary file."""

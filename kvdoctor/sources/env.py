@@ -14,6 +14,7 @@ import shlex
 
 from kvdoctor.facts import SourceError
 from kvdoctor.redact import redact_env
+from kvdoctor.sources.limits import guarded
 
 _LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|set\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
 
@@ -32,6 +33,7 @@ def _unquote(raw: str) -> str:
     return re.split(r"\s+#", value, maxsplit=1)[0].strip()
 
 
+@guarded("origin", 1)
 def parse_env_text(text: str, origin: str = "") -> dict[str, str]:
     """Parse ``KEY=VALUE`` lines (``export KEY=VALUE``, ``declare -x``, quoted values, ``#``
     comments, blank lines; ``env``/``printenv`` output) into a dict, later lines winning.

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
+from kvdoctor.sources.limits import guarded
 
 if TYPE_CHECKING:  # httpx costs ~60 ms to import: only the HTTP functions load it
     import httpx
@@ -198,6 +199,7 @@ def _histogram(acc: _Acc, base: str) -> HistogramData:
     return HistogramData(buckets=buckets, count=count, sum=acc.sums.get(base, 0.0))
 
 
+@guarded("origin", 1)
 def parse_metrics(
     text: str,
     origin: str = "",
@@ -327,6 +329,7 @@ def _why_unreadable(text: str) -> str:
     return f"not Prometheus text: {first[:60]!r}"
 
 
+@guarded("path", 0)
 def load_metrics_dir(
     path: str | os.PathLike[str],
     *,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdoctor.facts import ModelArch, SourceError
+from kvdoctor.sources.limits import guarded
 
 # Keys under which multimodal wrappers keep the language model's config.
 _NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
@@ -126,6 +127,7 @@ def _sliding_window(cfg: dict[str, Any]) -> int | None:
     return sw
 
 
+@guarded("origin", 1)
 def parse_model_config(data: str | bytes | dict[str, Any], origin: str = "") -> ModelArch:
     """Turn a Hugging Face ``config.json`` (text, bytes or parsed dict) into a :class:`ModelArch`.
 
@@ -246,6 +248,7 @@ def parse_model_config(data: str | bytes | dict[str, Any], origin: str = "") -> 
     )
 
 
+@guarded("path", 0)
 def parse_model_config_file(path: str | Path) -> ModelArch:
     """Read and parse a ``config.json`` file (or a model directory holding one).
 

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvdoctor.facts import Gpu, GpuProcess, SourceError
+from kvdoctor.sources.limits import guarded
 from kvdoctor.units import MiB, parse_size
 
 __all__ = [
@@ -95,7 +96,7 @@ def _is_na(v: str) -> bool:
     )
 
 
-_NUM_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%°]*)\s*$")
+_NUM_RE = re.compile(r"^\s*(-?\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z%°]{0,8})\s*$")
 
 
 def _num(v: str) -> float | None:
@@ -104,7 +105,7 @@ def _num(v: str) -> float | None:
         return None
     m = _NUM_RE.match(v)
     if not m:
-        raise ValueError(f"not a number: {v.strip()!r}")
+        raise ValueError("not a number")
     return float(m.group(1))
 
 
@@ -334,6 +335,7 @@ def _proc_row(table: _Table, line: str, lineno: int, origin: str) -> None:
     )
 
 
+@guarded("origin", 1)
 def parse_nvidia_smi_table(text: str, origin: str = "") -> list[list[Gpu]]:
     """Parse the plain ``nvidia-smi`` table (drivers 450 … 580 layouts; older ones without the
     ``MIG M.`` row or the ``GI CI`` process columns too) into moments of GPUs.
@@ -513,6 +515,7 @@ def _set_gpu_field(gpu: Gpu, key: str, value: str) -> None:
                     gpu.clock_event_reasons.append(name)
 
 
+@guarded("origin", 1)
 def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | None = None) -> list[list[Gpu]]:
     """Parse ``nvidia-smi --query-gpu=… --format=csv[,noheader][,nounits]`` into moments.
 
@@ -553,7 +556,7 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
     known = [k for k in keys if k in _GPU_FIELDS or k.startswith(_REASON_PREFIXES)]
     if not known or not {"index", "uuid", "gpu_uuid", "pci.bus_id", "gpu_bus_id"} & set(keys):
         raise SourceError(
-            f"{what}: unknown header {', '.join(keys)!r} (needs index, uuid or pci.bus_id)",
+            f"{what}: unknown header (needs index, uuid or pci.bus_id)",
             origin=origin or None,
             line=header_line or None,
         )
@@ -561,21 +564,27 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
     ids: set[tuple[str, str]] = set()
     last_ts: float | None = None
     has_index = "index" in keys
+    first_bad: SourceError | None = None  # a bad row costs that row; raised only if none is good
     for n, (lineno, cells) in enumerate(rows):
         if len(cells) != len(keys):
             if n == len(rows) - 1 and len(cells) < len(keys) and moments:
                 break  # a truncated last row (file cut while the loop was writing)
-            raise SourceError(
+            first_bad = first_bad or SourceError(
                 f"{what}: {len(cells)} values for {len(keys)} columns", origin=origin or None, line=lineno
             )
+            continue
         gpu = Gpu(index=-1)
-        for key, value in zip(keys, cells, strict=True):
-            try:
-                _set_gpu_field(gpu, key, value)
-            except ValueError as e:
-                raise SourceError(
-                    f"{what}: column {key!r}: {e}", origin=origin or None, line=lineno
-                ) from None
+        try:
+            for key, value in zip(keys, cells, strict=True):
+                try:
+                    _set_gpu_field(gpu, key, value)
+                except (ValueError, OverflowError) as e:
+                    raise SourceError(
+                        f"{what}: column {key[:40]!r}: {e}", origin=origin or None, line=lineno
+                    ) from None
+        except SourceError as e:
+            first_bad = first_bad or e
+            continue
         ident = (
             ("uuid", gpu.uuid) if gpu.uuid else ("bus", gpu.bus_id) if gpu.bus_id else ("idx", str(gpu.index))
         )
@@ -589,6 +598,8 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
         moments[-1].append(gpu)
         last_ts = gpu.timestamp
     if not moments:
+        if first_bad is not None:
+            raise first_bad
         raise SourceError(f"{what}: header but no GPU rows", origin=origin or None, line=header_line or None)
     return moments
 
@@ -596,6 +607,7 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
 # --------------------------------------------------------------------------- compute apps
 
 
+@guarded("origin", 1)
 def parse_compute_apps_csv(text: str, origin: str = "") -> list[GpuProcess]:
     """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
     --format=csv[,nounits]`` (``gpu_bus_id`` instead of / besides ``gpu_uuid`` too) into processes.
@@ -615,28 +627,36 @@ def parse_compute_apps_csv(text: str, origin: str = "") -> list[GpuProcess]:
     keys = [_field_key(h) for h in header]
     if "pid" not in keys or not {"gpu_uuid", "gpu_bus_id"} & set(keys):
         raise SourceError(
-            f"{what}: unknown header {', '.join(keys)!r} (needs pid and gpu_uuid or gpu_bus_id)",
+            f"{what}: unknown header (needs pid and gpu_uuid or gpu_bus_id)",
             origin=origin or None,
             line=header_line,
         )
     procs: list[GpuProcess] = []
+    first_bad: SourceError | None = None  # a bad row costs that row; raised only if none is good
     for lineno, cells in rows[1:]:
         if len(cells) == 1 and "No running" in cells[0]:
             continue
         if len(cells) != len(keys):
-            raise SourceError(
+            first_bad = first_bad or SourceError(
                 f"{what}: {len(cells)} values for {len(keys)} columns", origin=origin or None, line=lineno
             )
+            continue
         row = dict(zip(keys, cells, strict=True))
         pid_s = row["pid"]
-        if not pid_s.isdigit():
+        if not pid_s.isdigit() or len(pid_s) > 10:
             if _is_na(pid_s):
                 continue  # a process in another PID namespace: nothing to name it by
-            raise SourceError(f"{what}: pid {pid_s!r} is not a number", origin=origin or None, line=lineno)
+            first_bad = first_bad or SourceError(
+                f"{what}: pid is not a number", origin=origin or None, line=lineno
+            )
+            continue
         try:
             used = _mib(row.get("used_memory", row.get("used_gpu_memory", "")))
-        except ValueError as e:
-            raise SourceError(f"{what}: used memory: {e}", origin=origin or None, line=lineno) from None
+        except (ValueError, OverflowError) as e:
+            first_bad = first_bad or SourceError(
+                f"{what}: used memory: {e}", origin=origin or None, line=lineno
+            )
+            continue
         uuid = row.get("gpu_uuid")
         procs.append(
             GpuProcess(
@@ -648,6 +668,8 @@ def parse_compute_apps_csv(text: str, origin: str = "") -> list[GpuProcess]:
                 gpu_bus_id=normalize_bus_id(row.get("gpu_bus_id")),
             )
         )
+    if not procs and first_bad is not None:
+        raise first_bad
     return procs
 
 
@@ -730,6 +752,7 @@ def _xml_ecc(gpu_el: ET.Element) -> int | None:
     return int(sum(vals)) if vals else None
 
 
+@guarded("origin", 1)
 def parse_nvidia_smi_xml(text: str, origin: str = "") -> list[Gpu]:
     """Parse ``nvidia-smi -q -x`` (``<nvidia_smi_log>``, one ``<gpu>`` per device in index order).
 
@@ -842,6 +865,7 @@ def parse_nvidia_smi_xml(text: str, origin: str = "") -> list[Gpu]:
 # --------------------------------------------------------------------------- sniffing
 
 
+@guarded("origin", 1)
 def parse_nvidia_smi_text(text: str, origin: str = "") -> list[list[Gpu]]:
     """Parse any nvidia-smi GPU output, telling the shape from the text: ``-q -x`` XML (one
     moment), the plain table, or ``--query-gpu`` CSV. Returns moments as
@@ -875,6 +899,7 @@ def parse_nvidia_smi_text(text: str, origin: str = "") -> list[list[Gpu]]:
     )
 
 
+@guarded("path", 0)
 def parse_nvidia_smi_file(path: str | Path) -> list[list[Gpu]]:
     """Read ``nvidia-smi.txt`` / ``nvidia-smi.csv`` / ``nvidia-smi.xml`` (any name: the shape is
     sniffed from the content, see :func:`parse_nvidia_smi_text`) into moments of GPUs.

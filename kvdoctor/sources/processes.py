@@ -27,6 +27,7 @@ import psutil
 
 from kvdoctor.facts import HostProcess, SourceError
 from kvdoctor.redact import redact_argv
+from kvdoctor.sources.limits import guarded
 
 _T = TypeVar("_T")
 _PSUTIL_ERRORS = (psutil.Error, OSError)
@@ -269,7 +270,7 @@ _ARGS_COLS = {"ARGS", "CMD", "COMMAND"}
 
 def _parse_rss_kib(text: str, default_kib: bool = True) -> int | None:
     """ps ``RSS`` (KiB) / top ``RES`` (KiB, or with m/g/t suffix) → bytes."""
-    m = re.fullmatch(r"([\d.]+)([kmgtpKMGTP]?)", text.strip())
+    m = re.fullmatch(r"(\d{1,20}(?:\.\d{1,20})?)([kmgtpKMGTP]?)", text.strip())
     if not m:
         return None
     num = float(m.group(1))
@@ -277,6 +278,7 @@ def _parse_rss_kib(text: str, default_kib: bool = True) -> int | None:
     return int(num * mult)
 
 
+@guarded("origin", 1)
 def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
     """Parse a bundle's ``ps.txt`` into :class:`HostProcess` facts, every row kept (``vllm_role``
     set where it applies).
@@ -312,6 +314,7 @@ def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
         name_col = cmd_positions[0]
     args_col = last if cols[last] in _ARGS_COLS and last != name_col else None
     procs: list[HostProcess] = []
+    first_bad: SourceError | None = None  # a bad row costs that row; raised only if none is good
     for idx in range(header_idx + 1, len(lines)):
         raw = lines[idx]
         if "\x00" in raw or "\ufffd" in raw:
@@ -322,12 +325,13 @@ def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
         if len(parts) < last + 1 and args_col is None and name_col is None:
             continue
         row = dict(zip(cols, parts, strict=False))
-        try:
-            pid = int(row.get("PID", ""))
-        except ValueError:
-            raise SourceError(
-                f"expected a PID number, got {row.get('PID', '')!r}", origin=origin or None, line=idx + 1
-            ) from None
+        pid_text = row.get("PID", "")
+        if not pid_text.isdigit() or len(pid_text) > 10:
+            first_bad = first_bad or SourceError(
+                "expected a PID number in the PID column", origin=origin or None, line=idx + 1
+            )
+            continue
+        pid = int(pid_text)
         args_text = parts[args_col] if args_col is not None and args_col < len(parts) else ""
         name_text = parts[name_col] if name_col is not None and name_col < len(parts) else ""
         if name_col is None and args_col is None:
@@ -353,6 +357,8 @@ def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
                 vllm_role=vllm_role(name_text, argv),
             )
         )
+    if not procs and first_bad is not None:
+        raise first_bad
     _mark_spawn_children(procs)
     return procs
 

@@ -101,12 +101,14 @@ import gzip
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
+from kvdoctor.sources.limits import MAX_DIGITS, guarded
 from kvdoctor.units import GiB, parse_size
 
 __all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
@@ -305,6 +307,20 @@ def _split_top(text: str) -> list[str]:
 
 
 _TORCH_DTYPE_RE = re.compile(r"^torch\.(\w+)$")
+_MAX_LITERAL_CHARS = 32 * 1024
+_LONG_DIGITS_RE = re.compile(r"\d{%d}" % (MAX_DIGITS + 1))  # noqa: UP031
+
+
+def _literal(text: str) -> Any:
+    """ast.literal_eval, bounded: a long or deeply nested text is refused (ValueError) before
+    the compiler sees it, and its SyntaxWarnings ("invalid decimal literal") stay quiet."""
+    if len(text) > _MAX_LITERAL_CHARS or text.count("[") + text.count("{") + text.count("(") > 2000:
+        raise ValueError("literal too large")
+    if _LONG_DIGITS_RE.search(text):
+        raise ValueError("number with too many digits")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.literal_eval(text)
 
 
 def _value(text: str) -> Any:
@@ -317,7 +333,7 @@ def _value(text: str) -> Any:
         return m.group(1)
     if t[0] in "'\"[{(-0123456789" or t in ("None", "True", "False"):
         try:
-            return ast.literal_eval(t)
+            return _literal(t)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             pass
         if t[0] in "[{":  # compilation_config etc. are printed as JSON (true/false/null)
@@ -350,7 +366,7 @@ def _parse_dict_repr(text: str) -> dict[str, Any]:
     """A Python dict repr → dict; on failure, parse its top-level "'k': v" items one by one."""
     t = text.strip()
     try:
-        val = ast.literal_eval(t)
+        val = _literal(t)
         if isinstance(val, dict):
             return {str(k): v for k, v in val.items()}
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -490,7 +506,9 @@ _RE = {
         r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) \(GPU (\d+); ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) total capacity; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) already "
         r"allocated; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) free; (?:((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed; )?((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) reserved in total by PyTorch"
     ),
-    "oom_proc": re.compile(r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"),
+    "oom_proc": re.compile(
+        r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
+    ),
     "oom_self": re.compile(
         r"Including non-PyTorch memory, this process has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
     ),
@@ -649,6 +667,8 @@ class _Parser:
         self._block_seq = 0
         self._seen_errors: dict[tuple[Any, ...], list[tuple[Any, str | None, int, int]]] = {}
         self._new: list[LogEvent] = []
+        #: lines whose text made a matcher fail (skipped, no event)
+        self.bad_lines = 0
 
     # ------------------------------------------------------------------ feeding
 
@@ -677,9 +697,9 @@ class _Parser:
             self.log.engine_generation = "v1"
         try:
             self._match(pl, key, block)
-        except (ValueError, OverflowError, IndexError, TypeError, KeyError, AttributeError):
-            # A half-written or mangled line must not stop the parse; it just gives no event.
-            pass
+        except Exception:
+            # A half-written or mangled line costs that line, never the file: it gives no event.
+            self.bad_lines += 1
         return self._new
 
     def finish(self) -> None:
@@ -1518,6 +1538,7 @@ class _Parser:
 # --------------------------------------------------------------------------- public API
 
 
+@guarded("origin", 1)
 def parse_log(text: str, origin: str = "") -> VllmLog:
     """Parse a whole vLLM log (any mix of APIServer / EngineCore / Worker lines, V0 or V1).
 
@@ -1537,6 +1558,7 @@ def parse_log(text: str, origin: str = "") -> VllmLog:
     return parser.log
 
 
+@guarded("path", 0)
 def check_log_file(path: str | os.PathLike[str]) -> None:
     """Raise SourceError when ``path`` cannot be read or is not a text log (binary content), by
     the same test :func:`parse_log_file` applies; used before following a file live."""
@@ -1569,6 +1591,7 @@ def _binary_ratio(head: bytes) -> float:
     return bad / max(1, len(text))
 
 
+@guarded("path", 0)
 def parse_log_file(path: str | os.PathLike[str]) -> VllmLog:
     """Read and parse a vLLM log file (plain or gzip).
 

@@ -1,0 +1,143 @@
+"""Hostile and broken input (issue 8): one guard at every boundary, bounded reads, confined
+bundles, no input content in messages, redaction by meaning, algorithmic bounds.
+
+Each section tests one class of the issue; tests/fuzz_harness.py (run by tests/test_fuzz.py)
+covers the same contract with mutated inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvdoctor.facts import SourceError
+from kvdoctor.sources import cmdline, dmesg, env, metrics, model_config, nvidia_smi, processes, vllm_log
+
+# --------------------------------------------------------------------------- 1. one guard
+
+
+def test_guard_turns_any_parser_exception_into_source_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_a: object, **_k: object) -> None:
+        raise KeyError("secret-bytes-from-input")
+
+    # a bug deep inside a parser: callers still get SourceError naming the origin, no input
+    monkeypatch.setattr(nvidia_smi, "_check_text", boom)
+    with pytest.raises(SourceError) as ei:
+        nvidia_smi.parse_compute_apps_csv("gpu_uuid, pid\n", origin="apps.csv")
+    assert ei.value.origin == "apps.csv"
+    assert "secret-bytes" not in str(ei.value) and "KeyError" in str(ei.value)
+
+
+def test_deeply_nested_config_json_is_a_source_error() -> None:
+    with pytest.raises(SourceError, match="nested too deeply") as ei:
+        model_config.parse_model_config("[" * 100_000, origin="config.json")
+    assert ei.value.origin == "config.json"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: vllm_log.parse_log(t, "x.log"),
+        lambda t: metrics.parse_metrics(t, "m.txt"),
+        lambda t: nvidia_smi.parse_nvidia_smi_text(t, "smi.txt"),
+        lambda t: nvidia_smi.parse_compute_apps_csv(t, "apps.csv"),
+        lambda t: cmdline.parse_cmdline_text(t, "cmdline.txt"),
+        lambda t: env.parse_env_text(t, "env.txt"),
+        lambda t: processes.parse_ps_text(t, "ps.txt"),
+        lambda t: dmesg.parse_dmesg(t, "dmesg.txt"),
+        lambda t: model_config.parse_model_config(t, "config.json"),
+    ],
+)
+@pytest.mark.parametrize(
+    "text",
+    ["", "\x00" * 100, "[" * 50_000, "1" * 5000, "nan inf -inf 1e999", "\ufffd" * 1000, "a=" * 10_000],
+)
+def test_every_parser_returns_or_raises_source_error(call, text: str) -> None:  # type: ignore[no-untyped-def]
+    try:
+        call(text)
+    except SourceError as e:
+        assert "\n" not in str(e)
+
+
+def test_bad_row_costs_that_row_not_the_file() -> None:
+    apps = nvidia_smi.parse_compute_apps_csv(
+        "gpu_uuid, pid, used_memory [MiB]\nGPU-a, abc, 1 MiB\nGPU-a, 12, 1e999 MiB\nGPU-b, 42, 10 MiB\n"
+    )
+    assert [(p.pid, p.gpu_uuid) for p in apps] == [(42, "GPU-b")]
+    ps = processes.parse_ps_text("PID COMMAND\nabc bash\n77 vllm\n" + "9" * 400 + " x\n")
+    assert [p.pid for p in ps] == [77]
+    moments = nvidia_smi.parse_query_gpu_csv("index, memory.used [MiB]\n0, 1, 2\n1, 2\n")
+    assert [g.index for g in moments[-1]] == [1]
+
+
+def test_bad_log_line_costs_that_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = vllm_log._Parser._match_stats
+
+    def flaky(self, pl, key, msg):  # type: ignore[no-untyped-def]
+        if "Running: 13 reqs" in msg:
+            raise RuntimeError("parser bug")
+        return real(self, pl, key, msg)
+
+    monkeypatch.setattr(vllm_log._Parser, "_match_stats", flaky)
+    line = "INFO 07-01 09:00:0{} [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, Running: {} reqs"
+    log = vllm_log.parse_log("\n".join(line.format(i, n) for i, n in enumerate((12, 13, 14))))
+    assert [e.values["running"] for e in log.events if e.kind == "stats"] == [12, 14]
+
+
+def test_non_finite_numbers_never_reach_facts() -> None:
+    smi = "index, temperature.gpu, memory.used [MiB]\n0, " + "9" * 400 + ", 10\n"
+    with pytest.raises(SourceError, match="temperature.gpu.*not a number") as ei:
+        nvidia_smi.parse_query_gpu_csv(smi)
+    assert ei.value.line == 2 and "999" not in str(ei.value)
+    # a row with an absurd number is dropped; the good row stays
+    moments = nvidia_smi.parse_query_gpu_csv(smi + "1, 41, 10\n")
+    assert [(g.index, g.temperature_c) for g in moments[-1]] == [(1, 41.0)]
+
+
+def _run_cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env_ = dict(os.environ, **(env_extra or {}))
+    return subprocess.run(
+        [sys.executable, "-c", "from kvdoctor.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env_,
+    )
+
+
+def test_cli_top_level_guard_exits_3_with_one_line(tmp_path: Path) -> None:
+    # A command that blows up inside: one line on stderr, exit 3 (UNKNOWN), no traceback.
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import kvdoctor.cli as c, click\n"
+        "@click.command()\n"
+        "def boom():\n"
+        "    raise ValueError('password=hunter2')\n"
+        "c.COMMANDS['boom'] = ('boom:boom', 'x')\n"
+        "c.main()\n"
+    )
+    r = subprocess.run(
+        [sys.executable, str(script), "boom"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert r.returncode == 3
+    assert "Traceback" not in r.stderr and "hunter2" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "ValueError" in r.stderr
+
+
+def test_report_json_is_strict() -> None:
+    from kvdoctor import report
+
+    src = Path(report.__file__).read_text()
+    assert "allow_nan=False" in src
+    with pytest.raises(ValueError):
+        json.dumps({"x": float("nan")}, allow_nan=False)
