@@ -141,3 +141,165 @@ def test_report_json_is_strict() -> None:
     assert "allow_nan=False" in src
     with pytest.raises(ValueError):
         json.dumps({"x": float("nan")}, allow_nan=False)
+
+
+# --------------------------------------------------------------------------- 3. hard limits
+
+
+def test_bounded_read_refuses_oversized_file(tmp_path: Path) -> None:
+    from kvdoctor.sources import limits
+
+    p = tmp_path / "big.txt"
+    p.write_bytes(b"x" * 5000)
+    with pytest.raises(SourceError, match="larger than 4096 bytes"):
+        limits.read_bytes(p, 4096)
+    assert limits.read_bytes(p, 5000) == b"x" * 5000
+
+
+def test_fifo_does_not_hang_a_read(tmp_path: Path) -> None:
+    import os
+
+    from kvdoctor.sources import limits
+
+    fifo = tmp_path / "nvidia-smi.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(SourceError, match="not a regular file"):
+        limits.read_bytes(fifo)
+    with pytest.raises(SourceError, match="not a regular file"):
+        vllm_log.parse_log_file(fifo)
+
+
+def test_gzip_log_bomb_stops_at_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    monkeypatch.setattr(vllm_log, "MAX_LOG_BYTES", 1 << 20)
+    p = tmp_path / "vllm.log.gz"
+    p.write_bytes(gzip.compress(b"INFO 01-01 00:00:00 [a.py:1] hello\n" * 100_000))
+    with pytest.raises(SourceError, match="decompresses to more than 1 MiB"):
+        vllm_log.parse_log_file(p)
+
+
+def test_overlong_log_line_is_cut_not_buffered(tmp_path: Path) -> None:
+    p = tmp_path / "vllm.log"
+    with open(p, "wb") as fh:
+        fh.write(b"INFO 01-01 00:00:00 [a.py:1] Using max model len 4096\n")
+        fh.write(b"x" * (20 << 20) + b"\n")  # one 20 MiB line
+        fh.write(b"INFO 01-01 00:00:01 [a.py:1] Using max model len 8192\n")
+    log = vllm_log.parse_log_file(p)
+    assert log.line_count == 3
+    assert [e.values["max_model_len"] for e in log.events] == [4096, 8192]
+    lines = list(vllm_log.iter_log_lines(p))
+    assert len(lines[1]) == vllm_log.MAX_LINE_CHARS
+
+
+def test_command_line_capped_before_shlex() -> None:
+    with pytest.raises(SourceError, match="longer than 256 KiB"):
+        cmdline.parse_cmdline_text("vllm serve m --x '" + "a" * 400_000 + "'\n", origin="cmdline.txt")
+    with pytest.raises(SourceError, match="longer than 256 KiB"):
+        cmdline.parse_argv(["vllm", "serve", "m", "a" * 400_000])
+
+
+def test_metrics_engine_count_is_bounded() -> None:
+    from kvdoctor.sources.limits import MAX_ENGINES
+
+    page = "".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1\n' for i in range(3000))
+    got = metrics.parse_metrics(page, origin="m.txt")
+    assert len(got) == MAX_ENGINES
+
+
+class _Server:
+    """A local HTTP server whose handler is given per test."""
+
+    def __init__(self, handler: type) -> None:
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _handler(body_fn):  # type: ignore[no-untyped-def]
+    from http.server import BaseHTTPRequestHandler
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body_fn(self)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return H
+
+
+def test_drip_fed_scrape_ends_on_time() -> None:
+    import time
+
+    def drip(h) -> None:  # type: ignore[no-untyped-def]
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.end_headers()
+        try:
+            for _ in range(100):
+                h.wfile.write(b"# x\n")
+                h.wfile.flush()
+                time.sleep(0.2)  # each byte well inside the read timeout
+        except OSError:
+            pass
+
+    srv = _Server(_handler(drip))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match="timed out after 1 s"):
+            metrics.scrape(srv.url, timeout=1.0)
+        assert time.monotonic() - t0 < 2.5
+    finally:
+        srv.close()
+
+
+def test_scrape_body_and_content_encoding_are_capped() -> None:
+    import gzip
+
+    bomb = gzip.compress(b"# " + b"x" * (8 << 20) + b"\n")
+
+    def send(h) -> None:  # type: ignore[no-untyped-def]
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.send_header("Content-Encoding", "gzip")
+        h.send_header("Content-Length", str(len(bomb)))
+        h.end_headers()
+        h.wfile.write(bomb)
+
+    srv = _Server(_handler(send))
+    try:
+        with pytest.raises(SourceError, match="response larger than 1 MiB"):
+            metrics.scrape(srv.url, timeout=5.0, max_bytes=1 << 20)
+    finally:
+        srv.close()
+
+
+def test_scrape_error_never_echoes_headers_or_password() -> None:
+    import socket
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Secret\x01: hunter2-header\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://admin:s3cret@127.0.0.1:{sock.getsockname()[1]}/metrics"
+    with pytest.raises(SourceError) as ei:
+        metrics.scrape(url, timeout=3.0)
+    sock.close()
+    assert "hunter2" not in str(ei.value) and "s3cret" not in str(ei.value)

@@ -28,7 +28,7 @@ from kvdoctor.facts import (
     Timeline,
     VllmLog,
 )
-from kvdoctor.sources.limits import guarded, reason_of
+from kvdoctor.sources.limits import MAX_TEXT_BYTES, guarded, read_text, reason_of
 
 #: bundle file name → source kind (spec/report.md ``sources[].kind``)
 BUNDLE_FILES: dict[str, str] = {
@@ -114,8 +114,7 @@ def _guard(snap: Snapshot, kind: str, origin: str, fn: Callable[[], Any]) -> Any
 
 
 def _read_text(path: Path) -> str:
-    data = path.read_bytes()
-    return data.decode("utf-8", errors="replace")
+    return read_text(path, MAX_TEXT_BYTES)
 
 
 def _metrics_timestamp(path: Path) -> float | None:

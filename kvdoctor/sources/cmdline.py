@@ -36,7 +36,7 @@ import yaml
 
 from kvdoctor.facts import EngineConfig, SourceError
 from kvdoctor.redact import MARK, is_secret_name, redact_argv, redact_env, redact_text
-from kvdoctor.sources.limits import guarded
+from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, MAX_ENGINES, MAX_TEXT_BYTES, guarded, read_bytes
 from kvdoctor.vllm_flags import (
     FlagError,
     canonical_dest,
@@ -298,14 +298,13 @@ def _load_config_file(path_text: str, base_dir: Path | None) -> tuple[dict[str, 
             return {}, f"{path_text}: relative path and no base directory to resolve it"
         path = base_dir / path
     try:
-        if path.stat().st_size > _MAX_CONFIG_BYTES:
-            return {}, f"{path}: larger than 1 MiB, not a vLLM config"
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        return {}, f"{path}: {e.strerror or e}"
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return {}, f"{path}: not YAML ({first})"
+        raw = read_bytes(path, _MAX_CONFIG_BYTES)
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except SourceError as e:
+        return {}, str(e)
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, ValueError):
+        # no parser message: it quotes the line it choked on
+        return {}, f"{path}: not YAML"
     if data is None:
         return {}, None
     if not isinstance(data, dict):
@@ -422,6 +421,8 @@ def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) 
     value.
     """
     argv = [str(a) for a in argv]
+    if sum(len(a) + 1 for a in argv) > MAX_CMDLINE_CHARS:
+        raise SourceError("command longer than 256 KiB: not a launch command", origin=origin or None)
     cfg = _build_config(argv, origin, None, base_dir)
     if cfg is None:
         shown = shlex.join(redact_argv(argv))[:80]
@@ -442,6 +443,8 @@ def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None
     if not text.strip("\x00 \t\r\n"):
         raise SourceError("empty launch command file", origin=origin or None)
     if "\x00" in text:
+        if len(text) > MAX_CMDLINE_CHARS:
+            raise SourceError("command longer than 256 KiB: not a launch command", origin=origin or None)
         _check_text(text, origin, allow_nul=True)
         argv = [a for a in text.split("\x00") if a != ""]
         cfg = _build_config(argv, origin, 1, base_dir)
@@ -453,6 +456,13 @@ def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None
     _check_text(text, origin, allow_nul=False)
     configs: list[EngineConfig] = []
     for lineno, line in _logical_lines(text):
+        if len(line) > MAX_CMDLINE_CHARS:
+            # shlex is pure Python: a megabyte "command" is not one, and would take seconds
+            raise SourceError(
+                "command longer than 256 KiB: not a launch command", origin=origin or None, line=lineno
+            )
+        if len(configs) >= MAX_ENGINES:
+            break
         try:
             argv = shlex.split(line, comments=True)
         except ValueError as e:
@@ -475,10 +485,7 @@ def parse_cmdline_file(path: str | os.PathLike[str]) -> list[EngineConfig]:
     """Read and parse a ``cmdline.txt`` file; ``--config`` resolves relative to its directory.
     Raises :class:`SourceError` when the file cannot be read or parsed."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise SourceError(f"cannot read: {e.strerror or e}", origin=str(p)) from None
+    raw = read_bytes(p, MAX_TEXT_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -14,7 +14,7 @@ import shlex
 
 from kvdoctor.facts import SourceError
 from kvdoctor.redact import redact_env
-from kvdoctor.sources.limits import guarded
+from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, guarded
 
 _LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|set\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
 
@@ -51,6 +51,9 @@ def parse_env_text(text: str, origin: str = "") -> dict[str, str]:
             )
         line = raw.strip()
         if not line or line.startswith("#"):
+            continue
+        if len(line) > MAX_CMDLINE_CHARS:
+            first_bad = first_bad or lineno  # no variable is 256 KiB long: skipped before shlex
             continue
         m = _LINE.match(line)
         if not m:

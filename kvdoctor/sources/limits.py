@@ -89,12 +89,13 @@ def guarded(origin_arg: str = "origin", position: int = 1) -> Callable[[F], F]:
     return deco
 
 
-def open_regular(path: str | os.PathLike[str], *, nofollow: bool = False) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str], *, nofollow: bool = False, what: str = "") -> BinaryIO:
     """Open ``path`` for reading only if it is a regular file.
 
     Opened non-blocking (a FIFO would otherwise block the open itself) and checked with fstat on
     the open descriptor (no race between check and use). ``nofollow`` refuses a symlink as the
-    last path component. Raises SourceError("not a regular file" / "cannot read (…)").
+    last path component. ``what`` names the input in the message ("cannot read log (…)").
+    Raises SourceError("not a regular file" / "cannot read (…)").
     """
     origin = os.fspath(path)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
@@ -105,7 +106,8 @@ def open_regular(path: str | os.PathLike[str], *, nofollow: bool = False) -> Bin
     except OSError as exc:
         if nofollow and os.path.islink(origin):
             raise SourceError("a symlink: not followed", origin=origin) from None
-        raise SourceError(f"cannot read ({exc.strerror or exc.__class__.__name__})", origin=origin) from None
+        noun = f"cannot read {what}" if what else "cannot read"
+        raise SourceError(f"{noun} ({exc.strerror or exc.__class__.__name__})", origin=origin) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -146,7 +148,7 @@ def gunzip_bounded(data: bytes, limit: int, origin: str) -> bytes:
     return bytes(out)
 
 
-def iter_gunzip(chunks: Any, limit: int, origin: str) -> Iterator[bytes]:
+def iter_gunzip(chunks: Any, limit: int, origin: str, *, truncated_ok: bool = False) -> Iterator[bytes]:
     """Decompress a stream of gzip chunks (several members allowed), yielding pieces; raises
     SourceError once more than ``limit`` bytes came out, or on corrupt or truncated data."""
     total = 0
@@ -172,7 +174,7 @@ def iter_gunzip(chunks: Any, limit: int, origin: str) -> Iterator[bytes]:
                     started = False
                 else:
                     buf = d.unconsumed_tail
-        if started:
+        if started and not truncated_ok:
             raise SourceError("truncated gzip data", origin=origin)
     except zlib.error:
         raise SourceError("corrupt gzip data", origin=origin) from None

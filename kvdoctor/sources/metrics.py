@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
-from kvdoctor.sources.limits import guarded
+from kvdoctor.sources.limits import MAX_ENGINES, MAX_HTTP_BYTES, guarded, read_text
 
 if TYPE_CHECKING:  # httpx costs ~60 ms to import: only the HTTP functions load it
     import httpx
@@ -261,6 +261,8 @@ def parse_metrics(
         key = (labels.get("engine"), labels.get("model_name"))
         acc = accs.get(key)
         if acc is None:
+            if len(accs) >= MAX_ENGINES:
+                continue  # a page with thousands of engine labels is not a vLLM server's
             acc = accs[key] = _Acc(model_name=key[1], engine=key[0])
         seen.add(name)
         if kind == "scalar":
@@ -362,13 +364,10 @@ def load_metrics_dir(
             errors.append(SourceError("file name is not <unix-seconds>.txt", origin=full))
             continue
         try:
-            with open(full, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(_MAX_PAGE_CHARS)
+            text = read_text(full, _MAX_PAGE_CHARS)
             series.append((ts, parse_metrics(text, origin=full, timestamp=ts, histograms=histograms)))
         except SourceError as exc:
             errors.append(exc)
-        except OSError as exc:
-            errors.append(SourceError(f"cannot read: {exc.strerror or exc}", origin=full))
     series.sort(key=lambda item: item[0])
     return series, errors
 
@@ -407,50 +406,75 @@ def _http_error(method_url: str, exc: httpx.HTTPError, timeout: float) -> Source
     if isinstance(exc, httpx.TimeoutException):
         why = f"timed out after {timeout:g} s"
     elif isinstance(exc, httpx.ConnectError):
-        why = "connection refused" if "refused" in msg.lower() else f"cannot connect ({msg or 'error'})"
+        # the OS's reason only ("[Errno -2] Name or service not known"), nothing the peer sent
+        errno_text = msg if msg.startswith("[Errno") and len(msg) < 120 else "error"
+        why = "connection refused" if "refused" in msg.lower() else f"cannot connect ({errno_text})"
     else:
-        why = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+        # a protocol error's text quotes the bytes (headers) the server sent: the type only
+        why = f"{type(exc).__name__} (the server's response is not valid HTTP)"
     return SourceError(f"{method_url}: {why}")
 
 
-def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -> tuple[str, float]:
+def scrape(
+    url: str, timeout: float = 2.0, client: httpx.Client | None = None, *, max_bytes: int = MAX_HTTP_BYTES
+) -> tuple[str, float]:
     """GET vLLM's ``/metrics`` (vllm-facts.md §5) and return ``(text, unix seconds)``.
 
     ``url`` is the metrics URL or the server's base URL (``/metrics`` is appended when the path
-    is empty). ``timeout`` (seconds) bounds connect and read; ``client`` lets a sampler reuse one
-    connection pool. Raises SourceError with one line: ``GET http://…/metrics: connection
-    refused`` / ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text
-    (Content-Type: text/html)``.
+    is empty). ``timeout`` (seconds) is one deadline for the whole scrape — connect, headers and
+    body together, so a drip-fed response ends on time; ``max_bytes`` caps the body after
+    Content-Encoding (a gzip bomb stops there). ``client`` lets a sampler reuse one connection
+    pool. Raises SourceError with one line: ``GET http://…/metrics: connection refused`` /
+    ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text (Content-Type:
+    text/html)`` / ``response larger than 64 MiB``; the URL's credentials are never shown.
     """
     import httpx
 
     try:
         target = _metrics_url(url)
-    except ValueError as exc:
-        raise SourceError(f"GET {_redact_url(url)}: bad URL ({exc})") from None
+    except ValueError:
+        raise SourceError(f"GET {_redact_url(url)}: bad URL") from None
     label = f"GET {_redact_url(target)}"
+    deadline = time.monotonic() + timeout
     own = client is None
     c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
     try:
-        resp = c.get(target, timeout=httpx.Timeout(timeout, connect=timeout))
-        ts = time.time()
+        t = httpx.Timeout(timeout, connect=timeout)
+        with c.stream("GET", target, timeout=t) as resp:
+            ts = time.time()
+            if resp.status_code != 200:
+                raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase[:40]}".rstrip())
+            ctype = resp.headers.get("content-type", "")
+            mime = ctype.split(";", 1)[0].strip().lower()
+            if mime and mime not in ("text/plain", "application/openmetrics-text"):
+                raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime[:40]})")
+            body = bytearray()
+            # httpcore reads the per-read timeout from this dict on every read: shrinking it to
+            # what is left of the deadline makes one deadline for the whole body.
+            tdict = resp.request.extensions.get("timeout")
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise SourceError(f"{label}: response larger than {max_bytes >> 20} MiB")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise httpx.ReadTimeout("deadline")
+                if isinstance(tdict, dict):
+                    tdict["read"] = left
     except httpx.HTTPError as exc:
         raise _http_error(label, exc, timeout) from None
-    except (httpx.InvalidURL, ValueError) as exc:  # malformed URL
-        raise SourceError(f"{label}: bad URL ({exc})") from None
+    except (httpx.InvalidURL, ValueError):  # malformed URL
+        raise SourceError(f"{label}: bad URL") from None
     finally:
         if own:
             c.close()
-    if resp.status_code != 200:
-        raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase}".rstrip())
-    ctype = resp.headers.get("content-type", "")
-    mime = ctype.split(";", 1)[0].strip().lower()
-    if mime and mime not in ("text/plain", "application/openmetrics-text"):
-        raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime})")
-    text = resp.text
+    try:
+        text = body.decode(resp.charset_encoding or "utf-8", errors="replace")
+    except LookupError:  # a charset Python does not know
+        text = body.decode("utf-8", errors="replace")
     stripped = text.lstrip()
     if stripped[:1] in ("<", "{", "["):
-        raise SourceError(f"{label}: not Prometheus text (body starts with {stripped[:20]!r})")
+        raise SourceError(f"{label}: not Prometheus text (an HTML or JSON body)")
     return text, ts
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdoctor.facts import ModelArch, SourceError
-from kvdoctor.sources.limits import guarded
+from kvdoctor.sources.limits import MAX_CONFIG_BYTES, guarded, read_bytes
 
 # Keys under which multimodal wrappers keep the language model's config.
 _NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
@@ -257,8 +257,5 @@ def parse_model_config_file(path: str | Path) -> ModelArch:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise SourceError(f"cannot read model config: {e.strerror or e}", origin=str(p)) from None
+    data = read_bytes(p, MAX_CONFIG_BYTES)
     return parse_model_config(data, origin=str(p))

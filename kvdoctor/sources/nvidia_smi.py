@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvdoctor.facts import Gpu, GpuProcess, SourceError
-from kvdoctor.sources.limits import guarded
+from kvdoctor.sources.limits import MAX_TEXT_BYTES, guarded, read_bytes
 from kvdoctor.units import MiB, parse_size
 
 __all__ = [
@@ -908,10 +908,7 @@ def parse_nvidia_smi_file(path: str | Path) -> list[list[Gpu]]:
     parsed.
     """
     origin = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise SourceError(f"cannot read nvidia-smi file: {e.strerror or e}", origin=origin) from None
+    data = read_bytes(origin, MAX_TEXT_BYTES)
     if b"\x00" in data[:4096]:
         raise SourceError("nvidia-smi output: binary data, not text", origin=origin)
     return parse_nvidia_smi_text(data.decode("utf-8", errors="replace"), origin)

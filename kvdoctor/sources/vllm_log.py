@@ -97,18 +97,27 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 from __future__ import annotations
 
 import ast
-import gzip
+import itertools
 import json
 import os
 import re
+import sys
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
-from kvdoctor.sources.limits import MAX_DIGITS, guarded
+from kvdoctor.sources.limits import (
+    MAX_DIGITS,
+    MAX_LINE_CHARS,
+    MAX_LOG_BYTES,
+    guarded,
+    iter_gunzip,
+    open_regular,
+)
 from kvdoctor.units import GiB, parse_size
 
 __all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
@@ -217,6 +226,8 @@ def parse_line(raw: str) -> ParsedLine:
     Tolerates any text (never raises); a line without a prefix keeps its whole text as message.
     """
     line = raw.rstrip("\r\n")
+    if len(line) > MAX_LINE_CHARS:
+        line = line[:MAX_LINE_CHARS]  # before any regex: no real vLLM line is this long
     if "\r" in line:  # tqdm progress bars redraw with CR: the last redraw is what stays visible
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     if "\x1b" in line:
@@ -1560,29 +1571,35 @@ def parse_log(text: str, origin: str = "") -> VllmLog:
 
 @guarded("path", 0)
 def check_log_file(path: str | os.PathLike[str]) -> None:
-    """Raise SourceError when ``path`` cannot be read or is not a text log (binary content), by
-    the same test :func:`parse_log_file` applies; used before following a file live."""
-    origin = str(path)
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
-    except OSError as exc:
-        raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=origin) from None
-    if head[:2] != b"\x1f\x8b":
-        _decode(head, origin)
+    """Raise SourceError when ``path`` cannot be read, is not a regular file or is not a text log
+    (binary content), by the same test :func:`parse_log_file` applies; used before following a
+    file live."""
+    origin = os.fspath(path)
+    with open_regular(origin, what="log") as fh:
+        head = fh.read(_HEAD_BYTES)
+    if head[:2] == b"\x1f\x8b":
+        head = b"".join(_take(iter_gunzip([head], MAX_LOG_BYTES, origin, truncated_ok=True), _HEAD_BYTES))
+    _check_head(head, origin)
 
 
-def _decode(data: bytes, origin: str) -> str:
-    """Bytes → text (utf-8, errors replaced); SourceError when the content is not text."""
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise SourceError(f"truncated or corrupt gzip log ({exc})", origin=origin) from None
-    head = data[:65536]
+_HEAD_BYTES = 65536
+_CHUNK_BYTES = 1 << 20
+
+
+def _take(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
+    got = 0
+    for c in chunks:
+        yield c
+        got += len(c)
+        if got >= n:
+            return
+
+
+def _check_head(head: bytes, origin: str) -> None:
+    """SourceError when the first 64 KiB of a log are not text (NULs, mostly non-text bytes)."""
+    head = head[:_HEAD_BYTES]
     if head and (head.count(b"\x00") > len(head) // 100 or _binary_ratio(head) > 0.30):
         raise SourceError("not a text log (binary content)", origin=origin)
-    return data.decode("utf-8", errors="replace")
 
 
 def _binary_ratio(head: bytes) -> float:
@@ -1591,23 +1608,137 @@ def _binary_ratio(head: bytes) -> float:
     return bad / max(1, len(text))
 
 
-@guarded("path", 0)
-def parse_log_file(path: str | os.PathLike[str]) -> VllmLog:
-    """Read and parse a vLLM log file (plain or gzip).
+def iter_log_lines(
+    path: str | os.PathLike[str], *, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[str]:
+    """The lines of a log file (plain or gzip), streamed: read in 1 MiB chunks, never whole.
 
-    Bytes are decoded as utf-8 with errors replaced. An empty file gives a VllmLog with no
-    events. Raises SourceError when the file cannot be read or is binary (mostly NUL or
-    non-text bytes).
+    Bytes are decoded as utf-8 with errors replaced; a line longer than :data:`MAX_LINE_CHARS`
+    keeps its first part (the rest is skipped up to the next newline, never buffered). A gzip
+    log may decompress to at most :data:`MAX_LOG_BYTES`. ``on_bytes(n)`` is told the file
+    bytes consumed so far after each chunk (progress). Raises SourceError when the file cannot
+    be read, is not a regular file, is binary, or its gzip data is corrupt or too large.
     """
     origin = os.fspath(path)
+    limit = MAX_LINE_CHARS
+    with open_regular(origin, what="log") as fh:
+        consumed = 0
+
+        def raw_chunks() -> Iterator[bytes]:
+            nonlocal consumed
+            while True:
+                try:
+                    chunk = fh.read(_CHUNK_BYTES)
+                except OSError as exc:
+                    raise SourceError(
+                        f"cannot read log ({exc.strerror or 'I/O error'})", origin=origin
+                    ) from None
+                if not chunk:
+                    return
+                consumed += len(chunk)
+                yield chunk
+
+        source = raw_chunks()
+        first = next(source, b"")
+        if not first:
+            return
+        chunks: Iterator[bytes] = itertools.chain([first], source)
+        if first[:2] == b"\x1f\x8b":
+            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin)
+        buf = b""
+        overlong = False
+        checked = False
+        for chunk in chunks:
+            if not checked:
+                _check_head(buf + chunk, origin)
+                checked = len(buf) + len(chunk) >= _HEAD_BYTES
+            if overlong:
+                i = chunk.find(b"\n")
+                if i < 0:
+                    continue  # still inside an overlong line: nothing kept
+                chunk = chunk[i:]
+                overlong = False
+            data = buf + chunk if buf else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                buf = data
+            else:
+                text = data[:cut].decode("utf-8", errors="replace")
+                buf = data[cut + 1 :]
+                for line in text.split("\n"):
+                    yield line if len(line) <= limit else line[:limit]
+            if len(buf) > limit:
+                buf = buf[:limit]
+                overlong = True
+            if on_bytes is not None:
+                on_bytes(consumed)
+        if not checked:
+            _check_head(buf, origin)
+        if buf:
+            yield buf.decode("utf-8", errors="replace")[:limit]
+
+
+@guarded("path", 0)
+def parse_log_file(path: str | os.PathLike[str], *, progress: bool | None = None) -> VllmLog:
+    """Read and parse a vLLM log file (plain or gzip), streamed line by line: memory stays flat
+    whatever the file size (see :func:`iter_log_lines`).
+
+    An empty file gives a VllmLog with no events. Raises SourceError when the file cannot be
+    read or is binary (mostly NUL or non-text bytes). ``progress`` (default: stderr is a
+    terminal) shows how far reading got once it has taken more than two seconds.
+    """
+    origin = os.fspath(path)
+    parser = _Parser(origin)
+    meter = _Progress(origin) if (progress if progress is not None else _stderr_is_tty()) else None
+    feed = parser.feed
     try:
-        with open(origin, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=origin) from None
-    if not data:
-        return VllmLog(origin=origin)
-    return parse_log(_decode(data, origin), origin=origin)
+        for raw in iter_log_lines(origin, on_bytes=meter.update if meter else None):
+            feed(raw)
+    finally:
+        if meter is not None:
+            meter.done()
+    parser.finish()
+    parser.log.events.sort(key=lambda e: e.line)
+    return parser.log
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class _Progress:
+    """ "reading vllm.log: 41% (82 of 200 MiB)" on stderr, redrawn in place, once reading has
+    taken more than two seconds; erased when done."""
+
+    def __init__(self, origin: str) -> None:
+        self.name = os.path.basename(origin)
+        try:
+            self.total = os.stat(origin).st_size
+        except OSError:
+            self.total = 0
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.start < 2.0 or now - self.last < 0.2:
+            return
+        self.last = now
+        mib = done / (1 << 20)
+        pct = f"{100 * done / self.total:.0f}% " if self.total else ""
+        tot = f" of {self.total / (1 << 20):.0f}" if self.total else ""
+        sys.stderr.write(f"\rreading {self.name}: {pct}({mib:.0f}{tot} MiB)")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 class LogFollower:
