@@ -303,3 +303,118 @@ def test_scrape_error_never_echoes_headers_or_password() -> None:
         metrics.scrape(url, timeout=3.0)
     sock.close()
     assert "hunter2" not in str(ei.value) and "s3cret" not in str(ei.value)
+
+
+# --------------------------------------------------------------------------- 6. no input content in messages
+
+SECRET = "hunter2-SECRET-BYTES"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: cmdline.parse_cmdline_text(f"python {SECRET}.py --x\n", origin="cmdline.txt"),
+        lambda: cmdline.parse_cmdline_text(f"vllm serve m --max-model-len {SECRET}\n", origin="c"),
+        lambda: cmdline.parse_cmdline_text(f"vllm serve m --enforce-eager={SECRET}\n", origin="c"),
+        lambda: metrics.parse_metrics(f"<html>{SECRET}</html>", origin="m.txt"),
+        lambda: metrics.parse_metrics(f"{SECRET} {SECRET}", origin="m.txt"),
+        lambda: metrics.parse_metrics('vllm:num_requests_running{engine="' + SECRET + " 1\n", origin="m.txt"),
+        lambda: nvidia_smi.parse_compute_apps_csv(f"gpu_uuid, pid\nGPU-a, {SECRET}\n", origin="a.csv"),
+        lambda: nvidia_smi.parse_query_gpu_csv(f"index, timestamp\n0, {SECRET}\n", origin="s.csv"),
+        lambda: nvidia_smi.parse_query_gpu_csv(f"{SECRET}, foo\n1, 2\n", origin="s.csv"),
+        lambda: processes.parse_ps_text(f"PID COMMAND\n{SECRET} bash\n", origin="ps.txt"),
+        lambda: model_config.parse_model_config('{"num_hidden_layers": "' + SECRET + '"}', origin="c.json"),
+    ],
+)
+def test_errors_name_file_line_and_reason_never_content(call) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SourceError) as ei:
+        call()
+    assert SECRET not in str(ei.value) and "hunter2" not in str(ei.value)
+
+
+def test_bundle_yaml_error_does_not_quote_the_file(tmp_path: Path) -> None:
+    from kvdoctor.sources.bundle import load_bundle
+
+    (tmp_path / "engine-args.yaml").write_text(f"model: [unclosed {SECRET}\n  bad: : :\n")
+    loaded = load_bundle(tmp_path)
+    details = " ".join(s.detail for s in loaded.snapshot.sources)
+    assert "not valid YAML" in details and SECRET not in details
+
+
+# --------------------------------------------------------------------------- 7. redaction by meaning
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://admin:hunter2@db:5432/x",
+        "HTTP://admin:hunter2@db",
+        "Postgres://admin:hunter2@db",
+        "git+ssh://u:hunter2@host/repo",
+        "redis://:hunter2@cache:6379",
+        "http://u:hun/ter2@host",  # a "/" in the password
+        "http://u:hunter2@x@host",  # an "@" in the password
+        "s3://KEY:hunter2/abc@bucket",
+    ],
+)
+def test_any_scheme_userinfo_is_redacted(url: str) -> None:
+    from kvdoctor.redact import redact_argv, redact_text
+
+    for text in (url, f"proxy={url} next", f"'{url}'", f"--endpoint {url}"):
+        out = redact_text(text)
+        assert "hunter2" not in out and "ter2" not in out and "***" in out, out
+    assert "hunter2" not in " ".join(redact_argv(["curl", url]))
+    assert "hunter2" not in metrics._redact_url(url)
+
+
+def test_url_without_credentials_is_untouched() -> None:
+    from kvdoctor.redact import redact_text
+
+    for text in ("http://host:8000/metrics", "http://host:8000/a@b", "mailto:x@y", "see http://h/p"):
+        assert redact_text(text) == text
+
+
+def test_metrics_url_with_credentials_in_any_spelling_never_printed(tmp_path: Path) -> None:
+    from kvdoctor.sources.bundle import Artifacts, load_artifacts
+
+    art = Artifacts(metrics=[Path("FTP://admin:hunter2@host/metrics")])
+    loaded = load_artifacts(art)
+    shown = " ".join(f"{s.origin} {s.detail}" for s in loaded.snapshot.sources)
+    assert "hunter2" not in shown
+
+
+def test_abbreviated_secret_flags_are_redacted() -> None:
+    from kvdoctor.redact import redact_argv, redact_text
+
+    argv = [
+        "vllm",
+        "serve",
+        "m",
+        "--api-ke",
+        "K1",
+        "K2",
+        "--hf-tok",
+        "T1",
+        "--api_key=K3",
+        "--max-model-len",
+        "8",
+    ]
+    out = redact_argv(argv)
+    assert not {"K1", "K2", "T1"} & set(out) and "--api_key=***" in out and "8" in out
+    text = redact_text("vllm serve m --api-ke K1 --hf_tok T1 --max-model-len 8")
+    assert "K1" not in text and "T1" not in text and "--max-model-len 8" in text
+    cfg = cmdline.parse_argv(argv)
+    assert "K1" not in (cfg.command or "") and "T1" not in (cfg.command or "")
+
+
+def test_prompt_redaction_ends_at_the_matching_quote() -> None:
+    line = (
+        "Received request cmpl-1: prompt: 'ignore this, params: SamplingParams(my secret) it\\'s', "
+        "params: SamplingParams(n=1, temperature=0.7), prompt_token_ids: [1, 2, 3]"
+    )
+    out = vllm_log.redact(line)
+    assert "secret" not in out and "ignore" not in out
+    assert "params: SamplingParams(n=1, temperature=0.7)" in out
+    assert "prompt_token_ids: [<redacted 3 tokens>]" in out
+    truncated = vllm_log.redact("Received request x: prompt: 'cut off, params: my secret")
+    assert "secret" not in truncated

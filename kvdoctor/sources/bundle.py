@@ -28,6 +28,7 @@ from kvdoctor.facts import (
     Timeline,
     VllmLog,
 )
+from kvdoctor.redact import redact_url_credentials
 from kvdoctor.sources.limits import MAX_TEXT_BYTES, guarded, read_text, reason_of
 
 #: bundle file name → source kind (spec/report.md ``sources[].kind``)
@@ -93,6 +94,8 @@ class Loaded:
 
 
 def _status(snap: Snapshot, kind: str, origin: str, status: str, detail: str = "") -> None:
+    # An origin may be a URL given in any spelling (ftp://user:pw@…, HTTP://…): never its password.
+    origin, detail = redact_url_credentials(origin), redact_url_credentials(detail)
     snap.sources.append(SourceStatus(kind=kind, origin=origin, status=status, detail=detail))  # type: ignore[arg-type]
 
 
@@ -318,10 +321,9 @@ def _parse_cmdline(text: str, base: Path | None) -> tuple[list[EngineConfig], st
 
             try:
                 mapping = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
-            except (json.JSONDecodeError, yaml.YAMLError) as e:
-                raise SourceError(
-                    f"not valid {path.suffix[1:].upper()}: {_one_line(e)}", origin=str(path)
-                ) from e
+            except (json.JSONDecodeError, yaml.YAMLError, RecursionError):
+                # no parser message: YAML's quotes the line it choked on
+                raise SourceError(f"not valid {path.suffix[1:].upper()}", origin=str(path)) from None
             if not isinstance(mapping, dict):
                 raise SourceError(
                     "engine arguments must be a mapping of flag names to values", origin=str(path)

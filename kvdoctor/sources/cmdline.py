@@ -253,7 +253,7 @@ def _parse_vllm_args(args: list[str], origin: str, line: int | None) -> tuple[di
                 try:
                     value = convert_value(flag, inline)
                 except FlagError as e:
-                    raise SourceError(str(e), origin=origin, line=line) from None
+                    raise SourceError(_without_value(e, inline), origin=origin, line=line) from None
                 out[flag.dest] = value if switch else not value
             else:
                 out[flag.dest] = switch
@@ -286,8 +286,17 @@ def _parse_vllm_args(args: list[str], origin: str, line: int | None) -> tuple[di
         try:
             out[flag.dest] = convert_value(flag, raw)
         except FlagError as e:
-            raise SourceError(str(e), origin=origin, line=line) from None
+            raise SourceError(_without_value(e, raw), origin=origin, line=line) from None
     return out, positional
+
+
+def _without_value(err: Exception, value: Any) -> str:
+    """A FlagError's message with the offending value taken out (it may be a secret pasted in
+    the wrong place): "--max-model-len: the value: decimals are not allowed …"."""
+    msg = str(err)
+    for shown in {repr(value), repr(str(value))}:
+        msg = msg.replace(shown, "the value")
+    return msg if len(msg) <= 200 else msg[:200] + "…"
 
 
 def _load_config_file(path_text: str, base_dir: Path | None) -> tuple[dict[str, Any], str | None]:
@@ -323,7 +332,7 @@ def _config_values(data: Mapping[str, Any], origin: str, line: int | None) -> di
         try:
             out[flag.dest] = convert_value(flag, value)
         except FlagError as e:
-            raise SourceError(f"config file: {e}", origin=origin, line=line) from None
+            raise SourceError(f"config file: {_without_value(e, value)}", origin=origin, line=line) from None
     return out
 
 
@@ -425,8 +434,12 @@ def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) 
         raise SourceError("command longer than 256 KiB: not a launch command", origin=origin or None)
     cfg = _build_config(argv, origin, None, base_dir)
     if cfg is None:
-        shown = shlex.join(redact_argv(argv))[:80]
-        raise SourceError(f"not a vLLM launch command: {shown!r}", origin=origin or None)
+        # named by its program only: the rest may hold anything (and did, in pasted commands)
+        prog = os.path.basename(argv[0])[:40] if argv else ""
+        shown = (
+            f" (runs {prog!r})" if prog.replace("-", "").replace("_", "").replace(".", "").isalnum() else ""
+        )
+        raise SourceError(f"not a vLLM launch command{shown}", origin=origin or None)
     return cfg
 
 

@@ -155,7 +155,7 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None
                     if bad_line is None:
                         pos = text.find(ln)
                         bad_line = _line_no(text, pos) if pos >= 0 else None
-                        reason = f"unparsable line ({type(exc).__name__}): {ln[:80]!r}"
+                        reason = f"unparsable sample line ({type(exc).__name__})"
         if len(cache) + len(todo) > _LINE_CACHE_MAX:
             cache.clear()
         cache.update((ln, got[ln]) for ln in todo if ln in got)
@@ -325,10 +325,10 @@ def _why_unreadable(text: str) -> str:
         return "not Prometheus text: binary data"
     first = next((ln.strip() for ln in head.splitlines() if ln.strip()), "")
     if first.startswith("<") or first.startswith("{") or first.startswith("["):
-        return f"not Prometheus text: starts with {first[:40]!r} (HTML or JSON?)"
+        return "not Prometheus text: starts like HTML or JSON"
     if _SAMPLE_LIKE_RE.search(head):
         return "no vllm:* or http_* metrics on the page: not a vLLM /metrics endpoint"
-    return f"not Prometheus text: {first[:60]!r}"
+    return "not Prometheus text: no metric sample lines"
 
 
 @guarded("path", 0)
@@ -376,17 +376,26 @@ def load_metrics_dir(
 
 
 def _redact_url(url: str) -> str:
-    """Drop user:password from a URL before it goes into a message."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    """Drop the userinfo (user:password@) from a URL before it goes into a message; a URL that
+    does not parse (a password with "/" in it, a bad port) still loses its password."""
+    from kvdoctor.redact import redact_url_credentials
+
+    url = redact_url_credentials(url[:4096])
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
+    end = len(rest)
+    for ch in "/?#":
+        k = rest.find(ch)
+        if k >= 0:
+            end = min(end, k)
+    at = rest.rfind("@", 0, end) if "@" in rest[:end] else -1
+    if at < 0:
+        # a password with "/" in it puts its "@" after the first "/": the last "@" still ends it
+        at = rest.rfind("@")
+        if at < 0 or "***" not in rest[:at]:
+            return url
+    return f"{scheme}://{rest[at + 1 :]}"
 
 
 def _metrics_url(url: str) -> str:

@@ -151,8 +151,8 @@ def _check_failure(text: str, origin: str) -> None:
     head = text.strip()[:400]
     for msg in _FAIL_MESSAGES:
         if msg in head:
-            first = next(ln for ln in head.splitlines() if ln.strip())
-            raise SourceError(f"nvidia-smi reported an error: {first.strip()}", origin=origin or None, line=1)
+            # nvidia-smi's own words, matched against the known list (not the file's text)
+            raise SourceError(f"nvidia-smi reported an error: {msg}", origin=origin or None, line=1)
 
 
 # --------------------------------------------------------------------------- the table
@@ -449,7 +449,7 @@ def _parse_ts(v: str) -> float | None:
             return datetime.strptime(v.strip(), fmt).replace(tzinfo=timezone.utc).timestamp()
         except ValueError:
             continue
-    raise ValueError(f"not a timestamp: {v.strip()!r}")
+    raise ValueError("not a timestamp")
 
 
 def _field_key(header: str) -> str:
@@ -487,7 +487,7 @@ def _set_gpu_field(gpu: Gpu, key: str, value: str) -> None:
         return
     if attr == "index":
         if not value.strip().isdigit():
-            raise ValueError(f"index {value!r} is not a number")
+            raise ValueError("index is not a number")
         gpu.index = int(value)
     elif attr in ("name", "uuid"):
         setattr(gpu, attr, None if _is_na(value) else value.strip())

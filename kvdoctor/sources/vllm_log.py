@@ -146,12 +146,29 @@ def _redact_prompt(text: str) -> str:
     if i < 0:
         return text
     start = i + len("prompt: ")
+    q = text[start : start + 1]
+    if q in ("'", '"'):
+        # The prompt ends at its matching quote: an unescaped quote followed by the next field
+        # (", params: …") or the end of the line — a prompt holding ", params: " (or an
+        # apostrophe) cannot end it early. No such quote (a truncated line): everything goes.
+        j = start + 1
+        n = len(text)
+        while j < n:
+            c = text[j]
+            if c == "\\":
+                j += 2
+                continue
+            if c == q and (j + 1 >= n or _PROMPT_END_RE.match(text, j + 1) or not text[j + 1 :].strip()):
+                break
+            j += 1
+        end = min(j + 1, n)
+        body_len = max(0, min(j, n) - start - 1)
+        return f"{text[:start]}'<redacted {body_len} chars>'{text[end:]}"
     m = _PROMPT_END_RE.search(text, start)
     end = m.start() if m else len(text)  # a truncated line: everything after "prompt: " goes
     body = text[start:end]
     if body in ("None", ""):
         return text
-    body = body[1:-1] if len(body) >= 2 and body[0] in "'\"" and body[-1] == body[0] else body
     return f"{text[:start]}'<redacted {len(body)} chars>'{text[end:]}"
 
 
@@ -165,7 +182,7 @@ _SECRET_NEEDLES = (
     "pwd",
     "credential",
     "auth",
-    "://",
+    ":/",
     "hf_",
     "sk-",
     "xox",
