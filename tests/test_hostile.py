@@ -418,3 +418,171 @@ def test_prompt_redaction_ends_at_the_matching_quote() -> None:
     assert "prompt_token_ids: [<redacted 3 tokens>]" in out
     truncated = vllm_log.redact("Received request x: prompt: 'cut off, params: my secret")
     assert "secret" not in truncated
+
+
+# --------------------------------------------------------------------------- 5. confined filesystem
+
+CASE = Path(__file__).resolve().parent / "data" / "bundles" / "r01-healthy-busy-tp2-h100"
+
+
+def _copy_case(dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(CASE, dst)
+    return dst
+
+
+def test_directory_bundle_never_follows_symlinks_out(tmp_path: Path) -> None:
+    from kvdoctor.sources.bundle import load_bundle
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text(f"{SECRET}\n")
+    b = _copy_case(tmp_path / "b")
+    (b / "env.txt").unlink(missing_ok=True)
+    (b / "env.txt").symlink_to(outside / "secret.txt")
+    (b / "metrics").mkdir(exist_ok=True)
+    (b / "metrics" / "1700000000.txt").symlink_to(outside / "secret.txt")
+    loaded = load_bundle(b)
+    env_status = [s for s in loaded.snapshot.sources if s.origin.endswith("env.txt")]
+    assert (
+        env_status and env_status[0].status == "error" and "symlink out of the bundle" in env_status[0].detail
+    )
+    assert any(
+        "symlink out of the bundle" in s.detail for s in loaded.snapshot.sources if "metrics" in s.origin
+    )
+    assert SECRET not in json.dumps([vars(s) for s in loaded.snapshot.sources])
+    assert SECRET not in json.dumps(loaded.snapshot.env)
+
+
+def test_symlink_inside_bundle_is_followed(tmp_path: Path) -> None:
+    from kvdoctor.sources.bundle import load_bundle
+
+    b = _copy_case(tmp_path / "b")
+    (b / "saved.log").write_bytes((b / "vllm.log").read_bytes())
+    (b / "vllm.log").unlink()
+    (b / "vllm.log").symlink_to("saved.log")
+    assert load_bundle(b).snapshot.log is not None
+
+
+def test_fifo_in_bundle_does_not_hang(tmp_path: Path) -> None:
+    import os
+
+    from kvdoctor.sources.bundle import load_bundle
+
+    b = _copy_case(tmp_path / "b")
+    (b / "ps.txt").unlink(missing_ok=True)
+    os.mkfifo(b / "ps.txt")
+    loaded = load_bundle(b)  # a blocking open would hang here
+    st = [s for s in loaded.snapshot.sources if s.origin.endswith("ps.txt")]
+    assert st and st[0].status == "error" and "not a regular file" in st[0].detail
+
+
+@pytest.mark.parametrize("config", ["/etc/passwd", "../outside.yaml", "link.yaml"])
+def test_config_in_bundle_resolves_inside_or_is_refused(tmp_path: Path, config: str) -> None:
+    from kvdoctor.sources.bundle import load_bundle
+
+    (tmp_path / "outside.yaml").write_text("max-model-len: 1234\n")
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "link.yaml").symlink_to(tmp_path / "outside.yaml")
+    (b / "cmdline.txt").write_text(f"vllm serve m --config {config}\n")
+    loaded = load_bundle(b)
+    assert all(c.max_model_len != 1234 for c in loaded.configs)
+    assert any(
+        s.kind == "cmdline" and s.status == "error" and "--config" in s.detail
+        for s in loaded.snapshot.sources
+    )
+
+
+def test_config_in_bundle_found_by_name(tmp_path: Path) -> None:
+    from kvdoctor.sources.bundle import load_bundle
+
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "serve.yaml").write_text("max-model-len: 4321\n")
+    (b / "cmdline.txt").write_text("vllm serve m --config /srv/conf/serve.yaml\n")
+    assert [c.max_model_len for c in load_bundle(b).configs] == [4321]
+
+
+def _tar(path: Path, members: list[tuple[str, bytes | None, str]]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data, kind in members:
+            info = tarfile.TarInfo(name)
+            if kind == "sym":
+                info.type = tarfile.SYMTYPE
+                info.linkname = "/etc/passwd"
+                tar.addfile(info)
+            else:
+                info.size = len(data or b"")
+                tar.addfile(info, io.BytesIO(data or b""))
+    return path
+
+
+def test_tar_keeps_only_read_names_and_skips_bad_members(tmp_path: Path) -> None:
+    from kvdoctor.sources.bundle import load_bundle
+
+    log = (CASE / "vllm.log").read_bytes()
+    arc = _tar(
+        tmp_path / "b.tar.gz",
+        [
+            ("case/vllm.log", log, "file"),
+            ("case/vllm.log", b"second copy", "file"),
+            ("case/env.txt", b"", "sym"),
+            ("case/../../escape.txt", b"x", "file"),
+            ("/abs.txt", b"x", "file"),
+            ("case/huge-unrelated.bin", b"\x00" * 1000, "file"),
+        ],
+    )
+    loaded = load_bundle(arc)
+    assert loaded.snapshot.log is not None
+    details = {s.origin: s.detail for s in loaded.snapshot.sources if s.kind == "bundle"}
+    assert any("appears twice" in d for d in details.values())
+    assert any("not a regular file" in d for d in details.values())
+    assert not (tmp_path / "escape.txt").exists()
+    assert "kvdoctor-bundle-" not in json.dumps([vars(s) for s in loaded.snapshot.sources])
+
+
+def test_tar_oversized_member_skipped_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvdoctor.sources import bundle
+
+    monkeypatch.setattr(bundle, "MAX_TAR_MEMBER_BYTES", 1000)
+    arc = _tar(
+        tmp_path / "b.tar.gz",
+        [("b/ps.txt", b"PID COMMAND\n" + b"1 x\n" * 1000, "file"), ("b/env.txt", b"A=1\n", "file")],
+    )
+    loaded = bundle.load_bundle(arc)
+    assert loaded.snapshot.env == {"A": "1"}
+    assert any("larger than" in s.detail for s in loaded.snapshot.sources if s.origin.endswith("ps.txt"))
+
+
+def test_tar_temp_copy_removed_on_sigterm(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    arc = _tar(tmp_path / "b.tar.gz", [("b/env.txt", b"A=1\n", "file")])
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from kvdoctor.sources import bundle\n"
+        "real = bundle._load_dir\n"
+        "def slow(root, label):\n"
+        "    print('ready', flush=True); time.sleep(30); return real(root, label=label)\n"
+        "bundle._load_dir = slow\n"
+        f"bundle.load_bundle(Path({str(arc)!r}))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmpdir)}
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    assert any(tmpdir.iterdir())
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    time.sleep(0.1)
+    assert not any(tmpdir.iterdir())

@@ -299,10 +299,29 @@ def _without_value(err: Exception, value: Any) -> str:
     return msg if len(msg) <= 200 else msg[:200] + "…"
 
 
-def _load_config_file(path_text: str, base_dir: Path | None) -> tuple[dict[str, Any], str | None]:
-    """Read a ``--config`` YAML file; returns (mapping, error reason or None)."""
+def _load_config_file(
+    path_text: str, base_dir: Path | None, confine_to: Path | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """Read a ``--config`` YAML file; returns (mapping, error reason or None).
+
+    With ``confine_to`` (a bundle directory) the file must resolve inside it: an absolute path
+    from the host the bundle came from is looked up by its name in the bundle, and a path
+    (or symlink) that leads out of the bundle is refused — a bundle never reads this host's files.
+    """
     path = Path(path_text)
-    if not path.is_absolute():
+    if confine_to is not None:
+        root = confine_to.resolve()
+        candidate = (root / path.name) if path.is_absolute() else (base_dir or root) / path
+        try:
+            resolved = candidate.resolve()
+        except (OSError, RuntimeError):
+            return {}, "--config: cannot resolve the path inside the bundle"
+        if resolved != root and root not in resolved.parents:
+            return {}, "--config: the path leads outside the bundle; not read"
+        if not resolved.is_file():
+            return {}, f"--config: {path.name[:80]} is not in the bundle"
+        path = resolved
+    elif not path.is_absolute():
         if base_dir is None:
             return {}, f"{path_text}: relative path and no base directory to resolve it"
         path = base_dir / path
@@ -388,7 +407,7 @@ def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, expli
 
 
 def _build_config(
-    full_argv: list[str], origin: str, line: int | None, base_dir: Path | None
+    full_argv: list[str], origin: str, line: int | None, base_dir: Path | None, confine_to: Path | None = None
 ) -> EngineConfig | None:
     found = locate_vllm_args(full_argv)
     if found is None:
@@ -403,7 +422,7 @@ def _build_config(
     cfg = EngineConfig()
     cfg.command = shlex.join(redact_argv(full_argv))
     if "config" in values and isinstance(values["config"], str) and values["config"]:
-        data, err = _load_config_file(values["config"], base_dir)
+        data, err = _load_config_file(values["config"], base_dir, confine_to)
         if err:
             cfg.args["_config_error"] = err
         update_config_from_args(cfg, _config_values(data, origin, line), explicit=True)
@@ -419,7 +438,9 @@ def _build_config(
 
 
 @guarded("origin", 1)
-def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) -> EngineConfig:
+def parse_argv(
+    argv: list[str], origin: str = "", base_dir: Path | None = None, *, confine_to: Path | None = None
+) -> EngineConfig:
     """Parse one command line given as argv (psutil ``Process.cmdline()``, a NUL-split
     ``/proc/PID/cmdline``). ``base_dir`` resolves a relative ``--config`` (the process's cwd).
 
@@ -432,7 +453,7 @@ def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) 
     argv = [str(a) for a in argv]
     if sum(len(a) + 1 for a in argv) > MAX_CMDLINE_CHARS:
         raise SourceError("command longer than 256 KiB: not a launch command", origin=origin or None)
-    cfg = _build_config(argv, origin, None, base_dir)
+    cfg = _build_config(argv, origin, None, base_dir, confine_to)
     if cfg is None:
         # named by its program only: the rest may hold anything (and did, in pasted commands)
         prog = os.path.basename(argv[0])[:40] if argv else ""
@@ -444,12 +465,16 @@ def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) 
 
 
 @guarded("origin", 1)
-def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None) -> list[EngineConfig]:
+def parse_cmdline_text(
+    text: str, origin: str = "", base_dir: Path | None = None, *, confine_to: Path | None = None
+) -> list[EngineConfig]:
     """Parse a bundle's ``cmdline.txt`` (or a ``/proc/PID/cmdline`` dump) into one
     :class:`EngineConfig` per vLLM command, in file order.
 
     Lines that are not vLLM commands (``cd /srv``, ``export X=1``) are skipped. ``base_dir`` (the
-    bundle directory) resolves ``--config FILE.yaml``; None resolves only absolute paths. Raises
+    bundle directory) resolves ``--config FILE.yaml``; None resolves only absolute paths;
+    ``confine_to`` (a bundle directory) keeps ``--config`` inside it (else refused, with the reason
+    in ``cfg.args["_config_error"]``). Raises
     :class:`SourceError` (origin, line, reason) for binary data, unbalanced quotes, an ambiguous
     or badly valued flag, or when no line holds a vLLM command.
     """
@@ -460,7 +485,7 @@ def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None
             raise SourceError("command longer than 256 KiB: not a launch command", origin=origin or None)
         _check_text(text, origin, allow_nul=True)
         argv = [a for a in text.split("\x00") if a != ""]
-        cfg = _build_config(argv, origin, 1, base_dir)
+        cfg = _build_config(argv, origin, 1, base_dir, confine_to)
         if cfg is None:
             raise SourceError(
                 "NUL-separated command line is not a vLLM launch", origin=origin or None, line=1
@@ -482,7 +507,7 @@ def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None
             raise SourceError(f"cannot split the command ({e})", origin=origin or None, line=lineno) from None
         if not argv:
             continue
-        cfg = _build_config(argv, origin, lineno, base_dir)
+        cfg = _build_config(argv, origin, lineno, base_dir, confine_to)
         if cfg is not None:
             configs.append(cfg)
     if not configs:

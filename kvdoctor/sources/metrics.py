@@ -94,6 +94,8 @@ _HTTP_RE = re.compile(r"^http_[a-zA-Z0-9_:]*[{ \t]", re.M)
 _VLLM_RE = re.compile(r"^vllm:", re.M)
 _SAMPLE_LIKE_RE = re.compile(r"^(?:#|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?[ \t]+\S+)", re.M)
 _MAX_PAGE_CHARS = 64 * 1024 * 1024
+#: scrape files read from one ``metrics/`` directory (a day at one scrape a second).
+MAX_SCRAPE_FILES = 100_000
 # Every vllm:* sample line except the _created companions (reading all histograms).
 _ALL_VLLM_RE = re.compile(r"\n(vllm:[a-zA-Z0-9_:]*(?<!_created)[{ \t][^\n]*)")
 
@@ -336,6 +338,7 @@ def load_metrics_dir(
     path: str | os.PathLike[str],
     *,
     histograms: Collection[str] | None = READ_HISTOGRAMS,
+    confine_to: str | os.PathLike[str] | None = None,
 ) -> tuple[list[tuple[float, list[EngineMetrics]]], list[SourceError]]:
     """Read a bundle's ``metrics/`` directory: one scrape per ``<unix-seconds>.txt`` file
     (spec/bundle.md), oldest first.
@@ -343,6 +346,8 @@ def load_metrics_dir(
     Returns ``(series, errors)``: ``series`` is [(unix seconds, [EngineMetrics, …])] sorted by
     time, each EngineMetrics with that timestamp; ``errors`` holds one SourceError per file that
     could not be used (bad name, unreadable, nothing parsable) — the other files are still used.
+    ``confine_to`` (a bundle directory): a file whose symlink leads out of it is refused, not
+    read. At most :data:`MAX_SCRAPE_FILES` files are read (the newest by name are kept).
     Raises SourceError when ``path`` is not a readable directory.
     """
     p = os.fspath(path)
@@ -352,9 +357,19 @@ def load_metrics_dir(
         raise SourceError(f"cannot read metrics directory: {exc.strerror or exc}", origin=p) from None
     series: list[tuple[float, list[EngineMetrics]]] = []
     errors: list[SourceError] = []
-    for name in sorted(names):
+    root = os.path.realpath(confine_to) if confine_to is not None else None
+    txt = sorted(n for n in names if n.endswith(".txt"))
+    if len(txt) > MAX_SCRAPE_FILES:
+        errors.append(SourceError(f"more than {MAX_SCRAPE_FILES} scrapes: the oldest skipped", origin=p))
+        txt = txt[-MAX_SCRAPE_FILES:]
+    for name in txt:
         full = os.path.join(p, name)
-        if not name.endswith(".txt") or not os.path.isfile(full):
+        if root is not None and os.path.islink(full):
+            real = os.path.realpath(full)
+            if os.path.commonpath([root, real]) != root:
+                errors.append(SourceError("a symlink out of the bundle: not followed", origin=full))
+                continue
+        if not os.path.isfile(full):
             continue
         try:
             ts = float(name[: -len(".txt")])
