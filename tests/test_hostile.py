@@ -586,3 +586,108 @@ def test_tar_temp_copy_removed_on_sigterm(tmp_path: Path) -> None:
     proc.wait(timeout=30)
     time.sleep(0.1)
     assert not any(tmpdir.iterdir())
+
+
+# --------------------------------------------------------------------------- 9. logs of any size
+
+LOGS = sorted((Path(__file__).resolve().parent / "data" / "vllm_log").glob("*.log")) + sorted(
+    (Path(__file__).resolve().parent / "data" / "bundles").glob("*/vllm.log")
+)
+
+
+def _line_by_line(text: str) -> list[tuple[str, int, str]]:
+    p = vllm_log._Parser("x")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for ln in lines:
+        p.feed(ln)
+    p.finish()
+    p.log.events.sort(key=lambda e: e.line)
+    return [(e.kind, e.line, repr(sorted(e.values.items()))) for e in p.log.events]
+
+
+@pytest.mark.parametrize("path", LOGS, ids=[p.parent.name + "/" + p.name for p in LOGS])
+def test_streamed_chunk_parse_equals_line_by_line(path: Path, tmp_path: Path) -> None:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    # serving traffic in between: request and access lines are counted, not parsed
+    extra = (
+        "(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request cmpl-1: prompt: "
+        "'CUDA out of memory. Tried to allocate 1 GiB; vLLM API server version 9.9', params: x\n"
+        '(APIServer pid=1) INFO:     10.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    ) * 50
+    text = text + extra + text
+    want = _line_by_line(text)
+    got = vllm_log.parse_log(text)
+    assert [(e.kind, e.line, repr(sorted(e.values.items()))) for e in got.events] == want
+    f = tmp_path / "vllm.log"
+    f.write_text(text)
+    log = vllm_log.parse_log_file(f, progress=False)
+    assert [(e.kind, e.line) for e in log.events] == [(k, n) for k, n, _ in want]
+    assert log.line_count == text.count("\n")
+
+
+def test_request_lines_never_become_events() -> None:
+    line = (
+        "INFO 07-01 10:00:00 [logger.py:43] Received request x: prompt: 'CUDA out of memory. Tried to "
+        "allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB of which 1 GiB is free.', params: y"
+    )
+    assert vllm_log.parse_log(line).events == []
+
+
+def _stats_log(n: int) -> str:
+    head = "INFO 07-01 00:00:00 [api_server.py:1] vLLM API server version 0.10.0\n"
+    head += "INFO 07-01 00:00:00 [api_server.py:1] Application startup complete.\n"
+    return head + "".join(
+        f"INFO 07-01 00:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
+        f"Running: {i % 7} reqs, Waiting: 0 reqs, GPU KV cache usage: 50.0%, Preemptions: {i % 3}\n"
+        for i in range(n)
+    )
+
+
+def test_bounded_history_keeps_start_end_and_preemption_total() -> None:
+    n = 30_000
+    log = vllm_log.parse_log(_stats_log(n))
+    stats = log.of("stats")
+    limit = sum(vllm_log._HISTORY_LIMITS["stats"])
+    assert len(stats) == limit
+    assert stats[0].line == 3 and stats[-1].line == n + 2  # the run's start and end
+    assert sum(e.values["preemptions"] for e in stats) == sum(i % 3 for i in range(n))
+    assert log.line_count == n + 2
+
+
+def test_log_memory_stays_flat(tmp_path: Path) -> None:
+    import tracemalloc
+
+    peaks = []
+    for n in (20_000, 200_000):
+        f = tmp_path / f"{n}.log"
+        f.write_text(_stats_log(n))
+        tracemalloc.start()
+        vllm_log.parse_log_file(f, progress=False)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < peaks[0] * 2.5  # ten times the lines, not ten times the memory
+
+
+def test_follower_reads_the_whole_backlog(tmp_path: Path) -> None:
+    f = tmp_path / "vllm.log"
+    f.write_text(_stats_log(5000))
+    follower = vllm_log.LogFollower(f)
+    follower.max_read_bytes = 64 * 1024  # far less than the file
+    events = follower.poll()
+    assert len([e for e in events if e.kind == "stats"]) == 5000
+    assert follower.log.line_count == 5002
+
+
+def test_progress_shown_only_after_two_seconds(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    clock = iter([0.0, 0.5, 3.0, 3.1, 3.5, 9.0])
+    monkeypatch.setattr(vllm_log.time, "monotonic", lambda: next(clock))
+    p = vllm_log._Progress(__file__)
+    p.update(10)  # 0.5 s: nothing
+    assert capsys.readouterr().err == ""
+    p.update(1 << 20)  # 3 s: shown
+    err = capsys.readouterr().err
+    assert "reading test_hostile.py" in err and "MiB" in err
+    p.done()
+    assert "\x1b[K" in capsys.readouterr().err

@@ -104,6 +104,7 @@ import re
 import sys
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -616,6 +617,19 @@ _SERVING_NEEDLES = (
     "Added request",
     '"POST /v1/',
 )
+#: Messages of vLLM's request log and uvicorn's access log — the bulk of a serving log. They
+#: carry no event (a prompt's text must never become one), so only the serving marker is read.
+_REQUEST_PREFIXES = ("Received request ", "Added request ", "Finished request ", "Aborted request ")
+_ACCESS_RE = re.compile(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
+#: A line that is NOT a plain INFO/DEBUG/WARNING request-log or access-log line, found after
+#: its newline: anything else goes through the full parser. One pass at C speed (the literal
+#: "\n" first), so a 200 MB log of request lines is read at a few times line iteration.
+_NOT_REQUEST_LINE_RE = re.compile(
+    r"\n(?!(?:\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?)?"
+    r"(?:(?:DEBUG|INFO|WARNING|WARN) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"(?:\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]) |(?:DEBUG|INFO|WARNING):\s+)"
+    r"(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - \"))"
+)
 # traceback frames of CUDA graph capture (V0 capture_model/graph_runner.capture, V1 _capture_cudagraphs)
 _CAPTURE_HINTS = (
     "capture_model",
@@ -677,10 +691,63 @@ class _Block:
     ooms: list[tuple[LogEvent, str, bool]] = field(default_factory=list)
 
 
-class _Parser:
-    """Stateful line-by-line parser shared by :func:`parse_log` and :class:`LogFollower`."""
+class _History:
+    """The events of one kind in the current run, bounded: the first ``head`` and the last
+    ``tail`` (a deque), so a days-long run of periodic lines keeps its start and its end.
+    Stats dropped from the middle hand their preemption count to the oldest kept tail event,
+    so the run's preemption total stays exact."""
 
-    def __init__(self, origin: str = "") -> None:
+    __slots__ = ("head", "tail", "head_max", "dropped")
+
+    def __init__(self, head_max: int, tail_max: int) -> None:
+        # (emission number, event): merging kinds back keeps the order events were made in
+        self.head: list[tuple[int, LogEvent]] = []
+        self.tail: deque[tuple[int, LogEvent]] = deque(maxlen=tail_max)
+        self.head_max = head_max
+        self.dropped = 0
+
+    def add(self, seq: int, ev: LogEvent) -> None:
+        if len(self.head) < self.head_max:
+            self.head.append((seq, ev))
+            return
+        tail = self.tail
+        if len(tail) == tail.maxlen:
+            old = tail.popleft()[1]
+            self.dropped += 1
+            pre = old.values.get("preemptions") if old.kind == "stats" else None
+            if pre and tail:
+                nxt = tail[0][1].values
+                nxt["preemptions"] = (nxt.get("preemptions") or 0) + pre
+        tail.append((seq, ev))
+
+    def items(self) -> list[tuple[int, LogEvent]]:
+        return self.head + list(self.tail)
+
+
+#: per run and kind, events kept in a bounded parse (head + tail); stats lines come every 10 s.
+_HISTORY_LIMITS: dict[str, tuple[int, int]] = {"stats": (1000, 9000)}
+_HISTORY_DEFAULT = (200, 800)
+#: events kept over all runs of one file; the oldest runs' events go first.
+_MAX_LOG_EVENTS = 60_000
+#: open traceback blocks (one per process) and per-process state entries kept.
+_MAX_BLOCKS = 64
+_MAX_PROCESS_KEYS = 4096
+
+
+class _Parser:
+    """Stateful line-by-line parser shared by :func:`parse_log` and :class:`LogFollower`.
+
+    ``bounded`` (a whole file): the state stays bounded whatever the input size — the current
+    run's events of each kind as a head and a tail (:class:`_History`), at most
+    :data:`_MAX_LOG_EVENTS` events over all runs, a bounded set of open traceback blocks.
+    """
+
+    def __init__(self, origin: str = "", *, bounded: bool = False) -> None:
+        self.bounded = bounded
+        self._history: dict[str, _History] = {}
+        self._seq = 0
+        #: events emitted so far (a follower takes the new ones from the end of ``log.events``)
+        self.emitted = 0
         self.log = VllmLog(origin=origin)
         self.lineno = 0
         self._gen_strong = False
@@ -704,6 +771,11 @@ class _Parser:
         """Parse the next physical line; return the events it completed (file order)."""
         self.lineno += 1
         self.log.line_count = self.lineno
+        if len(self._state) > _MAX_PROCESS_KEYS or len(self._weights) > _MAX_PROCESS_KEYS:
+            self._state.clear()  # a flood of distinct (NAME pid=N) prefixes: state stays bounded
+            self._weights.clear()
+            self._pending_v0.clear()
+            self._capturing.clear()
         self._new = []
         pl = parse_line(raw)
         key = (pl.process, pl.pid) if pl.process else None
@@ -716,9 +788,11 @@ class _Parser:
                 block = None
         else:
             if block is None:
+                if len(self._blocks) >= _MAX_BLOCKS:
+                    self._close_block(next(iter(self._blocks)))  # the oldest open block
                 self._block_seq += 1
                 block = self._blocks[key] = _Block(self._block_seq)
-            block.text.append(pl.message)
+            block.text.append(pl.message[:2000])  # hints and phases look for short frame names
             if len(block.text) > 400:
                 del block.text[:100]
         if pl.process and pl.process.startswith("EngineCore") and not self._gen_strong:
@@ -730,10 +804,70 @@ class _Parser:
             self.bad_lines += 1
         return self._new
 
+    def feed_chunk(self, text: str) -> None:
+        """Parse a chunk of whole lines ("\\n"-joined), the same as :meth:`feed` on each line,
+        at C speed for the lines that cannot matter.
+
+        A line can matter when it holds a gate word (:data:`_GATE_WORDS`: a piece of every
+        message text :meth:`_match` looks for), is not a plain INFO/DEBUG/WARNING line (errors and
+        unprefixed lines make traceback blocks), or while state depends on every line (an open
+        traceback block; before the server serves; before the engine generation is known).
+        Those go through :meth:`feed`; the rest only count. Gate words and odd lines are found
+        with ``str.find`` and one regex over the whole chunk, so a 200 MB log of request lines
+        is read at a few times the speed Python iterates its lines.
+        """
+        end = len(text)
+        pos = 0  # start of the next line not yet fed or counted
+        feed = self.feed
+
+        def line_at(start: int) -> tuple[str, int]:
+            stop = text.find("\n", start)
+            if stop < 0:
+                stop = end
+            return text[start:stop], stop + 1
+
+        while pos <= end and not self._serving:  # startup: every line counts (a few hundred)
+            line, pos = line_at(pos)
+            feed(line)
+        if pos > end:
+            return
+        starts: set[int] = set()
+        find, rfind = text.find, text.rfind
+        if not self._gen_strong:
+            words: tuple[str, ...] = ("\r", "\x1b", "EngineCore")
+        else:
+            words = ("\r", "\x1b")  # parse_line would see another message than the line starts with
+        for word in words:
+            i = find(word, pos)
+            while i >= 0:
+                starts.add(rfind("\n", 0, i) + 1)
+                nl = find("\n", i)
+                i = find(word, nl) if nl >= 0 else -1
+        for m in _NOT_REQUEST_LINE_RE.finditer("\n" + text[pos:]):
+            starts.add(pos + m.start())
+        count = text.count
+        for start in sorted(starts):
+            if start < pos:
+                continue  # already fed while a block was open
+            while self._blocks and pos < start:  # an open block: the next lines may close it
+                line, pos = line_at(pos)
+                feed(line)
+            if pos < start:
+                self.lineno += count("\n", pos, start)
+            line, pos = line_at(start)
+            feed(line)
+        while self._blocks and pos <= end:
+            line, pos = line_at(pos)
+            feed(line)
+        if pos <= end:
+            self.lineno += count("\n", pos, end) + 1
+        self.log.line_count = self.lineno
+
     def finish(self) -> None:
         """Close open traceback blocks (final phase of pending cuda_oom events)."""
         for key in list(self._blocks):
             self._close_block(key)
+        self._flush_history()
 
     # ------------------------------------------------------------------ helpers
 
@@ -752,8 +886,16 @@ class _Parser:
         )
         if kind in _ERROR_KINDS and self._is_duplicate(ev, key):
             return None
-        self.log.events.append(ev)
+        if self.bounded:
+            hist = self._history.get(kind)
+            if hist is None:
+                hist = self._history[kind] = _History(*_HISTORY_LIMITS.get(kind, _HISTORY_DEFAULT))
+            self._seq += 1
+            hist.add(self._seq, ev)
+        else:
+            self.log.events.append(ev)
         self._new.append(ev)
+        self.emitted += 1
         self._track(ev, key)
         return ev
 
@@ -789,7 +931,23 @@ class _Parser:
         if kind in ("stats", "preempted_v0", "prompt_too_long"):
             self._serving = True
 
+    def _flush_history(self) -> None:
+        """Move the current run's kept events into ``log.events`` (bounded mode); drop the oldest
+        runs' events when the file has had more than :data:`_MAX_LOG_EVENTS`."""
+        if not self._history:
+            return
+        events = self.log.events
+        kept = [item for hist in self._history.values() for item in hist.items()]
+        kept.sort(key=lambda item: item[0])
+        events.extend(ev for _, ev in kept)
+        self._history = {}
+        if len(events) > _MAX_LOG_EVENTS:
+            events.sort(key=lambda e: e.line)
+            del events[: len(events) - _MAX_LOG_EVENTS * 3 // 4]
+
     def _new_startup(self) -> None:
+        if self.bounded:
+            self._flush_history()
         if self._serving or self._global_state != "startup":
             self._state.clear()
             self._capturing.clear()
@@ -835,6 +993,9 @@ class _Parser:
                 if needle in msg:
                     self._serving = True
                     break
+        if pl.formatted or pl.level in ("DEBUG", "INFO", "WARNING"):
+            if msg.startswith(_REQUEST_PREFIXES) or _ACCESS_RE.match(msg):
+                return  # the request and access logs: a prompt's text never becomes an event
 
         # --- version / generation
         if "version" in msg:
@@ -1188,7 +1349,7 @@ class _Parser:
             valid: list[str] = []
             if m:
                 try:
-                    parsed = ast.literal_eval(m.group(2))
+                    parsed = _literal(m.group(2))
                     valid = [str(v) for v in parsed] if isinstance(parsed, (list, tuple)) else []
                 except (ValueError, SyntaxError):
                     valid = [v.strip(" '\"") for v in m.group(2).strip("[]").split(",") if v.strip(" '\"")]
@@ -1575,12 +1736,11 @@ def parse_log(text: str, origin: str = "") -> VllmLog:
     ``engine_generation``, merged ``args`` and ``line_count``. Never raises on odd text: lines it
     does not recognise give no event.
     """
-    parser = _Parser(origin)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    for raw in lines:
-        parser.feed(raw)
+    parser = _Parser(origin, bounded=True)
+    if text.endswith("\n"):
+        text = text[:-1]
+    if text:
+        parser.feed_chunk(text)
     parser.finish()
     parser.log.events.sort(key=lambda e: e.line)
     return parser.log
@@ -1625,10 +1785,12 @@ def _binary_ratio(head: bytes) -> float:
     return bad / max(1, len(text))
 
 
-def iter_log_lines(
+def iter_log_chunks(
     path: str | os.PathLike[str], *, on_bytes: Callable[[int], None] | None = None
 ) -> Iterator[str]:
-    """The lines of a log file (plain or gzip), streamed: read in 1 MiB chunks, never whole.
+    """A log file (plain or gzip) as decoded text chunks of whole lines, streamed: read in
+    1 MiB pieces, never whole. Each chunk holds complete lines joined by "\\n" (no trailing
+    newline); iterate :func:`iter_log_lines` for single lines.
 
     Bytes are decoded as utf-8 with errors replaced; a line longer than :data:`MAX_LINE_CHARS`
     keeps its first part (the rest is skipped up to the next newline, never buffered). A gzip
@@ -1682,8 +1844,7 @@ def iter_log_lines(
             else:
                 text = data[:cut].decode("utf-8", errors="replace")
                 buf = data[cut + 1 :]
-                for line in text.split("\n"):
-                    yield line if len(line) <= limit else line[:limit]
+                yield text  # lines inside are cut at MAX_LINE_CHARS by parse_line
             if len(buf) > limit:
                 buf = buf[:limit]
                 overlong = True
@@ -1693,6 +1854,16 @@ def iter_log_lines(
             _check_head(buf, origin)
         if buf:
             yield buf.decode("utf-8", errors="replace")[:limit]
+
+
+def iter_log_lines(
+    path: str | os.PathLike[str], *, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[str]:
+    """The lines of a log file, streamed (see :func:`iter_log_chunks` for limits and errors)."""
+    limit = MAX_LINE_CHARS
+    for text in iter_log_chunks(path, on_bytes=on_bytes):
+        for line in text.split("\n"):
+            yield line if len(line) <= limit else line[:limit]
 
 
 @guarded("path", 0)
@@ -1705,12 +1876,11 @@ def parse_log_file(path: str | os.PathLike[str], *, progress: bool | None = None
     terminal) shows how far reading got once it has taken more than two seconds.
     """
     origin = os.fspath(path)
-    parser = _Parser(origin)
+    parser = _Parser(origin, bounded=True)
     meter = _Progress(origin) if (progress if progress is not None else _stderr_is_tty()) else None
-    feed = parser.feed
     try:
-        for raw in iter_log_lines(origin, on_bytes=meter.update if meter else None):
-            feed(raw)
+        for text in iter_log_chunks(origin, on_bytes=meter.update if meter else None):
+            parser.feed_chunk(text)
     finally:
         if meter is not None:
             meter.done()
@@ -1808,27 +1978,41 @@ class LogFollower:
             self._restart(inode)
         if st.st_size == self._offset:
             return []
+        parser = self._parser
+        kept = parser.log.events
+        new: list[LogEvent] = []
         try:
-            with open(self.path, "rb") as fh:
+            with open_regular(self.path, what="log") as fh:
                 fh.seek(self._offset)
-                chunk = fh.read(self.max_read_bytes)
-        except OSError as exc:
-            raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=self.path) from None
-        self._offset += len(chunk)
-        data = self._buf + chunk
-        complete, sep, rest = data.rpartition(b"\n")
-        if not sep:
-            self._buf = data
+                while True:  # the whole backlog, in steps: --log FILE reads the file in full
+                    try:
+                        chunk = fh.read(self.max_read_bytes)
+                    except OSError as exc:
+                        raise SourceError(
+                            f"cannot read log: {exc.strerror or exc}", origin=self.path
+                        ) from None
+                    if not chunk:
+                        break
+                    self._offset += len(chunk)
+                    data = self._buf + chunk
+                    complete, sep, rest = data.rpartition(b"\n")
+                    if not sep:
+                        complete, rest = b"", data
+                    # a line with no end in sight keeps its first MAX_LINE_CHARS bytes only
+                    self._buf = rest if len(rest) <= MAX_LINE_CHARS else rest[:MAX_LINE_CHARS]
+                    if complete:
+                        before = len(kept)
+                        parser.feed_chunk(complete.decode("utf-8", errors="replace"))
+                        new.extend(kept[before:])
+                        if len(kept) > self.max_events:
+                            del kept[: len(kept) - self.max_events]
+                    if len(chunk) < self.max_read_bytes:
+                        break
+        except SourceError:
+            raise
+        if not new:
             return []
-        self._buf = rest
-        events: list[LogEvent] = []
-        for raw in complete.split(b"\n"):
-            events.extend(self._parser.feed(raw.decode("utf-8", errors="replace")))
-        events.sort(key=lambda e: e.line)
-        kept = self._parser.log.events
-        tail = kept[-len(events) - 1 :]
+        tail = kept[-len(new) - 1 :]
         if any(a.line > b.line for a, b in zip(tail, tail[1:], strict=False)):
             kept.sort(key=lambda e: e.line)  # a multi-line message finished: keep file order
-        if len(kept) > self.max_events:
-            del kept[: len(kept) - self.max_events]
-        return events
+        return sorted(new, key=lambda e: e.line)
