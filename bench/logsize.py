@@ -122,8 +122,7 @@ def main() -> None:
     t0 = time.perf_counter()
     r = subprocess.run(
         [*kvdoctor, "diagnose", "--log", str(path), "--format", "json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )

@@ -691,3 +691,61 @@ def test_progress_shown_only_after_two_seconds(monkeypatch: pytest.MonkeyPatch, 
     assert "reading test_hostile.py" in err and "MiB" in err
     p.done()
     assert "\x1b[K" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- 2. numbers validated where parsed
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (
+            '{"num_hidden_layers": 1000000000, "num_attention_heads": 32, "hidden_size": 4096}',
+            "num_hidden_layers",
+        ),
+        (
+            '{"num_hidden_layers": 32, "num_attention_heads": 10000000, "head_dim": 128}',
+            "num_attention_heads",
+        ),
+        ('{"num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 99999999}', "head_dim"),
+        (
+            '{"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096, "vocab_size": -5}',
+            "vocab",
+        ),
+    ],
+)
+def test_absurd_config_sizes_are_errors(config: str, match: str) -> None:
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(SourceError, match=match):
+        model_config.parse_model_config(config, origin="config.json")
+    assert time.perf_counter() - t0 < 1.0  # refused before any per-layer list is built
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "--gpu-memory-utilization 1.5",
+        "--gpu-memory-utilization 0",
+        "--gpu-memory-utilization -0.2",
+        "--tensor-parallel-size 100000",
+        "--tensor-parallel-size 0",
+        "--data-parallel-size 999999",
+    ],
+)
+def test_out_of_range_flags_are_errors(flags: str) -> None:
+    with pytest.raises(SourceError, match="out of range") as ei:
+        cmdline.parse_cmdline_text(f"vllm serve m {flags}\n", origin="cmdline.txt")
+    assert ei.value.line == 1
+
+
+def test_out_of_range_args_from_a_log_never_become_fields() -> None:
+    from kvdoctor.facts import EngineConfig
+
+    cfg = cmdline.update_config_from_args(
+        EngineConfig(), {"gpu_memory_utilization": 7.0, "tensor_parallel_size": 2}, explicit=True
+    )
+    assert cfg.gpu_memory_utilization != 7.0 and cfg.tensor_parallel_size == 2
+    assert "gpu_memory_utilization" not in cfg.explicit
+    assert cmdline.parse_argv(["vllm", "serve", "m", "--max-model-len", "auto"]).max_model_len == -1

@@ -355,6 +355,35 @@ def _config_values(data: Mapping[str, Any], origin: str, line: int | None) -> di
     return out
 
 
+#: physical ranges of vLLM flag values (dest → (low, high, low exclusive)); outside them a value
+#: is an input error, never a fact (gmu 1.5, 10**9 GPUs).
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "gpu_memory_utilization": (0.0, 1.0, True),
+    "tensor_parallel_size": (1, 4096, False),
+    "pipeline_parallel_size": (1, 4096, False),
+    "data_parallel_size": (1, 4096, False),
+    "max_model_len": (-1, 10**9, False),  # -1: auto-fit
+    "max_num_seqs": (1, 10**7, False),
+    "max_num_batched_tokens": (1, 10**10, False),
+    "block_size": (1, 65_536, False),
+    "swap_space": (0, 10**6, False),
+    "kv_cache_memory_bytes": (1, 2**50, False),
+    "num_gpu_blocks_override": (0, 10**9, False),
+}
+
+
+def out_of_range(dest: str, value: Any) -> str | None:
+    """A reason when a flag's converted value is outside its physical range, else None."""
+    r = _RANGES.get(dest)
+    if r is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, high, exclusive = r
+    if value != value or (value <= low if exclusive else value < low) or value > high:
+        lo = f"({low:g}" if exclusive else f"[{low:g}"
+        return f"--{dest.replace('_', '-')} out of range {lo}, {high:g}]"
+    return None
+
+
 def _redact_value(dest: str, value: Any) -> Any:
     if is_secret_name(dest) and value not in (None, True, False, ""):
         return MARK
@@ -396,6 +425,8 @@ def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, expli
             conv = convert_value(flag, value)
         except FlagError:
             continue
+        if out_of_range(flag.dest, conv) is not None:
+            continue  # kept in cfg.args only: never a field a rule reads
         if flag.dest == "served_model_name":
             conv = conv[0] if conv else None
         if conv is None:
@@ -419,6 +450,10 @@ def _build_config(
             vllm_args = vllm_args[:k]
             break
     values, positional = _parse_vllm_args(vllm_args, origin, line)
+    for dest, value in values.items():
+        why = out_of_range(dest, value)
+        if why is not None:
+            raise SourceError(why, origin=origin or None, line=line)
     cfg = EngineConfig()
     cfg.command = shlex.join(redact_argv(full_argv))
     if "config" in values and isinstance(values["config"], str) and values["config"]:
