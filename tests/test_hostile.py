@@ -659,15 +659,23 @@ def test_bounded_history_keeps_start_end_and_preemption_total() -> None:
 def test_log_memory_stays_flat(tmp_path: Path) -> None:
     import tracemalloc
 
+    req = (
+        "(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request cmpl-{0}: prompt: "
+        "'hello', params: SamplingParams(n=1), prompt_token_ids: None, lora_request: None.\n"
+    )
     peaks = []
-    for n in (20_000, 200_000):
+    for n in (50_000, 400_000):  # 7 MB and 55 MB of serving traffic
         f = tmp_path / f"{n}.log"
-        f.write_text(_stats_log(n))
+        with open(f, "w") as fh:
+            fh.write(_stats_log(100))
+            for i in range(n):
+                fh.write(req.format(i))
         tracemalloc.start()
-        vllm_log.parse_log_file(f, progress=False)
+        log = vllm_log.parse_log_file(f, progress=False)
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
-    assert peaks[1] < peaks[0] * 2.5  # ten times the lines, not ten times the memory
+        assert log.line_count == n + 102
+    assert peaks[1] < peaks[0] * 1.5 and peaks[1] < 32 * 1024 * 1024  # 8x the file, not 8x the memory
 
 
 def test_follower_reads_the_whole_backlog(tmp_path: Path) -> None:
@@ -770,3 +778,35 @@ def test_rules_loaded_once_per_process_and_reloaded_when_a_file_changes(tmp_path
     st = f.stat()
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert load_rules([tmp_path])[0] is not first[0]  # the file changed: parsed again
+
+
+# --------------------------------------------------------------------------- 8. algorithmic bounds
+
+
+def test_spawn_chain_is_linear() -> None:
+    import time
+
+    n = 20_000
+    rows = ["PID PPID COMMAND COMMAND", "1 0 vllm vllm serve m"]
+    # each child spawned by the one after it in the file: the old fixed point needed n passes
+    rows += [
+        f"{i} {i + 1 if i < n else 1} python python -c from multiprocessing.spawn import spawn_main"
+        for i in range(2, n + 1)
+    ]
+    t0 = time.perf_counter()
+    procs = processes.parse_ps_text("\n".join(reversed(rows[1:])).join([rows[0] + "\n", "\n"]))
+    assert time.perf_counter() - t0 < 10
+    assert sum(1 for p in procs if p.vllm_role == "worker") == n - 1
+
+
+def test_many_engine_labels_parse_quickly() -> None:
+    import time
+
+    page = "".join(
+        f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1\n'
+        f'vllm:cache_config_info{{engine="{i}",block_size="16"}} 1\n'
+        for i in range(5_000)
+    )
+    t0 = time.perf_counter()
+    got = metrics.parse_metrics(page, origin="m.txt")
+    assert time.perf_counter() - t0 < 20 and 0 < len(got) <= 1024

@@ -100,20 +100,24 @@ def _is_spawn_child(cmdline: list[str]) -> bool:
 
 def _mark_spawn_children(procs: list[HostProcess]) -> None:
     """Give the worker role to multiprocessing children of vLLM processes (V0 workers)."""
-    roles = {p.pid: p.vllm_role for p in procs}
-    changed = True
-    while changed:
-        changed = False
-        for p in procs:
-            if (
-                p.vllm_role is None
-                and p.ppid is not None
-                and roles.get(p.ppid)
-                and _is_spawn_child(p.cmdline)
-            ):
-                p.vllm_role = "worker"
-                roles[p.pid] = "worker"
-                changed = True
+    # One walk down the process tree from every vLLM process (linear: a chain of thousands of
+    # children in reverse order once took one pass per link).
+    children: dict[int, list[HostProcess]] = {}
+    for p in procs:
+        if p.ppid is not None:
+            children.setdefault(p.ppid, []).append(p)
+    todo = [p.pid for p in procs if p.vllm_role]
+    seen: set[int] = set(todo)
+    while todo:
+        pid = todo.pop()
+        for c in children.get(pid, ()):
+            if c.pid in seen:
+                continue
+            if c.vllm_role is None and _is_spawn_child(c.cmdline):
+                c.vllm_role = "worker"
+            if c.vllm_role:
+                seen.add(c.pid)
+                todo.append(c.pid)
 
 
 def _listen_ports(proc: psutil.Process) -> list[int]:
