@@ -337,6 +337,8 @@ def _split_top(text: str) -> list[str]:
 
 _TORCH_DTYPE_RE = re.compile(r"^torch\.(\w+)$")
 _MAX_LITERAL_CHARS = 32 * 1024
+# "1if", "0x" … : the shapes that make the compiler print "SyntaxWarning: invalid … literal"
+_WARNS_RE = re.compile(r"\d[A-Za-z_]")
 _LONG_DIGITS_RE = re.compile(r"\d{%d}" % (MAX_DIGITS + 1))  # noqa: UP031
 
 
@@ -347,6 +349,8 @@ def _literal(text: str) -> Any:
         raise ValueError("literal too large")
     if _LONG_DIGITS_RE.search(text):
         raise ValueError("number with too many digits")
+    if "\\" not in text and not _WARNS_RE.search(text):
+        return ast.literal_eval(text)  # nothing the compiler would warn about (the common case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return ast.literal_eval(text)
