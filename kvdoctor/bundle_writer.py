@@ -458,7 +458,7 @@ def copy_inputs(root: Path, manifest: Manifest, opts: Any) -> None:
         if bundle.is_file():
             from kvdoctor.sources.bundle import _extract_tar
 
-            src = _extract_tar(bundle, Path(tmp))
+            src, _skipped = _extract_tar(bundle, Path(tmp))
         for path in sorted(src.rglob("*")):
             if not path.is_file() or path.is_symlink():
                 continue

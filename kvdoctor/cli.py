@@ -109,7 +109,23 @@ def main() -> None:
         # The reader (``| head``) went away; nothing more to say.
         silence_stdout()
         sys.exit(0)
+    except Exception as e:
+        # The last guard: whatever escaped a command is one line and UNKNOWN (3), never a
+        # traceback with exit 1 (WARNING to a probe). The message is the exception type only:
+        # its text may quote the input.
+        click.echo(f"kvdoctor: internal error ({_reason(e)}); nothing was diagnosed", err=True)
+        sys.exit(3)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply"
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc.strerror or 'I/O error'}"
+    return type(exc).__name__
 
 
 if __name__ == "__main__":

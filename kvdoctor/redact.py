@@ -24,6 +24,7 @@ Nothing here raises: any string goes in, a string of the same shape comes out.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 
@@ -39,7 +40,7 @@ _SECRET_ANY_PARTS = frozenset({"secret", "password", "passwd"})
 _NOT_SECRET_VALUES = frozenset({"", "none", "null", "false", "true", "''", '""', MARK})
 
 # A text without any of these (lower-cased) cannot hold a secret this module recognises.
-_TRIGGER = re.compile(r"token|key|secret|pass|pwd|credential|auth|://|hf_|sk-|gh[pousr]_|github_pat|xox|akia")
+_TRIGGER = re.compile(r"token|key|secret|pass|pwd|credential|auth|:/|hf_|sk-|gh[pousr]_|github_pat|xox|akia")
 _TOKEN_SHAPES = re.compile(
     r"\bhf_[A-Za-z0-9]{20,}\b"
     r"|\bsk-[A-Za-z0-9_-]{16,}"
@@ -51,7 +52,46 @@ _TOKEN_SHAPES = re.compile(
 _AUTH_HEADER = re.compile(
     r"(?i)(\bauthorization['\"]?\s*[:=]\s*['\"]?\s*(?:bearer|basic|token)\s+)([^\s'\",}]+)"
 )
-_URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@'\"]+:)([^\s@/'\"]+)(@)")
+# The start of a URL, any scheme, any case ("HTTP://", "redis://", "git+ssh://"); its token runs
+# to the next space or quote and its userinfo to the token's LAST "@" (a password may hold "/",
+# "@" or ":"). A "host:8000/path@x" (a port, then a path) is not a password.
+# "scheme:/" too: a URL that went through pathlib (Path("ftp://u:p@h") is "ftp:/u:p@h").
+_URL_START = re.compile(r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}:/{1,3}(?!/)")
+_URL_TOKEN_END = re.compile(r"[\s'\"<>]")
+_PORT_PATH = re.compile(r"\d{1,5}(?:[/?#]|$)")
+_MAX_URL_CHARS = 4096
+
+
+def redact_url_credentials(text: str) -> str:
+    """Replace the password of every ``scheme://user:password@host`` in ``text`` by "***"
+    (any scheme, any case; a password with "/", "@" or ":" in it too). Never raises."""
+    if ":/" not in text or "@" not in text:
+        return text
+    out: list[str] = []
+    pos = 0
+    for m in _URL_START.finditer(text):
+        start = m.end()
+        if start < pos:
+            continue
+        end_m = _URL_TOKEN_END.search(text, start, start + _MAX_URL_CHARS)
+        end = end_m.start() if end_m else min(len(text), start + _MAX_URL_CHARS)
+        at = text.rfind("@", start, end)
+        if at < 0:
+            continue
+        colon = text.find(":", start, at)
+        if colon < 0 or _PORT_PATH.match(text, colon + 1, at + 1) and "/" in text[colon:at]:
+            continue
+        if colon + 1 == at:
+            continue  # "user:@host": nothing to hide
+        out.append(text[pos : colon + 1])
+        out.append(MARK)
+        pos = at
+    if not out:
+        return text
+    out.append(text[pos:])
+    return "".join(out)
+
+
 # --flag value / --flag=value in free text (a log line quoting a command).
 _FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)('[^']*'|\"[^\"]*\"|\S+)")
 # --api-key K1 K2 (a list of keys in recent vLLM): every key up to the next flag.
@@ -65,7 +105,7 @@ _ASSIGN = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)(=)('[^']*'|\"[^\"]*\"
 # 'name': 'value' in a dict repr or JSON.
 _DICT_ITEM = re.compile(r"(['\"])([A-Za-z_][\w-]*)\1(\s*:\s*)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,}]+)")
 # name: value at the start of a line (YAML config files, HTTP headers).
-_LINE_KEY = re.compile(r"(?m)^(\s*-?\s*)([A-Za-z_][\w-]*)(\s*:\s+)(\S.*?)\s*$")
+_LINE_KEY = re.compile(r"(?m)^([ \t]*(?:-[ \t]*)?)([A-Za-z_][\w-]{0,200})([ \t]*:[ \t]+)(\S(?:.*\S)?)[ \t]*$")
 
 
 def _name_parts(name: str) -> list[str]:
@@ -86,6 +126,31 @@ def is_secret_name(name: str) -> bool:
     if parts[-1] in _SECRET_LAST_PARTS:
         return True
     return any(word in p for p in parts for word in _SECRET_ANY_PARTS)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_secret_flag(option: str) -> bool:
+    """True when a command-line option holds a secret, after resolving it as vLLM would: an
+    abbreviation (``--api-ke X``, argparse ``allow_abbrev``) or an ``_`` spelling names the
+    flag it resolves to (:func:`kvdoctor.vllm_flags.lookup_option`)."""
+    if is_secret_name(option):
+        return True
+    if not option.startswith("--") or len(option) < 4 or len(option) > 80:
+        return False
+    from kvdoctor.vllm_flags import FlagError, lookup_option
+
+    try:
+        hit = lookup_option(option)
+    except FlagError:  # ambiguous: secret when any candidate is
+        low = "--" + option[2:].replace("_", "-")
+        return any(is_secret_name(o) for o in _long_options() if o.startswith(low))
+    return hit is not None and is_secret_name(hit[0].dest)
+
+
+def _long_options() -> list[str]:
+    from kvdoctor import vllm_flags
+
+    return list(getattr(vllm_flags, "_LONG_OPTIONS", ()))
 
 
 def is_secret_env_name(name: str) -> bool:
@@ -118,12 +183,12 @@ def redact_text(text: str) -> str:
         return text
 
     def flag_sub(m: re.Match[str]) -> str:
-        if is_secret_name(m.group(1)) and not _is_plain_value(m.group(3)):
+        if is_secret_flag(m.group(1)) and not _is_plain_value(m.group(3)):
             return m.group(1) + m.group(2) + _mask_quoted(m.group(3))
         return m.group(0)
 
     def list_sub(m: re.Match[str]) -> str:
-        if is_secret_name(m.group(2)) and not _is_plain_value(m.group(5)):
+        if is_secret_flag(m.group(2)) and not _is_plain_value(m.group(5)):
             return f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MARK}{m.group(4)}"
         return m.group(0)
 
@@ -149,8 +214,8 @@ def redact_text(text: str) -> str:
     out = text
     if "auth" in low:
         out = _AUTH_HEADER.sub(lambda m: m.group(1) + MARK, out)
-    if "://" in out and "@" in out:
-        out = _URL_USERINFO.sub(lambda m: m.group(1) + MARK + m.group(3), out)
+    if ":/" in out and "@" in out:
+        out = redact_url_credentials(out)
     if "-" in out:
         if "'" in out or '"' in out:
             out = _FLAG_IN_LIST.sub(list_sub, out)
@@ -190,16 +255,28 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             redact_more = False
         if arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit():
             name, eq, value = arg.partition("=")
-            if is_secret_name(name):
+            if is_secret_flag(name):
                 if eq:
                     out.append(f"{name}={MARK}" if value else arg)
                 else:
                     out.append(arg)
                     redact_next = True
-                    redact_more = _name_parts(name) == ["api", "key"]
+                    redact_more = _is_api_key(name)
                 continue
         out.append(redact_text(arg))
     return out
+
+
+def _is_api_key(option: str) -> bool:
+    if _name_parts(option) == ["api", "key"]:
+        return True
+    from kvdoctor.vllm_flags import FlagError, lookup_option
+
+    try:
+        hit = lookup_option(option) if option.startswith("--") else None
+    except FlagError:
+        return False
+    return hit is not None and hit[0].dest == "api_key"
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

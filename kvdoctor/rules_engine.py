@@ -847,10 +847,46 @@ def load_rules(dirs: Iterable[str | Path] | None = None, known_names: set[str] |
     """Load every ``*.yaml`` rule of ``dirs`` (default: :func:`default_rules_dir`), sorted by id.
 
     A missing default directory gives zero rules; a missing explicit directory, an invalid file
-    or an id defined twice raises :class:`RuleFileError` (file:line: reason).
+    or an id defined twice raises :class:`RuleFileError` (file:line: reason). Rules are parsed
+    and compiled once per process: a cache keyed on the rule files (path, size, mtime) and the
+    known names returns the same (immutable) rules while no file changed.
     """
     explicit = dirs is not None
     paths = [Path(d) for d in dirs] if dirs is not None else [default_rules_dir()]
+    key = _rules_key(paths, explicit, known_names)
+    cached = _RULES_CACHE.get(key) if key is not None else None
+    if cached is not None:
+        return list(cached)
+    result = _load_rules_uncached(paths, explicit, known_names)
+    if key is not None:
+        if len(_RULES_CACHE) > 16:
+            _RULES_CACHE.clear()
+        _RULES_CACHE[key] = tuple(result)
+    return result
+
+
+_RULES_CACHE: dict[Any, tuple[Rule, ...]] = {}
+
+
+def _rules_key(paths: list[Path], explicit: bool, known_names: set[str] | None) -> Any:
+    """(dirs, every rule file's path/size/mtime, known names), or None when a file cannot be
+    stat'ed (then nothing is cached)."""
+    files: list[tuple[str, int, int]] = []
+    try:
+        for d in paths:
+            if not d.is_dir():
+                files.append((str(d), -1, -1))
+                continue
+            for f in sorted([*d.glob("*.yaml"), *d.glob("*.yml")]):
+                st = f.stat()
+                files.append((str(f), st.st_size, st.st_mtime_ns))
+    except OSError:
+        return None
+    names = frozenset(known_names) if known_names is not None else None
+    return (explicit, tuple(str(p) for p in paths), tuple(files), names)
+
+
+def _load_rules_uncached(paths: list[Path], explicit: bool, known_names: set[str] | None) -> list[Rule]:
     rules: dict[str, Rule] = {}
     for d in paths:
         if not d.is_dir():

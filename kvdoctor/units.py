@@ -33,7 +33,7 @@ _UNITS = {
     "t": TiB,
 }
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE_RE = re.compile(r"^\s*(-?[\d.]+)\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*(-?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20}))\s*([A-Za-z]{0,8})\s*$")
 
 
 def parse_size(text: str, *, default_unit: str = "b", decimal: bool = False) -> int:
@@ -44,15 +44,15 @@ def parse_size(text: str, *, default_unit: str = "b", decimal: bool = False) -> 
     """
     m = _SIZE_RE.match(text)
     if not m:
-        raise ValueError(f"not a size: {text!r}")
-    num = float(m.group(1))
+        raise ValueError("not a size (expected a number and a unit, e.g. 20.00 MiB)")
+    num = float(m.group(1))  # at most 20 digits: always finite
     unit = (m.group(2) or default_unit).lower()
     if decimal and unit in _DECIMAL:
         mult = _DECIMAL[unit]
     elif unit in _UNITS:
         mult = _UNITS[unit]
     else:
-        raise ValueError(f"unknown size unit {m.group(2)!r} in {text!r}")
+        raise ValueError(f"unknown size unit {m.group(2)[:8]!r}")
     return int(round(num * mult))
 
 

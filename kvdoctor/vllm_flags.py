@@ -269,7 +269,7 @@ def lookup_option(option: str) -> tuple[Flag, bool] | None:
     return None
 
 
-_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_HUMAN_INT = re.compile(r"(\d{1,20}(?:\.\d{1,20})?)([kKmMgGtT])")
 _DECIMAL_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY_MULT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -375,6 +375,35 @@ def _redact_value(dest: str, value: Any) -> Any:
     return value
 
 
+#: physical ranges of vLLM flag values (dest → (low, high, low exclusive)); outside them a value
+#: is an input error, never a fact (gmu 1.5, 10**9 GPUs).
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "gpu_memory_utilization": (0.0, 1.0, True),
+    "tensor_parallel_size": (1, 4096, False),
+    "pipeline_parallel_size": (1, 4096, False),
+    "data_parallel_size": (1, 4096, False),
+    "max_model_len": (-1, 10**9, False),  # -1: auto-fit
+    "max_num_seqs": (1, 10**7, False),
+    "max_num_batched_tokens": (1, 10**10, False),
+    "block_size": (1, 65_536, False),
+    "swap_space": (0, 10**6, False),
+    "kv_cache_memory_bytes": (1, 2**50, False),
+    "num_gpu_blocks_override": (0, 10**9, False),
+}
+
+
+def out_of_range(dest: str, value: Any) -> str | None:
+    """A reason when a flag's converted value is outside its physical range, else None."""
+    r = _RANGES.get(dest)
+    if r is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, high, exclusive = r
+    if value != value or (value <= low if exclusive else value < low) or value > high:
+        lo = f"({low:g}" if exclusive else f"[{low:g}"
+        return f"--{dest.replace('_', '-')} out of range {lo}, {high:g}]"
+    return None
+
+
 def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, explicit: bool) -> EngineConfig:
     """Merge vLLM args (dest name → value) into ``cfg`` in place and return it (``cfg`` must be
     the caller's own object: derive passes a fresh one, never a fact).
@@ -411,6 +440,8 @@ def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, expli
             conv = convert_value(flag, value)
         except FlagError:
             continue
+        if out_of_range(flag.dest, conv) is not None:
+            continue  # kept in cfg.args only: never a field a rule reads
         if flag.dest == "served_model_name":
             conv = conv[0] if conv else None
         if conv is None:

@@ -8,14 +8,19 @@ Nothing in a bundle is executed and nothing is fetched from the network.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
+import stat
 import tarfile
 import tempfile
-from collections.abc import Callable
+import threading
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvdoctor.facts import (
@@ -27,6 +32,16 @@ from kvdoctor.facts import (
     SourceStatus,
     Timeline,
     VllmLog,
+)
+from kvdoctor.redact import redact_url_credentials
+from kvdoctor.sources.limits import (
+    MAX_TAR_BYTES,
+    MAX_TAR_MEMBER_BYTES,
+    MAX_TAR_MEMBERS,
+    MAX_TEXT_BYTES,
+    guarded,
+    read_text,
+    reason_of,
 )
 
 #: bundle file name → source kind (spec/report.md ``sources[].kind``)
@@ -50,8 +65,6 @@ BUNDLE_FILES: dict[str, str] = {
 #: the files a diagnosis is poorer without; reported as "missing" when absent.
 CORE_FILES = ("nvidia-smi.txt", "vllm.log", "metrics.txt", "cmdline.txt", "config.json")
 
-_MAX_TAR_BYTES = 512 * 1024 * 1024
-
 
 @dataclass
 class Artifacts:
@@ -73,6 +86,8 @@ class Artifacts:
     env: Path | None = None
     ps: Path | None = None
     dmesg: Path | None = None
+    #: a bundle directory: ``--config`` must resolve inside it (set by :func:`artifacts_in_dir`)
+    confine_to: Path | None = None
 
 
 @dataclass
@@ -92,6 +107,8 @@ class Loaded:
 
 
 def _status(snap: Snapshot, kind: str, origin: str, status: str, detail: str = "") -> None:
+    # An origin may be a URL given in any spelling (ftp://user:pw@…, HTTP://…): never its password.
+    origin, detail = redact_url_credentials(origin), redact_url_credentials(detail)
     snap.sources.append(SourceStatus(kind=kind, origin=origin, status=status, detail=detail))  # type: ignore[arg-type]
 
 
@@ -106,22 +123,14 @@ def _guard(snap: Snapshot, kind: str, origin: str, fn: Callable[[], Any]) -> Any
         return fn()
     except SourceError as e:
         _status(snap, kind, origin, "error", _one_line(e))
-    except (OSError, UnicodeError, ValueError) as e:
-        _status(snap, kind, origin, "error", f"{origin}: {_one_line(e)}")
     except Exception as e:  # a parser bug must not take the other sources down
-        _status(
-            snap,
-            kind,
-            origin,
-            "error",
-            f"{origin}: internal error in parser: {type(e).__name__}: {_one_line(e)}",
-        )
+        # The reason only: an exception's message may quote the bytes it choked on.
+        _status(snap, kind, origin, "error", f"{origin}: {reason_of(e)}")
     return None
 
 
 def _read_text(path: Path) -> str:
-    data = path.read_bytes()
-    return data.decode("utf-8", errors="replace")
+    return read_text(path, MAX_TEXT_BYTES)
 
 
 def _metrics_timestamp(path: Path) -> float | None:
@@ -216,7 +225,12 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
 
     for path in art.metrics:
         if path.is_dir():
-            got = _guard(snap, "metrics", str(path), partial(metrics_src.load_metrics_dir, path))
+            got = _guard(
+                snap,
+                "metrics",
+                str(path),
+                partial(metrics_src.load_metrics_dir, path, confine_to=art.confine_to),
+            )
             if got is not None:
                 series, errors = got
                 for err in errors:
@@ -241,11 +255,17 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         # A literal command is named "--cmdline", never echoed: it may hold an --api-key.
         is_file = len(art.cmdline) < 4096 and "\n" not in art.cmdline and Path(art.cmdline).is_file()
         origin = art.cmdline if is_file else "--cmdline"
-        got = _guard(snap, "cmdline", origin, partial(_parse_cmdline, art.cmdline, art.cmdline_base))
+        got = _guard(
+            snap, "cmdline", origin, partial(_parse_cmdline, art.cmdline, art.cmdline_base, art.confine_to)
+        )
         if got is not None:
             cfgs, origin = got
             configs.extend(cfgs)
             _status(snap, "cmdline", origin, "ok", f"{len(cfgs)} engine command(s)")
+            for cfg in cfgs:
+                err = cfg.args.get("_config_error")
+                if err:  # a --config refused (outside the bundle) or unreadable
+                    _status(snap, "cmdline", origin, "error", str(err))
 
     if art.model_config is not None:
         snap.model = _read(
@@ -320,7 +340,9 @@ def _merge_gpus(a: list[Gpu], b: list[Gpu]) -> list[Gpu]:
     return a
 
 
-def _parse_cmdline(text: str, base: Path | None) -> tuple[list[EngineConfig], str]:
+def _parse_cmdline(
+    text: str, base: Path | None, confine_to: Path | None = None
+) -> tuple[list[EngineConfig], str]:
     from kvdoctor.sources.cmdline import parse_cmdline_text, update_config_from_args
 
     path = Path(text) if len(text) < 4096 and "\n" not in text else None
@@ -331,10 +353,9 @@ def _parse_cmdline(text: str, base: Path | None) -> tuple[list[EngineConfig], st
 
             try:
                 mapping = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
-            except (json.JSONDecodeError, yaml.YAMLError) as e:
-                raise SourceError(
-                    f"not valid {path.suffix[1:].upper()}: {_one_line(e)}", origin=str(path)
-                ) from e
+            except (json.JSONDecodeError, yaml.YAMLError, RecursionError):
+                # no parser message: YAML's quotes the line it choked on
+                raise SourceError(f"not valid {path.suffix[1:].upper()}", origin=str(path)) from None
             if not isinstance(mapping, dict):
                 raise SourceError(
                     "engine arguments must be a mapping of flag names to values", origin=str(path)
@@ -344,55 +365,133 @@ def _parse_cmdline(text: str, base: Path | None) -> tuple[list[EngineConfig], st
                 cfg, {str(k).replace("-", "_"): v for k, v in mapping.items()}, explicit=True
             )
             return [cfg], str(path)
-        return parse_cmdline_text(_read_text(path), origin=str(path), base_dir=base or path.parent), str(path)
+        cfgs = parse_cmdline_text(
+            _read_text(path), origin=str(path), base_dir=base or path.parent, confine_to=confine_to
+        )
+        return cfgs, str(path)
     return parse_cmdline_text(text, origin="--cmdline", base_dir=base), "--cmdline"
 
 
-def artifacts_in_dir(root: Path) -> Artifacts:
-    """The artifacts a bundle directory holds (spec/bundle.md table)."""
-    art = Artifacts()
+def _inside(root: Path, path: Path) -> bool:
+    """True when ``path`` (after every symlink) is ``root`` or below it."""
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return resolved == root or root in resolved.parents
+
+
+def _bundle_file(root: Path, name: str, refused: list[tuple[str, str]]) -> Path | None:
+    """``root/name`` when it is a regular file inside the bundle; a symlink out of the bundle or
+    a non-regular file (FIFO, device, directory) is refused with a reason, never opened."""
+    p = root / name
+    try:
+        st = p.lstat()
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        if not _inside(root.resolve(), p):
+            refused.append((str(p), "a symlink out of the bundle: not followed"))
+            return None
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+    if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISDIR(st.st_mode):
+            refused.append((str(p), "not a regular file: not read"))
+        return None
+    return p
+
+
+def _bundle_dir(root: Path, name: str, refused: list[tuple[str, str]]) -> Path | None:
+    p = root / name
+    if p.is_symlink() and not _inside(root.resolve(), p):
+        refused.append((str(p), "a symlink out of the bundle: not followed"))
+        return None
+    return p if p.is_dir() else None
+
+
+def artifacts_in_dir(root: Path, refused: list[tuple[str, str]] | None = None) -> Artifacts:
+    """The artifacts a bundle directory holds (spec/bundle.md table): regular files inside the
+    bundle only (symlinks may point within it, never out). ``refused`` collects (path, reason)
+    for what was not used."""
+    refused = refused if refused is not None else []
+    art = Artifacts(confine_to=root)
+
+    def f(name: str) -> Path | None:
+        return _bundle_file(root, name, refused)
+
     for name in ("nvidia-smi.txt", "nvidia-smi.csv", "nvidia-smi.xml"):
-        if (root / name).is_file():
-            art.nvidia_smi.append(root / name)
-    if (root / "compute-apps.csv").is_file():
-        art.compute_apps = root / "compute-apps.csv"
-    if (root / "vllm.log").is_file():
-        art.log = root / "vllm.log"
-    if (root / "metrics").is_dir():
-        art.metrics.append(root / "metrics")
-    if (root / "metrics.txt").is_file():
-        art.metrics.append(root / "metrics.txt")
+        if (p := f(name)) is not None:
+            art.nvidia_smi.append(p)
+    art.compute_apps = f("compute-apps.csv")
+    art.log = f("vllm.log")
+    if (d := _bundle_dir(root, "metrics", refused)) is not None:
+        art.metrics.append(d)
+    if (p := f("metrics.txt")) is not None:
+        art.metrics.append(p)
     for name in ("cmdline.txt", "engine-args.json", "engine-args.yaml"):
-        if (root / name).is_file():
-            art.cmdline = str(root / name)
+        if (p := f(name)) is not None:
+            art.cmdline = str(p)
             art.cmdline_base = root
             break
-    if (root / "config.json").is_file():
-        art.model_config = root / "config.json"
-    if (root / "env.txt").is_file():
-        art.env = root / "env.txt"
-    if (root / "ps.txt").is_file():
-        art.ps = root / "ps.txt"
-    if (root / "dmesg.txt").is_file():
-        art.dmesg = root / "dmesg.txt"
+    art.model_config = f("config.json")
+    art.env = f("env.txt")
+    art.ps = f("ps.txt")
+    art.dmesg = f("dmesg.txt")
     return art
 
 
+@contextlib.contextmanager
+def _cleanup_on_sigterm() -> Iterator[None]:
+    """While a temporary copy exists, SIGTERM unwinds like Ctrl-C does (SystemExit), so the
+    ``TemporaryDirectory`` is removed; a handler someone else installed is left alone."""
+    installed = False
+    old: Any = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            old = signal.getsignal(signal.SIGTERM)
+            if old in (signal.SIG_DFL, None):
+
+                def _term(signum: int, frame: Any) -> None:
+                    raise SystemExit(128 + signum)
+
+                signal.signal(signal.SIGTERM, _term)
+                installed = True
+        except (ValueError, OSError):
+            installed = False
+    try:
+        yield
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, old)
+
+
+@guarded("path", 0)
 def load_bundle(path: Path) -> Loaded:
     """Read a bundle directory or ``.tar.gz`` (spec/bundle.md).
 
     Missing core files are reported as "missing"; unreadable ones as "error" with the reason.
-    ``nodes/<name>/`` sub-bundles add their GPUs with ``Gpu.node`` set. Raises SourceError only
-    when ``path`` itself is neither a directory nor a readable tar archive.
+    ``nodes/<name>/`` sub-bundles add their GPUs with ``Gpu.node`` set. A directory bundle is
+    confined: symlinks out of it, FIFOs and devices are refused with a status, never opened; a
+    ``--config`` must resolve inside it. From an archive only the files kvdoctor reads are
+    extracted, each with its own size cap, to a temporary directory removed afterwards (also on
+    SIGINT/SIGTERM); an oversized, duplicate or unsafe member is skipped with a status. Raises
+    SourceError only when ``path`` itself is neither a directory nor a readable tar archive.
     """
+    path = Path(path)
     if path.is_file() and (path.name.endswith((".tar.gz", ".tgz", ".tar"))):
-        with tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-") as tmp:
-            root = _extract_tar(path, Path(tmp))
+        with _cleanup_on_sigterm(), tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-") as tmp:
+            root, skipped = _extract_tar(path, Path(tmp))
             loaded = _load_dir(root, label=str(path))
-            # Origins should name the archive, not the temporary directory.
+            for origin, why in skipped:
+                _status(loaded.snapshot, "bundle", origin, "error", why)
+            # Origins should name the archive, never the temporary directory.
             for s in loaded.snapshot.sources:
-                s.origin = s.origin.replace(str(root), str(path))
-                s.detail = s.detail.replace(str(root), str(path))
+                for prefix in (str(root), tmp):
+                    s.origin = s.origin.replace(prefix, str(path))
+                    s.detail = s.detail.replace(prefix, str(path))
             return loaded
     if not path.exists():
         raise SourceError("no such bundle (expected a directory or a .tar.gz)", origin=str(path))
@@ -401,38 +500,95 @@ def load_bundle(path: Path) -> Loaded:
     return _load_dir(path, label=str(path))
 
 
-def _extract_tar(path: Path, dest: Path) -> Path:
-    """Extract regular files only (no links, no absolute or parent paths), size-capped."""
+def _wanted(parts: tuple[str, ...]) -> bool:
+    """A member path (inside the bundle) kvdoctor reads: a bundle file, a metrics scrape, a
+    node's sub-bundle file, or a top-level YAML/JSON a ``--config`` may name."""
+    if len(parts) == 1:
+        return parts[0] in BUNDLE_FILES or parts[0].endswith((".yaml", ".yml", ".json"))
+    if len(parts) == 2 and parts[0] == "metrics":
+        return _metrics_timestamp(Path(parts[1])) is not None
+    if len(parts) >= 3 and parts[0] == "nodes" and _SAFE_NAME.fullmatch(parts[1]):
+        return _wanted(parts[2:])
+    return False
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _extract_tar(path: Path, dest: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """Extract the files kvdoctor reads from a bundle archive (regular files only; no links, no
+    absolute or parent paths), streaming each with its own cap. Returns (bundle root, skipped
+    members as (origin, reason)). Raises SourceError when the archive cannot be read at all."""
+    skipped: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    total = 0
+    count = 0
     try:
         with tarfile.open(path, "r:*") as tar:
-            total = 0
-            for member in tar.getmembers():
-                name = member.name
-                if not member.isfile() or name.startswith("/") or ".." in Path(name).parts:
+            while True:
+                member = tar.next()
+                if member is None:
+                    break
+                count += 1
+                if count > MAX_TAR_MEMBERS:
+                    skipped.append((str(path), f"more than {MAX_TAR_MEMBERS} members: the rest skipped"))
+                    break
+                name = member.name.lstrip("./") if member.name.startswith("./") else member.name
+                parts = tuple(p for p in PurePosixPath(name).parts if p not in ("", "."))
+                if not parts or name.startswith("/") or ".." in parts:
                     continue
-                total += member.size
-                if total > _MAX_TAR_BYTES:
-                    raise SourceError("archive larger than 512 MiB", origin=str(path))
-                target = dest / name
-                target.parent.mkdir(parents=True, exist_ok=True)
+                inner = (
+                    parts if _wanted(parts) else parts[1:] if len(parts) > 1 and _wanted(parts[1:]) else None
+                )
+                if inner is None or not all(_SAFE_NAME.fullmatch(p) for p in parts):
+                    continue  # not a file kvdoctor reads: never written to disk
+                origin = f"{path}:{'/'.join(parts)}"
+                if not member.isfile():
+                    skipped.append((origin, "not a regular file in the archive: skipped"))
+                    continue
+                key = "/".join(parts)
+                if key in seen:
+                    skipped.append((origin, "appears twice in the archive: the first copy is used"))
+                    continue
+                if member.size > MAX_TAR_MEMBER_BYTES or total + member.size > MAX_TAR_BYTES:
+                    skipped.append((origin, "larger than the archive member limit: skipped"))
+                    continue
                 src = tar.extractfile(member)
                 if src is None:
                     continue
-                with src, open(target, "wb") as out:
-                    out.write(src.read())
-    except (tarfile.TarError, EOFError, OSError) as e:
-        raise SourceError(f"cannot read archive: {_one_line(e)}", origin=str(path)) from e
+                target = dest.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                written = 0
+                with src, open(target, "xb") as out:
+                    while chunk := src.read(1 << 20):
+                        written += len(chunk)
+                        if written > MAX_TAR_MEMBER_BYTES:
+                            break
+                        out.write(chunk)
+                if written > MAX_TAR_MEMBER_BYTES:
+                    target.unlink()
+                    skipped.append((origin, "larger than the archive member limit: skipped"))
+                    continue
+                seen.add(key)
+                total += written
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        if not seen:
+            raise SourceError(f"cannot read archive ({reason_of(e)})", origin=str(path)) from None
+        skipped.append((str(path), "archive truncated or corrupt after the files read"))
     # A tarball usually wraps one top-level directory.
-    entries = [p for p in dest.iterdir()]
-    if len(entries) == 1 and entries[0].is_dir():
-        return entries[0]
-    return dest
+    entries = list(dest.iterdir())
+    if len(entries) == 1 and entries[0].is_dir() and entries[0].name not in ("metrics", "nodes"):
+        return entries[0], skipped
+    return dest, skipped
 
 
 def _load_dir(root: Path, *, label: str) -> Loaded:
-    art = artifacts_in_dir(root)
+    refused: list[tuple[str, str]] = []
+    art = artifacts_in_dir(root, refused)
     loaded = load_artifacts(art, label=label)
     snap = loaded.snapshot
+    for origin, why in refused:
+        _status(snap, "bundle", origin, "error", why)
     for name in CORE_FILES:
         present = (root / name).exists() or (name == "metrics.txt" and (root / "metrics").is_dir())
         if name == "cmdline.txt" and art.cmdline is not None:
@@ -441,11 +597,20 @@ def _load_dir(root: Path, *, label: str) -> Loaded:
             present = True
         if not present:
             _status(snap, BUNDLE_FILES[name], str(root / name), "missing", f"{name} not in bundle")
-    nodes = root / "nodes"
-    if nodes.is_dir():
+    nodes = _bundle_dir(root, "nodes", refused)
+    if nodes is not None:
+        real_root = root.resolve()
         for node_dir in sorted(p for p in nodes.iterdir() if p.is_dir()):
-            sub = load_artifacts(artifacts_in_dir(node_dir), label=str(node_dir))
+            if not _inside(real_root, node_dir):
+                _status(snap, "bundle", str(node_dir), "error", "a symlink out of the bundle: not followed")
+                continue
+            node_refused: list[tuple[str, str]] = []
+            node_art = artifacts_in_dir(node_dir, node_refused)
+            node_art.confine_to = root
+            sub = load_artifacts(node_art, label=str(node_dir))
             sub_snap = sub.snapshot
+            for origin, why in node_refused:
+                _status(sub_snap, "bundle", origin, "error", why)
             for g in sub_snap.gpus:
                 g.node = node_dir.name
             snap.gpus.extend(sub_snap.gpus)

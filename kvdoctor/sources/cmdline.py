@@ -36,12 +36,14 @@ import yaml
 
 from kvdoctor.facts import EngineConfig, SourceError
 from kvdoctor.redact import redact_argv, redact_env
+from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, MAX_ENGINES, MAX_TEXT_BYTES, guarded, read_bytes
 from kvdoctor.vllm_flags import (
     FlagError,
     canonical_dest,
     convert_value,
     flag_for_dest,
     lookup_option,
+    out_of_range,
     update_config_from_args,
 )
 
@@ -253,7 +255,7 @@ def _parse_vllm_args(args: list[str], origin: str, line: int | None) -> tuple[di
                 try:
                     value = convert_value(flag, inline)
                 except FlagError as e:
-                    raise SourceError(str(e), origin=origin, line=line) from None
+                    raise SourceError(_without_value(e, inline), origin=origin, line=line) from None
                 out[flag.dest] = value if switch else not value
             else:
                 out[flag.dest] = switch
@@ -286,26 +288,53 @@ def _parse_vllm_args(args: list[str], origin: str, line: int | None) -> tuple[di
         try:
             out[flag.dest] = convert_value(flag, raw)
         except FlagError as e:
-            raise SourceError(str(e), origin=origin, line=line) from None
+            raise SourceError(_without_value(e, raw), origin=origin, line=line) from None
     return out, positional
 
 
-def _load_config_file(path_text: str, base_dir: Path | None) -> tuple[dict[str, Any], str | None]:
-    """Read a ``--config`` YAML file; returns (mapping, error reason or None)."""
+def _without_value(err: Exception, value: Any) -> str:
+    """A FlagError's message with the offending value taken out (it may be a secret pasted in
+    the wrong place): "--max-model-len: the value: decimals are not allowed …"."""
+    msg = str(err)
+    for shown in {repr(value), repr(str(value))}:
+        msg = msg.replace(shown, "the value")
+    return msg if len(msg) <= 200 else msg[:200] + "…"
+
+
+def _load_config_file(
+    path_text: str, base_dir: Path | None, confine_to: Path | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """Read a ``--config`` YAML file; returns (mapping, error reason or None).
+
+    With ``confine_to`` (a bundle directory) the file must resolve inside it: an absolute path
+    from the host the bundle came from is looked up by its name in the bundle, and a path
+    (or symlink) that leads out of the bundle is refused — a bundle never reads this host's files.
+    """
     path = Path(path_text)
-    if not path.is_absolute():
+    if confine_to is not None:
+        root = confine_to.resolve()
+        candidate = (root / path.name) if path.is_absolute() else (base_dir or root) / path
+        try:
+            resolved = candidate.resolve()
+        except (OSError, RuntimeError):
+            return {}, "--config: cannot resolve the path inside the bundle"
+        if resolved != root and root not in resolved.parents:
+            return {}, "--config: the path leads outside the bundle; not read"
+        if not resolved.is_file():
+            return {}, f"--config: {path.name[:80]} is not in the bundle"
+        path = resolved
+    elif not path.is_absolute():
         if base_dir is None:
             return {}, f"{path_text}: relative path and no base directory to resolve it"
         path = base_dir / path
     try:
-        if path.stat().st_size > _MAX_CONFIG_BYTES:
-            return {}, f"{path}: larger than 1 MiB, not a vLLM config"
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        return {}, f"{path}: {e.strerror or e}"
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return {}, f"{path}: not YAML ({first})"
+        raw = read_bytes(path, _MAX_CONFIG_BYTES)
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except SourceError as e:
+        return {}, str(e)
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, ValueError):
+        # no parser message: it quotes the line it choked on
+        return {}, f"{path}: not YAML"
     if data is None:
         return {}, None
     if not isinstance(data, dict):
@@ -324,12 +353,12 @@ def _config_values(data: Mapping[str, Any], origin: str, line: int | None) -> di
         try:
             out[flag.dest] = convert_value(flag, value)
         except FlagError as e:
-            raise SourceError(f"config file: {e}", origin=origin, line=line) from None
+            raise SourceError(f"config file: {_without_value(e, value)}", origin=origin, line=line) from None
     return out
 
 
 def _build_config(
-    full_argv: list[str], origin: str, line: int | None, base_dir: Path | None
+    full_argv: list[str], origin: str, line: int | None, base_dir: Path | None, confine_to: Path | None = None
 ) -> EngineConfig | None:
     found = locate_vllm_args(full_argv)
     if found is None:
@@ -341,10 +370,14 @@ def _build_config(
             vllm_args = vllm_args[:k]
             break
     values, positional = _parse_vllm_args(vllm_args, origin, line)
+    for dest, value in values.items():
+        why = out_of_range(dest, value)
+        if why is not None:
+            raise SourceError(why, origin=origin or None, line=line)
     cfg = EngineConfig()
     cfg.command = shlex.join(redact_argv(full_argv))
     if "config" in values and isinstance(values["config"], str) and values["config"]:
-        data, err = _load_config_file(values["config"], base_dir)
+        data, err = _load_config_file(values["config"], base_dir, confine_to)
         if err:
             cfg.args["_config_error"] = err
         update_config_from_args(cfg, _config_values(data, origin, line), explicit=True)
@@ -359,7 +392,10 @@ def _build_config(
     return cfg
 
 
-def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) -> EngineConfig:
+@guarded("origin", 1)
+def parse_argv(
+    argv: list[str], origin: str = "", base_dir: Path | None = None, *, confine_to: Path | None = None
+) -> EngineConfig:
     """Parse one command line given as argv (psutil ``Process.cmdline()``, a NUL-split
     ``/proc/PID/cmdline``). ``base_dir`` resolves a relative ``--config`` (the process's cwd).
 
@@ -370,28 +406,41 @@ def parse_argv(argv: list[str], origin: str = "", base_dir: Path | None = None) 
     value.
     """
     argv = [str(a) for a in argv]
-    cfg = _build_config(argv, origin, None, base_dir)
+    if sum(len(a) + 1 for a in argv) > MAX_CMDLINE_CHARS:
+        raise SourceError("command longer than 256 KiB: not a launch command", origin=origin or None)
+    cfg = _build_config(argv, origin, None, base_dir, confine_to)
     if cfg is None:
-        shown = shlex.join(redact_argv(argv))[:80]
-        raise SourceError(f"not a vLLM launch command: {shown!r}", origin=origin or None)
+        # named by its program only: the rest may hold anything (and did, in pasted commands)
+        prog = os.path.basename(argv[0])[:40] if argv else ""
+        shown = (
+            f" (runs {prog!r})" if prog.replace("-", "").replace("_", "").replace(".", "").isalnum() else ""
+        )
+        raise SourceError(f"not a vLLM launch command{shown}", origin=origin or None)
     return cfg
 
 
-def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None) -> list[EngineConfig]:
+@guarded("origin", 1)
+def parse_cmdline_text(
+    text: str, origin: str = "", base_dir: Path | None = None, *, confine_to: Path | None = None
+) -> list[EngineConfig]:
     """Parse a bundle's ``cmdline.txt`` (or a ``/proc/PID/cmdline`` dump) into one
     :class:`EngineConfig` per vLLM command, in file order.
 
     Lines that are not vLLM commands (``cd /srv``, ``export X=1``) are skipped. ``base_dir`` (the
-    bundle directory) resolves ``--config FILE.yaml``; None resolves only absolute paths. Raises
+    bundle directory) resolves ``--config FILE.yaml``; None resolves only absolute paths;
+    ``confine_to`` (a bundle directory) keeps ``--config`` inside it (else refused, with the reason
+    in ``cfg.args["_config_error"]``). Raises
     :class:`SourceError` (origin, line, reason) for binary data, unbalanced quotes, an ambiguous
     or badly valued flag, or when no line holds a vLLM command.
     """
     if not text.strip("\x00 \t\r\n"):
         raise SourceError("empty launch command file", origin=origin or None)
     if "\x00" in text:
+        if len(text) > MAX_CMDLINE_CHARS:
+            raise SourceError("command longer than 256 KiB: not a launch command", origin=origin or None)
         _check_text(text, origin, allow_nul=True)
         argv = [a for a in text.split("\x00") if a != ""]
-        cfg = _build_config(argv, origin, 1, base_dir)
+        cfg = _build_config(argv, origin, 1, base_dir, confine_to)
         if cfg is None:
             raise SourceError(
                 "NUL-separated command line is not a vLLM launch", origin=origin or None, line=1
@@ -400,13 +449,20 @@ def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None
     _check_text(text, origin, allow_nul=False)
     configs: list[EngineConfig] = []
     for lineno, line in _logical_lines(text):
+        if len(line) > MAX_CMDLINE_CHARS:
+            # shlex is pure Python: a megabyte "command" is not one, and would take seconds
+            raise SourceError(
+                "command longer than 256 KiB: not a launch command", origin=origin or None, line=lineno
+            )
+        if len(configs) >= MAX_ENGINES:
+            break
         try:
             argv = shlex.split(line, comments=True)
         except ValueError as e:
             raise SourceError(f"cannot split the command ({e})", origin=origin or None, line=lineno) from None
         if not argv:
             continue
-        cfg = _build_config(argv, origin, lineno, base_dir)
+        cfg = _build_config(argv, origin, lineno, base_dir, confine_to)
         if cfg is not None:
             configs.append(cfg)
     if not configs:
@@ -417,14 +473,12 @@ def parse_cmdline_text(text: str, origin: str = "", base_dir: Path | None = None
     return configs
 
 
+@guarded("path", 0)
 def parse_cmdline_file(path: str | os.PathLike[str]) -> list[EngineConfig]:
     """Read and parse a ``cmdline.txt`` file; ``--config`` resolves relative to its directory.
     Raises :class:`SourceError` when the file cannot be read or parsed."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise SourceError(f"cannot read: {e.strerror or e}", origin=str(p)) from None
+    raw = read_bytes(p, MAX_TEXT_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

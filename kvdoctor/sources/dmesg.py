@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from kvdoctor.facts import SourceError
+from kvdoctor.sources.limits import guarded, read_bytes
 from kvdoctor.sources.nvidia_smi import normalize_bus_id
 
 __all__ = ["HARDWARE_XIDS", "parse_dmesg", "parse_dmesg_file"]
@@ -58,6 +59,7 @@ def _pid(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+@guarded("origin", 1)
 def parse_dmesg(text: str, origin: str = "") -> list[dict[str, Any]]:
     """Every NVIDIA XID line of a kernel log, in file order (other lines are ignored).
 
@@ -100,17 +102,12 @@ def parse_dmesg(text: str, origin: str = "") -> list[dict[str, Any]]:
     return events
 
 
+@guarded("path", 0)
 def parse_dmesg_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read and parse a kernel log file (``dmesg.txt``). Raises :class:`SourceError` for an
     unreadable, oversized or binary file."""
     origin = str(path)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(_MAX_BYTES + 1)
-    except OSError as e:
-        raise SourceError(f"cannot read: {e.strerror or e}", origin=origin) from None
-    if len(data) > _MAX_BYTES:
-        raise SourceError("larger than 64 MiB, not a kernel log excerpt", origin=origin)
+    data = read_bytes(origin, _MAX_BYTES)
     if b"\x00" in data:
         line = data[: data.index(b"\x00")].count(b"\n") + 1
         raise SourceError("binary data, not a kernel log", origin=origin, line=line)

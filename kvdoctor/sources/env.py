@@ -15,6 +15,7 @@ import shlex
 from kvdoctor.devices import visible_devices, visible_devices_detail
 from kvdoctor.facts import SourceError
 from kvdoctor.redact import redact_env
+from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, guarded
 
 __all__ = ["parse_env_text", "visible_devices", "visible_devices_detail"]
 
@@ -35,6 +36,7 @@ def _unquote(raw: str) -> str:
     return re.split(r"\s+#", value, maxsplit=1)[0].strip()
 
 
+@guarded("origin", 1)
 def parse_env_text(text: str, origin: str = "") -> dict[str, str]:
     """Parse ``KEY=VALUE`` lines (``export KEY=VALUE``, ``declare -x``, quoted values, ``#``
     comments, blank lines; ``env``/``printenv`` output) into a dict, later lines winning.
@@ -52,6 +54,9 @@ def parse_env_text(text: str, origin: str = "") -> dict[str, str]:
             )
         line = raw.strip()
         if not line or line.startswith("#"):
+            continue
+        if len(line) > MAX_CMDLINE_CHARS:
+            first_bad = first_bad or lineno  # no variable is 256 KiB long: skipped before shlex
             continue
         m = _LINE.match(line)
         if not m:

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
+from kvdoctor.sources.limits import MAX_ENGINES, MAX_HTTP_BYTES, guarded, read_text
 
 if TYPE_CHECKING:  # httpx costs ~60 ms to import: only the HTTP functions load it
     import httpx
@@ -93,6 +94,8 @@ _HTTP_RE = re.compile(r"^http_[a-zA-Z0-9_:]*[{ \t]", re.M)
 _VLLM_RE = re.compile(r"^vllm:", re.M)
 _SAMPLE_LIKE_RE = re.compile(r"^(?:#|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?[ \t]+\S+)", re.M)
 _MAX_PAGE_CHARS = 64 * 1024 * 1024
+#: scrape files read from one ``metrics/`` directory (a day at one scrape a second).
+MAX_SCRAPE_FILES = 100_000
 # Every vllm:* sample line except the _created companions (reading all histograms).
 _ALL_VLLM_RE = re.compile(r"\n(vllm:[a-zA-Z0-9_:]*(?<!_created)[{ \t][^\n]*)")
 
@@ -154,7 +157,7 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None
                     if bad_line is None:
                         pos = text.find(ln)
                         bad_line = _line_no(text, pos) if pos >= 0 else None
-                        reason = f"unparsable line ({type(exc).__name__}): {ln[:80]!r}"
+                        reason = f"unparsable sample line ({type(exc).__name__})"
         if len(cache) + len(todo) > _LINE_CACHE_MAX:
             cache.clear()
         cache.update((ln, got[ln]) for ln in todo if ln in got)
@@ -198,6 +201,7 @@ def _histogram(acc: _Acc, base: str) -> HistogramData:
     return HistogramData(buckets=buckets, count=count, sum=acc.sums.get(base, 0.0))
 
 
+@guarded("origin", 1)
 def parse_metrics(
     text: str,
     origin: str = "",
@@ -259,6 +263,8 @@ def parse_metrics(
         key = (labels.get("engine"), labels.get("model_name"))
         acc = accs.get(key)
         if acc is None:
+            if len(accs) >= MAX_ENGINES:
+                continue  # a page with thousands of engine labels is not a vLLM server's
             acc = accs[key] = _Acc(model_name=key[1], engine=key[0])
         seen.add(name)
         if kind == "scalar":
@@ -321,16 +327,18 @@ def _why_unreadable(text: str) -> str:
         return "not Prometheus text: binary data"
     first = next((ln.strip() for ln in head.splitlines() if ln.strip()), "")
     if first.startswith("<") or first.startswith("{") or first.startswith("["):
-        return f"not Prometheus text: starts with {first[:40]!r} (HTML or JSON?)"
+        return "not Prometheus text: starts like HTML or JSON"
     if _SAMPLE_LIKE_RE.search(head):
         return "no vllm:* or http_* metrics on the page: not a vLLM /metrics endpoint"
-    return f"not Prometheus text: {first[:60]!r}"
+    return "not Prometheus text: no metric sample lines"
 
 
+@guarded("path", 0)
 def load_metrics_dir(
     path: str | os.PathLike[str],
     *,
     histograms: Collection[str] | None = READ_HISTOGRAMS,
+    confine_to: str | os.PathLike[str] | None = None,
 ) -> tuple[list[tuple[float, list[EngineMetrics]]], list[SourceError]]:
     """Read a bundle's ``metrics/`` directory: one scrape per ``<unix-seconds>.txt`` file
     (spec/bundle.md), oldest first.
@@ -338,6 +346,8 @@ def load_metrics_dir(
     Returns ``(series, errors)``: ``series`` is [(unix seconds, [EngineMetrics, …])] sorted by
     time, each EngineMetrics with that timestamp; ``errors`` holds one SourceError per file that
     could not be used (bad name, unreadable, nothing parsable) — the other files are still used.
+    ``confine_to`` (a bundle directory): a file whose symlink leads out of it is refused, not
+    read. At most :data:`MAX_SCRAPE_FILES` files are read (the newest by name are kept).
     Raises SourceError when ``path`` is not a readable directory.
     """
     p = os.fspath(path)
@@ -347,9 +357,19 @@ def load_metrics_dir(
         raise SourceError(f"cannot read metrics directory: {exc.strerror or exc}", origin=p) from None
     series: list[tuple[float, list[EngineMetrics]]] = []
     errors: list[SourceError] = []
-    for name in sorted(names):
+    root = os.path.realpath(confine_to) if confine_to is not None else None
+    txt = sorted(n for n in names if n.endswith(".txt"))
+    if len(txt) > MAX_SCRAPE_FILES:
+        errors.append(SourceError(f"more than {MAX_SCRAPE_FILES} scrapes: the oldest skipped", origin=p))
+        txt = txt[-MAX_SCRAPE_FILES:]
+    for name in txt:
         full = os.path.join(p, name)
-        if not name.endswith(".txt") or not os.path.isfile(full):
+        if root is not None and os.path.islink(full):
+            real = os.path.realpath(full)
+            if os.path.commonpath([root, real]) != root:
+                errors.append(SourceError("a symlink out of the bundle: not followed", origin=full))
+                continue
+        if not os.path.isfile(full):
             continue
         try:
             ts = float(name[: -len(".txt")])
@@ -359,13 +379,10 @@ def load_metrics_dir(
             errors.append(SourceError("file name is not <unix-seconds>.txt", origin=full))
             continue
         try:
-            with open(full, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(_MAX_PAGE_CHARS)
+            text = read_text(full, _MAX_PAGE_CHARS)
             series.append((ts, parse_metrics(text, origin=full, timestamp=ts, histograms=histograms)))
         except SourceError as exc:
             errors.append(exc)
-        except OSError as exc:
-            errors.append(SourceError(f"cannot read: {exc.strerror or exc}", origin=full))
     series.sort(key=lambda item: item[0])
     return series, errors
 
@@ -374,17 +391,26 @@ def load_metrics_dir(
 
 
 def _redact_url(url: str) -> str:
-    """Drop user:password from a URL before it goes into a message."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    """Drop the userinfo (user:password@) from a URL before it goes into a message; a URL that
+    does not parse (a password with "/" in it, a bad port) still loses its password."""
+    from kvdoctor.redact import redact_url_credentials
+
+    url = redact_url_credentials(url[:4096])
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
+    end = len(rest)
+    for ch in "/?#":
+        k = rest.find(ch)
+        if k >= 0:
+            end = min(end, k)
+    at = rest.rfind("@", 0, end) if "@" in rest[:end] else -1
+    if at < 0:
+        # a password with "/" in it puts its "@" after the first "/": the last "@" still ends it
+        at = rest.rfind("@")
+        if at < 0 or "***" not in rest[:at]:
+            return url
+    return f"{scheme}://{rest[at + 1 :]}"
 
 
 def _metrics_url(url: str) -> str:
@@ -404,67 +430,76 @@ def _http_error(method_url: str, exc: httpx.HTTPError, timeout: float) -> Source
     if isinstance(exc, httpx.TimeoutException):
         why = f"timed out after {timeout:g} s"
     elif isinstance(exc, httpx.ConnectError):
-        why = "connection refused" if "refused" in msg.lower() else f"cannot connect ({msg or 'error'})"
+        # the OS's reason only ("[Errno -2] Name or service not known"), nothing the peer sent
+        errno_text = msg if msg.startswith("[Errno") and len(msg) < 120 else "error"
+        why = "connection refused" if "refused" in msg.lower() else f"cannot connect ({errno_text})"
     else:
-        why = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+        # a protocol error's text quotes the bytes (headers) the server sent: the type only
+        why = f"{type(exc).__name__} (the server's response is not valid HTTP)"
     return SourceError(f"{method_url}: {why}")
 
 
-#: the most a /metrics body may hold once decoded, bytes (real pages: 50-500 KB; a DP=8 server
-#: with every histogram a few MB).
-MAX_BODY_BYTES = 16 * 2**20
-
-
-def scrape(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -> tuple[str, float]:
+def scrape(
+    url: str, timeout: float = 2.0, client: httpx.Client | None = None, *, max_bytes: int = MAX_HTTP_BYTES
+) -> tuple[str, float]:
     """GET vLLM's ``/metrics`` (vllm-facts.md §5) and return ``(text, unix seconds)``.
 
     ``url`` is the metrics URL or the server's base URL (``/metrics`` is appended when the path
-    is empty). ``timeout`` (seconds) bounds connect and read; ``client`` lets a sampler reuse one
-    connection pool. Raises SourceError with one line: ``GET http://…/metrics: connection
-    refused`` / ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text
-    (Content-Type: text/html)``.
+    is empty). ``timeout`` (seconds) is one deadline for the whole scrape — connect, headers and
+    body together, so a drip-fed response ends on time; ``max_bytes`` caps the body after
+    Content-Encoding (a gzip bomb stops there). ``client`` lets a sampler reuse one connection
+    pool. Raises SourceError with one line: ``GET http://…/metrics: connection refused`` /
+    ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text (Content-Type:
+    text/html)`` / ``response larger than 64 MiB``; the URL's credentials are never shown.
     """
     import httpx
 
     try:
         target = _metrics_url(url)
-    except ValueError as exc:
-        raise SourceError(f"GET {_redact_url(url)}: bad URL ({exc})") from None
+    except ValueError:
+        raise SourceError(f"GET {_redact_url(url)}: bad URL") from None
     label = f"GET {_redact_url(target)}"
+    deadline = time.monotonic() + timeout
     own = client is None
     c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
     deadline = time.monotonic() + timeout
     try:
-        # Streamed and bounded: a 50 MB page or a gzip bomb stops at MAX_BODY_BYTES (decoded),
-        # a server trickling bytes at the overall ``timeout``.
-        with c.stream("GET", target, timeout=httpx.Timeout(timeout, connect=timeout)) as resp:
+        t = httpx.Timeout(timeout, connect=timeout)
+        with c.stream("GET", target, timeout=t) as resp:
             ts = time.time()
             if resp.status_code != 200:
-                raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase}".rstrip())
+                raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase[:40]}".rstrip())
             ctype = resp.headers.get("content-type", "")
             mime = ctype.split(";", 1)[0].strip().lower()
             if mime and mime not in ("text/plain", "application/openmetrics-text"):
-                raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime})")
-            chunks: list[bytes] = []
-            size = 0
+                raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime[:40]})")
+            body = bytearray()
+            # httpcore reads the per-read timeout from this dict on every read: shrinking it to
+            # what is left of the deadline makes one deadline for the whole body.
+            tdict = resp.request.extensions.get("timeout")
             for chunk in resp.iter_bytes():
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise SourceError(f"{label}: body larger than {MAX_BODY_BYTES // 2**20} MiB")
-                if time.monotonic() > deadline:
-                    raise SourceError(f"{label}: timed out after {timeout:g} s")
-                chunks.append(chunk)
-            text = b"".join(chunks).decode(resp.encoding or "utf-8", errors="replace")
+                body += chunk
+                if len(body) > max_bytes:
+                    raise SourceError(f"{label}: response larger than {max_bytes >> 20} MiB")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise httpx.ReadTimeout("deadline")
+                if isinstance(tdict, dict):
+                    tdict["read"] = left
     except httpx.HTTPError as exc:
         raise _http_error(label, exc, timeout) from None
-    except (httpx.InvalidURL, ValueError) as exc:  # malformed URL
-        raise SourceError(f"{label}: bad URL ({exc})") from None
+    except (httpx.InvalidURL, ValueError):  # malformed URL
+        raise SourceError(f"{label}: bad URL") from None
     finally:
         if own:
             c.close()
+    try:
+        text = body.decode(resp.charset_encoding or "utf-8", errors="replace")
+    except LookupError:  # a charset Python does not know
+        text = body.decode("utf-8", errors="replace")
     stripped = text.lstrip()
     if stripped[:1] in ("<", "{", "["):
-        raise SourceError(f"{label}: not Prometheus text (body starts with {stripped[:20]!r})")
+        raise SourceError(f"{label}: not Prometheus text (an HTML or JSON body)")
     return text, ts
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdoctor.facts import ModelArch, SourceError
+from kvdoctor.sources.limits import MAX_CONFIG_BYTES, guarded, read_bytes
 
 # Keys under which multimodal wrappers keep the language model's config.
 _NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
@@ -131,6 +132,14 @@ def _sliding_window(cfg: dict[str, Any]) -> int | None:
     return sw
 
 
+#: physical ranges of a transformer config (the largest real models are ~0.1% of these)
+_MAX_LAYERS = 10_000
+_MAX_HEADS = 65_536
+_MAX_HEAD_DIM = 65_536
+_MAX_HIDDEN = 10_000_000
+
+
+@guarded("origin", 1)
 def parse_model_config(data: str | bytes | dict[str, Any], origin: str = "") -> ModelArch:
     """Turn a Hugging Face ``config.json`` (text, bytes or parsed dict) into a :class:`ModelArch`.
 
@@ -189,6 +198,21 @@ def parse_model_config(data: str | bytes | dict[str, Any], origin: str = "") -> 
         head_dim = hidden // heads
     if head_dim <= 0:
         raise SourceError(f"head_dim is {head_dim}; must be positive", origin=where)
+
+    for name, value, top in (
+        ("num_hidden_layers", n_layers, _MAX_LAYERS),
+        ("num_attention_heads", heads, _MAX_HEADS),
+        ("num_key_value_heads", kv_heads, _MAX_HEADS),
+        ("head_dim", head_dim, _MAX_HEAD_DIM),
+        ("hidden_size", hidden, _MAX_HIDDEN),
+    ):
+        if value > top:
+            # physical range: a config with absurd sizes is an error, not a 4 GiB list
+            raise SourceError(f"{name} out of range (at most {top})", origin=where)
+    for key, top in (("vocab_size", 10**8), ("max_position_embeddings", 10**9), ("num_experts", 10**5)):
+        v = _int(cfg, key)
+        if v is not None and not 0 <= v <= top:
+            raise SourceError(f"{key} out of range (0..{top})", origin=where)
 
     kv_lora = _int(cfg, "kv_lora_rank")
     use_mla = kv_lora is not None and kv_lora > 0
@@ -251,6 +275,7 @@ def parse_model_config(data: str | bytes | dict[str, Any], origin: str = "") -> 
     )
 
 
+@guarded("path", 0)
 def parse_model_config_file(path: str | Path) -> ModelArch:
     """Read and parse a ``config.json`` file (or a model directory holding one).
 
@@ -259,8 +284,5 @@ def parse_model_config_file(path: str | Path) -> ModelArch:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise SourceError(f"cannot read model config: {e.strerror or e}", origin=str(p)) from None
+    data = read_bytes(p, MAX_CONFIG_BYTES)
     return parse_model_config(data, origin=str(p))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from kvdoctor.devices import normalize_bus_id
 from kvdoctor.facts import Gpu, GpuProcess, SourceError
+from kvdoctor.sources.limits import MAX_TEXT_BYTES, guarded, read_bytes
 from kvdoctor.units import MiB, parse_size
 
 __all__ = [
@@ -81,7 +82,7 @@ def _is_na(v: str) -> bool:
     )
 
 
-_NUM_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%°]*)\s*$")
+_NUM_RE = re.compile(r"^\s*(-?\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z%°]{0,8})\s*$")
 
 
 def _num(v: str) -> float | None:
@@ -90,7 +91,7 @@ def _num(v: str) -> float | None:
         return None
     m = _NUM_RE.match(v)
     if not m:
-        raise ValueError(f"not a number: {v.strip()!r}")
+        raise ValueError("not a number")
     return float(m.group(1))
 
 
@@ -136,8 +137,8 @@ def _check_failure(text: str, origin: str) -> None:
     head = text.strip()[:400]
     for msg in _FAIL_MESSAGES:
         if msg in head:
-            first = next(ln for ln in head.splitlines() if ln.strip())
-            raise SourceError(f"nvidia-smi reported an error: {first.strip()}", origin=origin or None, line=1)
+            # nvidia-smi's own words, matched against the known list (not the file's text)
+            raise SourceError(f"nvidia-smi reported an error: {msg}", origin=origin or None, line=1)
 
 
 # --------------------------------------------------------------------------- the table
@@ -147,9 +148,9 @@ _DATE_RE = re.compile(r"^\s*[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{
 _ROW1_CELL1 = re.compile(r"^\s*(\d+)\s+(.*?)\s+(On|Off|N/A|WDDM|TCC|MCDM)\s*$")
 _ROW1_CELL1_NOPM = re.compile(r"^\s*(\d+)\s+(.*?)\s*$")
 _TEMP_RE = re.compile(r"(?<![\w.])(\d+)C\b")
-_POWER_RE = re.compile(r"(\S+)\s*/\s*(\S+)\s*$")
+_POWER_RE = re.compile(r"(?<!\S)(\S{1,32})[ \t]{0,32}/[ \t]{0,32}(\S{1,32})[ \t]*$")
 _WATTS_RE = re.compile(r"^(\d+(?:\.\d+)?)W$")
-_MEM_RE = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
+_MEM_RE = re.compile(r"(?<!\d)(\d{1,15})MiB\s{0,32}/\s{0,32}(\d{1,15})MiB")
 _UTIL_RE = re.compile(r"^\s*(\d+)%")
 _PROC_GICI = re.compile(
     r"^\|\s*(\d+|N/A)\s+(\S+)\s+(\S+)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*?)\s+(\d+MiB|N/A)\s*\|\s*$"
@@ -320,6 +321,7 @@ def _proc_row(table: _Table, line: str, lineno: int, origin: str) -> None:
     )
 
 
+@guarded("origin", 1)
 def parse_nvidia_smi_table(text: str, origin: str = "") -> list[list[Gpu]]:
     """Parse the plain ``nvidia-smi`` table (drivers 450 … 580 layouts; older ones without the
     ``MIG M.`` row or the ``GI CI`` process columns too) into moments of GPUs.
@@ -433,7 +435,7 @@ def _parse_ts(v: str) -> float | None:
             return datetime.strptime(v.strip(), fmt).replace(tzinfo=timezone.utc).timestamp()
         except ValueError:
             continue
-    raise ValueError(f"not a timestamp: {v.strip()!r}")
+    raise ValueError("not a timestamp")
 
 
 def _field_key(header: str) -> str:
@@ -471,7 +473,7 @@ def _set_gpu_field(gpu: Gpu, key: str, value: str) -> None:
         return
     if attr == "index":
         if not value.strip().isdigit():
-            raise ValueError(f"index {value!r} is not a number")
+            raise ValueError("index is not a number")
         gpu.index = int(value)
     elif attr in ("name", "uuid"):
         setattr(gpu, attr, None if _is_na(value) else value.strip())
@@ -499,6 +501,7 @@ def _set_gpu_field(gpu: Gpu, key: str, value: str) -> None:
                     gpu.clock_event_reasons.append(name)
 
 
+@guarded("origin", 1)
 def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | None = None) -> list[list[Gpu]]:
     """Parse ``nvidia-smi --query-gpu=… --format=csv[,noheader][,nounits]`` into moments.
 
@@ -539,7 +542,7 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
     known = [k for k in keys if k in _GPU_FIELDS or k.startswith(_REASON_PREFIXES)]
     if not known or not {"index", "uuid", "gpu_uuid", "pci.bus_id", "gpu_bus_id"} & set(keys):
         raise SourceError(
-            f"{what}: unknown header {', '.join(keys)!r} (needs index, uuid or pci.bus_id)",
+            f"{what}: unknown header (needs index, uuid or pci.bus_id)",
             origin=origin or None,
             line=header_line or None,
         )
@@ -547,21 +550,27 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
     ids: set[tuple[str, str]] = set()
     last_ts: float | None = None
     has_index = "index" in keys
+    first_bad: SourceError | None = None  # a bad row costs that row; raised only if none is good
     for n, (lineno, cells) in enumerate(rows):
         if len(cells) != len(keys):
             if n == len(rows) - 1 and len(cells) < len(keys) and moments:
                 break  # a truncated last row (file cut while the loop was writing)
-            raise SourceError(
+            first_bad = first_bad or SourceError(
                 f"{what}: {len(cells)} values for {len(keys)} columns", origin=origin or None, line=lineno
             )
+            continue
         gpu = Gpu(index=-1)
-        for key, value in zip(keys, cells, strict=True):
-            try:
-                _set_gpu_field(gpu, key, value)
-            except ValueError as e:
-                raise SourceError(
-                    f"{what}: column {key!r}: {e}", origin=origin or None, line=lineno
-                ) from None
+        try:
+            for key, value in zip(keys, cells, strict=True):
+                try:
+                    _set_gpu_field(gpu, key, value)
+                except (ValueError, OverflowError) as e:
+                    raise SourceError(
+                        f"{what}: column {key[:40]!r}: {e}", origin=origin or None, line=lineno
+                    ) from None
+        except SourceError as e:
+            first_bad = first_bad or e
+            continue
         ident = (
             ("uuid", gpu.uuid) if gpu.uuid else ("bus", gpu.bus_id) if gpu.bus_id else ("idx", str(gpu.index))
         )
@@ -575,6 +584,8 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
         moments[-1].append(gpu)
         last_ts = gpu.timestamp
     if not moments:
+        if first_bad is not None:
+            raise first_bad
         raise SourceError(f"{what}: header but no GPU rows", origin=origin or None, line=header_line or None)
     return moments
 
@@ -582,6 +593,7 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
 # --------------------------------------------------------------------------- compute apps
 
 
+@guarded("origin", 1)
 def parse_compute_apps_csv(text: str, origin: str = "") -> list[GpuProcess]:
     """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
     --format=csv[,nounits]`` (``gpu_bus_id`` instead of / besides ``gpu_uuid`` too) into processes.
@@ -601,28 +613,36 @@ def parse_compute_apps_csv(text: str, origin: str = "") -> list[GpuProcess]:
     keys = [_field_key(h) for h in header]
     if "pid" not in keys or not {"gpu_uuid", "gpu_bus_id"} & set(keys):
         raise SourceError(
-            f"{what}: unknown header {', '.join(keys)!r} (needs pid and gpu_uuid or gpu_bus_id)",
+            f"{what}: unknown header (needs pid and gpu_uuid or gpu_bus_id)",
             origin=origin or None,
             line=header_line,
         )
     procs: list[GpuProcess] = []
+    first_bad: SourceError | None = None  # a bad row costs that row; raised only if none is good
     for lineno, cells in rows[1:]:
         if len(cells) == 1 and "No running" in cells[0]:
             continue
         if len(cells) != len(keys):
-            raise SourceError(
+            first_bad = first_bad or SourceError(
                 f"{what}: {len(cells)} values for {len(keys)} columns", origin=origin or None, line=lineno
             )
+            continue
         row = dict(zip(keys, cells, strict=True))
         pid_s = row["pid"]
-        if not pid_s.isdigit():
+        if not pid_s.isdigit() or len(pid_s) > 10:
             if _is_na(pid_s):
                 continue  # a process in another PID namespace: nothing to name it by
-            raise SourceError(f"{what}: pid {pid_s!r} is not a number", origin=origin or None, line=lineno)
+            first_bad = first_bad or SourceError(
+                f"{what}: pid is not a number", origin=origin or None, line=lineno
+            )
+            continue
         try:
             used = _mib(row.get("used_memory", row.get("used_gpu_memory", "")))
-        except ValueError as e:
-            raise SourceError(f"{what}: used memory: {e}", origin=origin or None, line=lineno) from None
+        except (ValueError, OverflowError) as e:
+            first_bad = first_bad or SourceError(
+                f"{what}: used memory: {e}", origin=origin or None, line=lineno
+            )
+            continue
         uuid = row.get("gpu_uuid")
         procs.append(
             GpuProcess(
@@ -634,6 +654,8 @@ def parse_compute_apps_csv(text: str, origin: str = "") -> list[GpuProcess]:
                 gpu_bus_id=normalize_bus_id(row.get("gpu_bus_id")),
             )
         )
+    if not procs and first_bad is not None:
+        raise first_bad
     return procs
 
 
@@ -716,6 +738,7 @@ def _xml_ecc(gpu_el: ET.Element) -> int | None:
     return int(sum(vals)) if vals else None
 
 
+@guarded("origin", 1)
 def parse_nvidia_smi_xml(text: str, origin: str = "") -> list[Gpu]:
     """Parse ``nvidia-smi -q -x`` (``<nvidia_smi_log>``, one ``<gpu>`` per device in index order).
 
@@ -828,6 +851,7 @@ def parse_nvidia_smi_xml(text: str, origin: str = "") -> list[Gpu]:
 # --------------------------------------------------------------------------- sniffing
 
 
+@guarded("origin", 1)
 def parse_nvidia_smi_text(text: str, origin: str = "") -> list[list[Gpu]]:
     """Parse any nvidia-smi GPU output, telling the shape from the text: ``-q -x`` XML (one
     moment), the plain table, or ``--query-gpu`` CSV. Returns moments as
@@ -861,6 +885,7 @@ def parse_nvidia_smi_text(text: str, origin: str = "") -> list[list[Gpu]]:
     )
 
 
+@guarded("path", 0)
 def parse_nvidia_smi_file(path: str | Path) -> list[list[Gpu]]:
     """Read ``nvidia-smi.txt`` / ``nvidia-smi.csv`` / ``nvidia-smi.xml`` (any name: the shape is
     sniffed from the content, see :func:`parse_nvidia_smi_text`) into moments of GPUs.
@@ -869,10 +894,7 @@ def parse_nvidia_smi_file(path: str | Path) -> list[list[Gpu]]:
     parsed.
     """
     origin = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise SourceError(f"cannot read nvidia-smi file: {e.strerror or e}", origin=origin) from None
+    data = read_bytes(origin, MAX_TEXT_BYTES)
     if b"\x00" in data[:4096]:
         raise SourceError("nvidia-smi output: binary data, not text", origin=origin)
     return parse_nvidia_smi_text(data.decode("utf-8", errors="replace"), origin)

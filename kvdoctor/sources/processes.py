@@ -27,6 +27,7 @@ import psutil
 
 from kvdoctor.facts import HostProcess, SourceError
 from kvdoctor.redact import redact_argv
+from kvdoctor.sources.limits import guarded
 
 _T = TypeVar("_T")
 _PSUTIL_ERRORS = (psutil.Error, OSError)
@@ -99,20 +100,24 @@ def _is_spawn_child(cmdline: list[str]) -> bool:
 
 def _mark_spawn_children(procs: list[HostProcess]) -> None:
     """Give the worker role to multiprocessing children of vLLM processes (V0 workers)."""
-    roles = {p.pid: p.vllm_role for p in procs}
-    changed = True
-    while changed:
-        changed = False
-        for p in procs:
-            if (
-                p.vllm_role is None
-                and p.ppid is not None
-                and roles.get(p.ppid)
-                and _is_spawn_child(p.cmdline)
-            ):
-                p.vllm_role = "worker"
-                roles[p.pid] = "worker"
-                changed = True
+    # One walk down the process tree from every vLLM process (linear: a chain of thousands of
+    # children in reverse order once took one pass per link).
+    children: dict[int, list[HostProcess]] = {}
+    for p in procs:
+        if p.ppid is not None:
+            children.setdefault(p.ppid, []).append(p)
+    todo = [p.pid for p in procs if p.vllm_role]
+    seen: set[int] = set(todo)
+    while todo:
+        pid = todo.pop()
+        for c in children.get(pid, ()):
+            if c.pid in seen:
+                continue
+            if c.vllm_role is None and _is_spawn_child(c.cmdline):
+                c.vllm_role = "worker"
+            if c.vllm_role:
+                seen.add(c.pid)
+                todo.append(c.pid)
 
 
 def _listen_ports(proc: psutil.Process) -> list[int]:
@@ -270,7 +275,7 @@ _ARGS_COLS = {"ARGS", "CMD", "COMMAND"}
 
 def _parse_rss_kib(text: str, default_kib: bool = True) -> int | None:
     """ps ``RSS`` (KiB) / top ``RES`` (KiB, or with m/g/t suffix) → bytes."""
-    m = re.fullmatch(r"([\d.]+)([kmgtpKMGTP]?)", text.strip())
+    m = re.fullmatch(r"(\d{1,20}(?:\.\d{1,20})?)([kmgtpKMGTP]?)", text.strip())
     if not m:
         return None
     num = float(m.group(1))
@@ -278,6 +283,7 @@ def _parse_rss_kib(text: str, default_kib: bool = True) -> int | None:
     return int(num * mult)
 
 
+@guarded("origin", 1)
 def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
     """Parse a bundle's ``ps.txt`` into :class:`HostProcess` facts, every row kept (``vllm_role``
     set where it applies).
@@ -313,6 +319,7 @@ def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
         name_col = cmd_positions[0]
     args_col = last if cols[last] in _ARGS_COLS and last != name_col else None
     procs: list[HostProcess] = []
+    first_bad: SourceError | None = None  # a bad row costs that row; raised only if none is good
     for idx in range(header_idx + 1, len(lines)):
         raw = lines[idx]
         if "\x00" in raw or "\ufffd" in raw:
@@ -323,12 +330,13 @@ def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
         if len(parts) < last + 1 and args_col is None and name_col is None:
             continue
         row = dict(zip(cols, parts, strict=False))
-        try:
-            pid = int(row.get("PID", ""))
-        except ValueError:
-            raise SourceError(
-                f"expected a PID number, got {row.get('PID', '')!r}", origin=origin or None, line=idx + 1
-            ) from None
+        pid_text = row.get("PID", "")
+        if not pid_text.isdigit() or len(pid_text) > 10:
+            first_bad = first_bad or SourceError(
+                "expected a PID number in the PID column", origin=origin or None, line=idx + 1
+            )
+            continue
+        pid = int(pid_text)
         args_text = parts[args_col] if args_col is not None and args_col < len(parts) else ""
         name_text = parts[name_col] if name_col is not None and name_col < len(parts) else ""
         if name_col is None and args_col is None:
@@ -355,6 +363,8 @@ def parse_ps_text(text: str, origin: str = "") -> list[HostProcess]:
                 **launch_fields(redact_argv(argv)),
             )
         )
+    if not procs and first_bad is not None:
+        raise first_bad
     _mark_spawn_children(procs)
     return procs
 

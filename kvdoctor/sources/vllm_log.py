@@ -97,16 +97,28 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 from __future__ import annotations
 
 import ast
-import gzip
+import itertools
 import json
 import os
 import re
-from collections.abc import Callable
+import sys
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
+from kvdoctor.sources.limits import (
+    MAX_DIGITS,
+    MAX_LINE_CHARS,
+    MAX_LOG_BYTES,
+    guarded,
+    iter_gunzip,
+    open_regular,
+)
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
 
@@ -136,12 +148,29 @@ def _redact_prompt(text: str) -> str:
     if i < 0:
         return text
     start = i + len("prompt: ")
+    q = text[start : start + 1]
+    if q in ("'", '"'):
+        # The prompt ends at its matching quote: an unescaped quote followed by the next field
+        # (", params: …") or the end of the line — a prompt holding ", params: " (or an
+        # apostrophe) cannot end it early. No such quote (a truncated line): everything goes.
+        j = start + 1
+        n = len(text)
+        while j < n:
+            c = text[j]
+            if c == "\\":
+                j += 2
+                continue
+            if c == q and (j + 1 >= n or _PROMPT_END_RE.match(text, j + 1) or not text[j + 1 :].strip()):
+                break
+            j += 1
+        end = min(j + 1, n)
+        body_len = max(0, min(j, n) - start - 1)
+        return f"{text[:start]}'<redacted {body_len} chars>'{text[end:]}"
     m = _PROMPT_END_RE.search(text, start)
     end = m.start() if m else len(text)  # a truncated line: everything after "prompt: " goes
     body = text[start:end]
     if body in ("None", ""):
         return text
-    body = body[1:-1] if len(body) >= 2 and body[0] in "'\"" and body[-1] == body[0] else body
     return f"{text[:start]}'<redacted {len(body)} chars>'{text[end:]}"
 
 
@@ -155,7 +184,7 @@ _SECRET_NEEDLES = (
     "pwd",
     "credential",
     "auth",
-    "://",
+    ":/",
     "hf_",
     "sk-",
     "xox",
@@ -216,6 +245,8 @@ def parse_line(raw: str) -> ParsedLine:
     Tolerates any text (never raises); a line without a prefix keeps its whole text as message.
     """
     line = raw.rstrip("\r\n")
+    if len(line) > MAX_LINE_CHARS:
+        line = line[:MAX_LINE_CHARS]  # before any regex: no real vLLM line is this long
     if "\r" in line:  # tqdm progress bars redraw with CR: the last redraw is what stays visible
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     if "\x1b" in line:
@@ -306,6 +337,24 @@ def _split_top(text: str) -> list[str]:
 
 
 _TORCH_DTYPE_RE = re.compile(r"^torch\.(\w+)$")
+_MAX_LITERAL_CHARS = 32 * 1024
+# "1if", "0x" … : the shapes that make the compiler print "SyntaxWarning: invalid … literal"
+_WARNS_RE = re.compile(r"\d[A-Za-z_]")
+_LONG_DIGITS_RE = re.compile(r"\d{%d}" % (MAX_DIGITS + 1))  # noqa: UP031
+
+
+def _literal(text: str) -> Any:
+    """ast.literal_eval, bounded: a long or deeply nested text is refused (ValueError) before
+    the compiler sees it, and its SyntaxWarnings ("invalid decimal literal") stay quiet."""
+    if len(text) > _MAX_LITERAL_CHARS or text.count("[") + text.count("{") + text.count("(") > 2000:
+        raise ValueError("literal too large")
+    if _LONG_DIGITS_RE.search(text):
+        raise ValueError("number with too many digits")
+    if "\\" not in text and not _WARNS_RE.search(text):
+        return ast.literal_eval(text)  # nothing the compiler would warn about (the common case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.literal_eval(text)
 
 
 def _value(text: str) -> Any:
@@ -318,7 +367,7 @@ def _value(text: str) -> Any:
         return m.group(1)
     if t[0] in "'\"[{(-0123456789" or t in ("None", "True", "False"):
         try:
-            return ast.literal_eval(t)
+            return _literal(t)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             pass
         if t[0] in "[{":  # compilation_config etc. are printed as JSON (true/false/null)
@@ -351,7 +400,7 @@ def _parse_dict_repr(text: str) -> dict[str, Any]:
     """A Python dict repr → dict; on failure, parse its top-level "'k': v" items one by one."""
     t = text.strip()
     try:
-        val = ast.literal_eval(t)
+        val = _literal(t)
         if isinstance(val, dict):
             return {str(k): v for k, v in val.items()}
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -392,7 +441,7 @@ def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
 _RE = {
     "api_version": re.compile(r"vLLM API server version (\S+)"),
     "server_version": re.compile(r"vLLM server version (\S+?),? serving model (\S+)"),
-    "logo_version": re.compile(r"[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
+    "logo_version": re.compile(r"^\s*[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
     "init_engine": re.compile(
         r"Initializing (a V1 LLM engine|an LLM engine)(?: \(v?([^)\s]+)\))? with config: (.*)$"
     ),
@@ -414,14 +463,14 @@ _RE = {
         r"the rest of the memory reserved for KV Cache is (-?\d+(?:\.\d+)?) ?GiB"
     ),
     "v06_prof": re.compile(r"(?i)memory profiling results:(.*)$"),
-    "v06_field": re.compile(r"(\w+)=(-?\d+(?:\.\d+)?) ?(GiB|GB)?", re.I),
+    "v06_field": re.compile(r"(?<!\w)(\w{1,64})=(-?\d{1,20}(?:\.\d{1,20})?) ?(GiB|GB)?", re.I),
     "v1_prof": re.compile(r"Memory profiling takes (\d+(?:\.\d+)?) seconds\. ?(.*)$"),
-    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]*?): (-?\d+(?:\.\d+)?) ?GiB"),
+    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]{0,100}?): (-?\d{1,20}(?:\.\d{1,20})?) ?GiB"),
     "mem_request": re.compile(
         r"Initial free memory: (-?\d+(?:\.\d+)?) ?GiB; Requested memory: (\d+(?:\.\d+)?) \(util\), (-?\d+(?:\.\d+)?) ?GiB"
     ),
     "avail_kv": re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"),
-    "kv_size": re.compile(r"(\w+) KV cache size: ([\d,]+) tokens"),
+    "kv_size": re.compile(r"(\w{1,16}) KV cache size: ([\d,]{1,40}) tokens"),
     "max_conc": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
     "blocks_override": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
     "v0_blocks": re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
@@ -441,11 +490,11 @@ _RE = {
         r"Free memory on device (?:\S+ )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup\. "
         r"Desired GPU memory utilization is \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
     ),
-    "summary_consumed": re.compile(r"(-?\d+(?:\.\d+)?) GiB for consumed memory"),
-    "summary_weight": re.compile(r"(-?\d+(?:\.\d+)?) GiB for weights?\b"),
-    "summary_act": re.compile(r"(-?\d+(?:\.\d+)?) GiB for peak activation"),
-    "summary_nontorch": re.compile(r"(-?\d+(?:\.\d+)?) GiB for non-torch memory"),
-    "summary_cg": re.compile(r"(-?\d+(?:\.\d+)?) GiB for CUDAGraph memory"),
+    "summary_consumed": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for consumed memory"),
+    "summary_weight": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for weights?\b"),
+    "summary_act": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
+    "summary_nontorch": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
+    "summary_cg": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
     "summary_kvmem": re.compile(r"--kv-cache-memory=(\d+)"),
     "summary_inuse": re.compile(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
     "kv_reserved": re.compile(
@@ -484,23 +533,25 @@ _RE = {
     ),
     "input_too_long": re.compile(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
     "oom_modern": re.compile(
-        r"Tried to allocate (\d+(?:\.\d+)? ?\w+)\. GPU (\d+) has a total capac(?:i)?ty of (\d+(?:\.\d+)? ?\w+) "
-        r"of which (\d+(?:\.\d+)? ?\w+) is free\."
+        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})\. GPU (\d+) has a total capac(?:i)?ty of ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) "
+        r"of which ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is free\."
     ),
     "oom_legacy": re.compile(
-        r"Tried to allocate (\d+(?:\.\d+)? ?\w+) \(GPU (\d+); (\d+(?:\.\d+)? ?\w+) total capacity; (\d+(?:\.\d+)? ?\w+) already "
-        r"allocated; (\d+(?:\.\d+)? ?\w+) free; (?:(\d+(?:\.\d+)? ?\w+) allowed; )?(\d+(?:\.\d+)? ?\w+) reserved in total by PyTorch"
+        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) \(GPU (\d+); ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) total capacity; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) already "
+        r"allocated; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) free; (?:((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed; )?((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) reserved in total by PyTorch"
     ),
-    "oom_proc": re.compile(r"Process (\d+) has (\d+(?:\.\d+)? ?\w+) memory in use"),
+    "oom_proc": re.compile(
+        r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
+    ),
     "oom_self": re.compile(
-        r"Including non-PyTorch memory, this process has (\d+(?:\.\d+)? ?\w+) memory in use"
+        r"Including non-PyTorch memory, this process has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
     ),
-    "oom_allowed": re.compile(r"(\d+(?:\.\d+)? ?\w+) allowed;"),
+    "oom_allowed": re.compile(r"((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed;"),
     "oom_alloc": re.compile(
-        r"Of the allocated memory (\d+(?:\.\d+)? ?\w+) is allocated by PyTorch, (?:with (\d+(?:\.\d+)? ?\w+) allocated in "
-        r"private pools \(e\.g\., CUDA Graphs\), )?and (\d+(?:\.\d+)? ?\w+) is reserved by PyTorch but unallocated"
+        r"Of the allocated memory ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is allocated by PyTorch, (?:with ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allocated in "
+        r"private pools \(e\.g\., CUDA Graphs\), )?and ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is reserved by PyTorch but unallocated"
     ),
-    "oom_requested": re.compile(r"Requested size: (\d+(?:\.\d+)? ?\w+)"),
+    "oom_requested": re.compile(r"Requested size: ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})"),
     "sampler_oom": re.compile(
         r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
     ),
@@ -517,7 +568,7 @@ _RE = {
     "st_pending": re.compile(r"Pending: (\d+) reqs"),
     "st_deferred": re.compile(r"Deferred: (\d+) reqs"),
     "st_preempt": re.compile(r"Preemptions: (\d+)"),
-    "st_kv": re.compile(r"([A-Z]+) KV cache usage: (\d+(?:\.\d+)?)%"),
+    "st_kv": re.compile(r"([A-Z]{1,8}) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"),
     "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"),
     "preempted": re.compile(
         r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
@@ -570,6 +621,19 @@ _SERVING_NEEDLES = (
     "Received request",
     "Added request",
     '"POST /v1/',
+)
+#: Messages of vLLM's request log and uvicorn's access log — the bulk of a serving log. They
+#: carry no event (a prompt's text must never become one), so only the serving marker is read.
+_REQUEST_PREFIXES = ("Received request ", "Added request ", "Finished request ", "Aborted request ")
+_ACCESS_RE = re.compile(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
+#: A line that is NOT a plain INFO/DEBUG/WARNING request-log or access-log line, found after
+#: its newline: anything else goes through the full parser. One pass at C speed (the literal
+#: "\n" first), so a 200 MB log of request lines is read at a few times line iteration.
+_NOT_REQUEST_LINE_RE = re.compile(
+    r"\n(?!(?:\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?)?"
+    r"(?:(?:DEBUG|INFO|WARNING|WARN) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"(?:\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]) |(?:DEBUG|INFO|WARNING):\s+)"
+    r"(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - \"))"
 )
 # traceback frames of CUDA graph capture (V0 capture_model/graph_runner.capture, V1 _capture_cudagraphs)
 _CAPTURE_HINTS = (
@@ -626,10 +690,63 @@ class _Block:
     ooms: list[tuple[LogEvent, str, bool]] = field(default_factory=list)
 
 
-class _Parser:
-    """Stateful line-by-line parser shared by :func:`parse_log` and :class:`LogFollower`."""
+class _History:
+    """The events of one kind in the current run, bounded: the first ``head`` and the last
+    ``tail`` (a deque), so a days-long run of periodic lines keeps its start and its end.
+    Stats dropped from the middle hand their preemption count to the oldest kept tail event,
+    so the run's preemption total stays exact."""
 
-    def __init__(self, origin: str = "") -> None:
+    __slots__ = ("head", "tail", "head_max", "dropped")
+
+    def __init__(self, head_max: int, tail_max: int) -> None:
+        # (emission number, event): merging kinds back keeps the order events were made in
+        self.head: list[tuple[int, LogEvent]] = []
+        self.tail: deque[tuple[int, LogEvent]] = deque(maxlen=tail_max)
+        self.head_max = head_max
+        self.dropped = 0
+
+    def add(self, seq: int, ev: LogEvent) -> None:
+        if len(self.head) < self.head_max:
+            self.head.append((seq, ev))
+            return
+        tail = self.tail
+        if len(tail) == tail.maxlen:
+            old = tail.popleft()[1]
+            self.dropped += 1
+            pre = old.values.get("preemptions") if old.kind == "stats" else None
+            if pre and tail:
+                nxt = tail[0][1].values
+                nxt["preemptions"] = (nxt.get("preemptions") or 0) + pre
+        tail.append((seq, ev))
+
+    def items(self) -> list[tuple[int, LogEvent]]:
+        return self.head + list(self.tail)
+
+
+#: per run and kind, events kept in a bounded parse (head + tail); stats lines come every 10 s.
+_HISTORY_LIMITS: dict[str, tuple[int, int]] = {"stats": (1000, 9000)}
+_HISTORY_DEFAULT = (200, 800)
+#: events kept over all runs of one file; the oldest runs' events go first.
+_MAX_LOG_EVENTS = 60_000
+#: open traceback blocks (one per process) and per-process state entries kept.
+_MAX_BLOCKS = 64
+_MAX_PROCESS_KEYS = 4096
+
+
+class _Parser:
+    """Stateful line-by-line parser shared by :func:`parse_log` and :class:`LogFollower`.
+
+    ``bounded`` (a whole file): the state stays bounded whatever the input size — the current
+    run's events of each kind as a head and a tail (:class:`_History`), at most
+    :data:`_MAX_LOG_EVENTS` events over all runs, a bounded set of open traceback blocks.
+    """
+
+    def __init__(self, origin: str = "", *, bounded: bool = False) -> None:
+        self.bounded = bounded
+        self._history: dict[str, _History] = {}
+        self._seq = 0
+        #: events emitted so far (a follower takes the new ones from the end of ``log.events``)
+        self.emitted = 0
         self.log = VllmLog(origin=origin)
         self.lineno = 0
         self._gen_strong = False
@@ -644,6 +761,8 @@ class _Parser:
         self._block_seq = 0
         self._seen_errors: dict[tuple[Any, ...], list[tuple[Any, str | None, int, int]]] = {}
         self._new: list[LogEvent] = []
+        #: lines whose text made a matcher fail (skipped, no event)
+        self.bad_lines = 0
 
     # ------------------------------------------------------------------ feeding
 
@@ -651,6 +770,11 @@ class _Parser:
         """Parse the next physical line; return the events it completed (file order)."""
         self.lineno += 1
         self.log.line_count = self.lineno
+        if len(self._state) > _MAX_PROCESS_KEYS or len(self._weights) > _MAX_PROCESS_KEYS:
+            self._state.clear()  # a flood of distinct (NAME pid=N) prefixes: state stays bounded
+            self._weights.clear()
+            self._pending_v0.clear()
+            self._capturing.clear()
         self._new = []
         pl = parse_line(raw)
         key = (pl.process, pl.pid) if pl.process else None
@@ -663,24 +787,86 @@ class _Parser:
                 block = None
         else:
             if block is None:
+                if len(self._blocks) >= _MAX_BLOCKS:
+                    self._close_block(next(iter(self._blocks)))  # the oldest open block
                 self._block_seq += 1
                 block = self._blocks[key] = _Block(self._block_seq)
-            block.text.append(pl.message)
+            block.text.append(pl.message[:2000])  # hints and phases look for short frame names
             if len(block.text) > 400:
                 del block.text[:100]
         if pl.process and pl.process.startswith("EngineCore") and not self._gen_strong:
             self.log.engine_generation = "v1"
         try:
             self._match(pl, key, block)
-        except (ValueError, OverflowError, IndexError, TypeError, KeyError, AttributeError):
-            # A half-written or mangled line must not stop the parse; it just gives no event.
-            pass
+        except Exception:
+            # A half-written or mangled line costs that line, never the file: it gives no event.
+            self.bad_lines += 1
         return self._new
+
+    def feed_chunk(self, text: str) -> None:
+        """Parse a chunk of whole lines ("\\n"-joined), the same as :meth:`feed` on each line,
+        at C speed for the lines that cannot matter.
+
+        A line can matter when it holds a gate word (:data:`_GATE_WORDS`: a piece of every
+        message text :meth:`_match` looks for), is not a plain INFO/DEBUG/WARNING line (errors and
+        unprefixed lines make traceback blocks), or while state depends on every line (an open
+        traceback block; before the server serves; before the engine generation is known).
+        Those go through :meth:`feed`; the rest only count. Gate words and odd lines are found
+        with ``str.find`` and one regex over the whole chunk, so a 200 MB log of request lines
+        is read at a few times the speed Python iterates its lines.
+        """
+        end = len(text)
+        pos = 0  # start of the next line not yet fed or counted
+        feed = self.feed
+
+        def line_at(start: int) -> tuple[str, int]:
+            stop = text.find("\n", start)
+            if stop < 0:
+                stop = end
+            return text[start:stop], stop + 1
+
+        while pos <= end and not self._serving:  # startup: every line counts (a few hundred)
+            line, pos = line_at(pos)
+            feed(line)
+        if pos > end:
+            return
+        starts: set[int] = set()
+        find, rfind = text.find, text.rfind
+        if not self._gen_strong:
+            words: tuple[str, ...] = ("\r", "\x1b", "EngineCore")
+        else:
+            words = ("\r", "\x1b")  # parse_line would see another message than the line starts with
+        for word in words:
+            i = find(word, pos)
+            while i >= 0:
+                starts.add(rfind("\n", 0, i) + 1)
+                nl = find("\n", i)
+                i = find(word, nl) if nl >= 0 else -1
+        for m in _NOT_REQUEST_LINE_RE.finditer("\n" + text[pos:]):
+            starts.add(pos + m.start())
+        count = text.count
+        for start in sorted(starts):
+            if start < pos:
+                continue  # already fed while a block was open
+            while self._blocks and pos < start:  # an open block: the next lines may close it
+                line, pos = line_at(pos)
+                feed(line)
+            if pos < start:
+                self.lineno += count("\n", pos, start)
+            line, pos = line_at(start)
+            feed(line)
+        while self._blocks and pos <= end:
+            line, pos = line_at(pos)
+            feed(line)
+        if pos <= end:
+            self.lineno += count("\n", pos, end) + 1
+        self.log.line_count = self.lineno
 
     def finish(self) -> None:
         """Close open traceback blocks (final phase of pending cuda_oom events)."""
         for key in list(self._blocks):
             self._close_block(key)
+        self._flush_history()
 
     # ------------------------------------------------------------------ helpers
 
@@ -699,8 +885,16 @@ class _Parser:
         )
         if kind in _ERROR_KINDS and self._is_duplicate(ev, key):
             return None
-        self.log.events.append(ev)
+        if self.bounded:
+            hist = self._history.get(kind)
+            if hist is None:
+                hist = self._history[kind] = _History(*_HISTORY_LIMITS.get(kind, _HISTORY_DEFAULT))
+            self._seq += 1
+            hist.add(self._seq, ev)
+        else:
+            self.log.events.append(ev)
         self._new.append(ev)
+        self.emitted += 1
         self._track(ev, key)
         return ev
 
@@ -736,7 +930,23 @@ class _Parser:
         if kind in ("stats", "preempted_v0", "prompt_too_long"):
             self._serving = True
 
+    def _flush_history(self) -> None:
+        """Move the current run's kept events into ``log.events`` (bounded mode); drop the oldest
+        runs' events when the file has had more than :data:`_MAX_LOG_EVENTS`."""
+        if not self._history:
+            return
+        events = self.log.events
+        kept = [item for hist in self._history.values() for item in hist.items()]
+        kept.sort(key=lambda item: item[0])
+        events.extend(ev for _, ev in kept)
+        self._history = {}
+        if len(events) > _MAX_LOG_EVENTS:
+            events.sort(key=lambda e: e.line)
+            del events[: len(events) - _MAX_LOG_EVENTS * 3 // 4]
+
     def _new_startup(self) -> None:
+        if self.bounded:
+            self._flush_history()
         if self._serving or self._global_state != "startup":
             self._state.clear()
             self._capturing.clear()
@@ -782,12 +992,15 @@ class _Parser:
                 if needle in msg:
                     self._serving = True
                     break
+        if pl.formatted or pl.level in ("DEBUG", "INFO", "WARNING"):
+            if msg.startswith(_REQUEST_PREFIXES) or _ACCESS_RE.match(msg):
+                return  # the request and access logs: a prompt's text never becomes an event
 
         # --- version / generation
         if "version" in msg:
             m = R["api_version"].search(msg) or R["server_version"].search(msg)
             if m is None and ("\u2580" <= msg.lstrip()[:1] <= "\u259f"):
-                m = R["logo_version"].search(msg)
+                m = R["logo_version"].match(msg)  # anchored: one start, not one per block char
             if m:
                 self._set_version(m.group(1), None, pl, key)
         if "with config:" in msg and "Initializing" in msg:
@@ -1135,7 +1348,7 @@ class _Parser:
             valid: list[str] = []
             if m:
                 try:
-                    parsed = ast.literal_eval(m.group(2))
+                    parsed = _literal(m.group(2))
                     valid = [str(v) for v in parsed] if isinstance(parsed, (list, tuple)) else []
                 except (ValueError, SyntaxError):
                     valid = [v.strip(" '\"") for v in m.group(2).strip("[]").split(",") if v.strip(" '\"")]
@@ -1513,6 +1726,7 @@ class _Parser:
 # --------------------------------------------------------------------------- public API
 
 
+@guarded("origin", 1)
 def parse_log(text: str, origin: str = "") -> VllmLog:
     """Parse a whole vLLM log (any mix of APIServer / EngineCore / Worker lines, V0 or V1).
 
@@ -1521,41 +1735,47 @@ def parse_log(text: str, origin: str = "") -> VllmLog:
     ``engine_generation``, merged ``args`` and ``line_count``. Never raises on odd text: lines it
     does not recognise give no event.
     """
-    parser = _Parser(origin)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    for raw in lines:
-        parser.feed(raw)
+    parser = _Parser(origin, bounded=True)
+    if text.endswith("\n"):
+        text = text[:-1]
+    if text:
+        parser.feed_chunk(text)
     parser.finish()
     parser.log.events.sort(key=lambda e: e.line)
     return parser.log
 
 
+@guarded("path", 0)
 def check_log_file(path: str | os.PathLike[str]) -> None:
-    """Raise SourceError when ``path`` cannot be read or is not a text log (binary content), by
-    the same test :func:`parse_log_file` applies; used before following a file live."""
-    origin = str(path)
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
-    except OSError as exc:
-        raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=origin) from None
-    if head[:2] != b"\x1f\x8b":
-        _decode(head, origin)
+    """Raise SourceError when ``path`` cannot be read, is not a regular file or is not a text log
+    (binary content), by the same test :func:`parse_log_file` applies; used before following a
+    file live."""
+    origin = os.fspath(path)
+    with open_regular(origin, what="log") as fh:
+        head = fh.read(_HEAD_BYTES)
+    if head[:2] == b"\x1f\x8b":
+        head = b"".join(_take(iter_gunzip([head], MAX_LOG_BYTES, origin, truncated_ok=True), _HEAD_BYTES))
+    _check_head(head, origin)
 
 
-def _decode(data: bytes, origin: str) -> str:
-    """Bytes → text (utf-8, errors replaced); SourceError when the content is not text."""
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise SourceError(f"truncated or corrupt gzip log ({exc})", origin=origin) from None
-    head = data[:65536]
+_HEAD_BYTES = 65536
+_CHUNK_BYTES = 1 << 20
+
+
+def _take(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
+    got = 0
+    for c in chunks:
+        yield c
+        got += len(c)
+        if got >= n:
+            return
+
+
+def _check_head(head: bytes, origin: str) -> None:
+    """SourceError when the first 64 KiB of a log are not text (NULs, mostly non-text bytes)."""
+    head = head[:_HEAD_BYTES]
     if head and (head.count(b"\x00") > len(head) // 100 or _binary_ratio(head) > 0.30):
         raise SourceError("not a text log (binary content)", origin=origin)
-    return data.decode("utf-8", errors="replace")
 
 
 def _binary_ratio(head: bytes) -> float:
@@ -1564,22 +1784,147 @@ def _binary_ratio(head: bytes) -> float:
     return bad / max(1, len(text))
 
 
-def parse_log_file(path: str | os.PathLike[str]) -> VllmLog:
-    """Read and parse a vLLM log file (plain or gzip).
+def iter_log_chunks(
+    path: str | os.PathLike[str], *, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[str]:
+    """A log file (plain or gzip) as decoded text chunks of whole lines, streamed: read in
+    1 MiB pieces, never whole. Each chunk holds complete lines joined by "\\n" (no trailing
+    newline); iterate :func:`iter_log_lines` for single lines.
 
-    Bytes are decoded as utf-8 with errors replaced. An empty file gives a VllmLog with no
-    events. Raises SourceError when the file cannot be read or is binary (mostly NUL or
-    non-text bytes).
+    Bytes are decoded as utf-8 with errors replaced; a line longer than :data:`MAX_LINE_CHARS`
+    keeps its first part (the rest is skipped up to the next newline, never buffered). A gzip
+    log may decompress to at most :data:`MAX_LOG_BYTES`. ``on_bytes(n)`` is told the file
+    bytes consumed so far after each chunk (progress). Raises SourceError when the file cannot
+    be read, is not a regular file, is binary, or its gzip data is corrupt or too large.
     """
     origin = os.fspath(path)
+    limit = MAX_LINE_CHARS
+    with open_regular(origin, what="log") as fh:
+        consumed = 0
+
+        def raw_chunks() -> Iterator[bytes]:
+            nonlocal consumed
+            while True:
+                try:
+                    chunk = fh.read(_CHUNK_BYTES)
+                except OSError as exc:
+                    raise SourceError(
+                        f"cannot read log ({exc.strerror or 'I/O error'})", origin=origin
+                    ) from None
+                if not chunk:
+                    return
+                consumed += len(chunk)
+                yield chunk
+
+        source = raw_chunks()
+        first = next(source, b"")
+        if not first:
+            return
+        chunks: Iterator[bytes] = itertools.chain([first], source)
+        if first[:2] == b"\x1f\x8b":
+            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin)
+        buf = b""
+        overlong = False
+        checked = False
+        for chunk in chunks:
+            if not checked:
+                _check_head(buf + chunk, origin)
+                checked = len(buf) + len(chunk) >= _HEAD_BYTES
+            if overlong:
+                i = chunk.find(b"\n")
+                if i < 0:
+                    continue  # still inside an overlong line: nothing kept
+                chunk = chunk[i:]
+                overlong = False
+            data = buf + chunk if buf else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                buf = data
+            else:
+                text = data[:cut].decode("utf-8", errors="replace")
+                buf = data[cut + 1 :]
+                yield text  # lines inside are cut at MAX_LINE_CHARS by parse_line
+            if len(buf) > limit:
+                buf = buf[:limit]
+                overlong = True
+            if on_bytes is not None:
+                on_bytes(consumed)
+        if not checked:
+            _check_head(buf, origin)
+        if buf:
+            yield buf.decode("utf-8", errors="replace")[:limit]
+
+
+def iter_log_lines(
+    path: str | os.PathLike[str], *, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[str]:
+    """The lines of a log file, streamed (see :func:`iter_log_chunks` for limits and errors)."""
+    limit = MAX_LINE_CHARS
+    for text in iter_log_chunks(path, on_bytes=on_bytes):
+        for line in text.split("\n"):
+            yield line if len(line) <= limit else line[:limit]
+
+
+@guarded("path", 0)
+def parse_log_file(path: str | os.PathLike[str], *, progress: bool | None = None) -> VllmLog:
+    """Read and parse a vLLM log file (plain or gzip), streamed line by line: memory stays flat
+    whatever the file size (see :func:`iter_log_lines`).
+
+    An empty file gives a VllmLog with no events. Raises SourceError when the file cannot be
+    read or is binary (mostly NUL or non-text bytes). ``progress`` (default: stderr is a
+    terminal) shows how far reading got once it has taken more than two seconds.
+    """
+    origin = os.fspath(path)
+    parser = _Parser(origin, bounded=True)
+    meter = _Progress(origin) if (progress if progress is not None else _stderr_is_tty()) else None
     try:
-        with open(origin, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=origin) from None
-    if not data:
-        return VllmLog(origin=origin)
-    return parse_log(_decode(data, origin), origin=origin)
+        for text in iter_log_chunks(origin, on_bytes=meter.update if meter else None):
+            parser.feed_chunk(text)
+    finally:
+        if meter is not None:
+            meter.done()
+    parser.finish()
+    parser.log.events.sort(key=lambda e: e.line)
+    return parser.log
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class _Progress:
+    """ "reading vllm.log: 41% (82 of 200 MiB)" on stderr, redrawn in place, once reading has
+    taken more than two seconds; erased when done."""
+
+    def __init__(self, origin: str) -> None:
+        self.name = os.path.basename(origin)
+        try:
+            self.total = os.stat(origin).st_size
+        except OSError:
+            self.total = 0
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.start < 2.0 or now - self.last < 0.2:
+            return
+        self.last = now
+        mib = done / (1 << 20)
+        pct = f"{100 * done / self.total:.0f}% " if self.total else ""
+        tot = f" of {self.total / (1 << 20):.0f}" if self.total else ""
+        sys.stderr.write(f"\rreading {self.name}: {pct}({mib:.0f}{tot} MiB)")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 class LogFollower:
@@ -1632,27 +1977,41 @@ class LogFollower:
             self._restart(inode)
         if st.st_size == self._offset:
             return []
+        parser = self._parser
+        kept = parser.log.events
+        new: list[LogEvent] = []
         try:
-            with open(self.path, "rb") as fh:
+            with open_regular(self.path, what="log") as fh:
                 fh.seek(self._offset)
-                chunk = fh.read(self.max_read_bytes)
-        except OSError as exc:
-            raise SourceError(f"cannot read log: {exc.strerror or exc}", origin=self.path) from None
-        self._offset += len(chunk)
-        data = self._buf + chunk
-        complete, sep, rest = data.rpartition(b"\n")
-        if not sep:
-            self._buf = data
+                while True:  # the whole backlog, in steps: --log FILE reads the file in full
+                    try:
+                        chunk = fh.read(self.max_read_bytes)
+                    except OSError as exc:
+                        raise SourceError(
+                            f"cannot read log: {exc.strerror or exc}", origin=self.path
+                        ) from None
+                    if not chunk:
+                        break
+                    self._offset += len(chunk)
+                    data = self._buf + chunk
+                    complete, sep, rest = data.rpartition(b"\n")
+                    if not sep:
+                        complete, rest = b"", data
+                    # a line with no end in sight keeps its first MAX_LINE_CHARS bytes only
+                    self._buf = rest if len(rest) <= MAX_LINE_CHARS else rest[:MAX_LINE_CHARS]
+                    if complete:
+                        before = len(kept)
+                        parser.feed_chunk(complete.decode("utf-8", errors="replace"))
+                        new.extend(kept[before:])
+                        if len(kept) > self.max_events:
+                            del kept[: len(kept) - self.max_events]
+                    if len(chunk) < self.max_read_bytes:
+                        break
+        except SourceError:
+            raise
+        if not new:
             return []
-        self._buf = rest
-        events: list[LogEvent] = []
-        for raw in complete.split(b"\n"):
-            events.extend(self._parser.feed(raw.decode("utf-8", errors="replace")))
-        events.sort(key=lambda e: e.line)
-        kept = self._parser.log.events
-        tail = kept[-len(events) - 1 :]
+        tail = kept[-len(new) - 1 :]
         if any(a.line > b.line for a, b in zip(tail, tail[1:], strict=False)):
             kept.sort(key=lambda e: e.line)  # a multi-line message finished: keep file order
-        if len(kept) > self.max_events:
-            del kept[: len(kept) - self.max_events]
-        return events
+        return sorted(new, key=lambda e: e.line)

@@ -256,7 +256,7 @@ def test_query_gpu_truncated_last_row_is_dropped() -> None:
         ("foo, bar\n1, 2\n", "unknown header", 1),
         ("name, memory.used [MiB]\nA100, 3 MiB\n", "unknown header", 1),
         ("index, memory.used [MiB]\n0, lots\n", "column 'memory.used'", 2),
-        ("index, memory.used [MiB]\n0, 1, 2\n1, 2\n", "3 values for 2 columns", 2),
+        ("index, memory.used [MiB]\n0, 1, 2\n", "3 values for 2 columns", 2),
         ("index, timestamp\n0, yesterday\n", "not a timestamp", 2),
         ("index, memory.used [MiB]\n", "header but no GPU rows", 1),
     ],
@@ -318,7 +318,7 @@ def test_compute_apps_header_only_is_no_processes() -> None:
     "text, message, line",
     [
         ("index, name\n0, x\n", "unknown header", 1),
-        ("gpu_uuid, pid, used_memory [MiB]\nGPU-a, abc, 1 MiB\n", "pid 'abc'", 2),
+        ("gpu_uuid, pid, used_memory [MiB]\nGPU-a, abc, 1 MiB\n", "pid is not a number", 2),
         ("gpu_uuid, pid, used_memory [MiB]\nGPU-a, 1, many\n", "used memory", 2),
         ("gpu_uuid, pid\nGPU-a\n", "1 values for 2 columns", 2),
     ],

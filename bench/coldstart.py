@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Cold start of ``kvdoctor diagnose --bundle CASE`` against ``nvitop --help`` (issue 8, class
+10), on the same machine in one run. Figures, not pass/fail.
+
+nvitop lives in the bench's own venv (``bench/.venv-nvitop``, gitignored), made on first use
+with ``pip install nvitop``. Each command runs N times after one warm-up (the OS file cache
+warm for both); the median wall time is printed with the ratio kvdoctor / nvitop.
+
+Budget (issue 8): the ratio ≤ 1.0.
+usage: .venv/bin/python bench/coldstart.py [--runs N] [--case DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / "bench" / ".venv-nvitop"
+CASE = ROOT / "tests" / "data" / "bundles" / "r01-healthy-busy-tp2-h100"
+
+
+def nvitop() -> Path:
+    exe = VENV / "bin" / "nvitop"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "nvitop"], check=True)
+    return exe
+
+
+def median_wall(cmd: list[str], runs: int) -> float:
+    subprocess.run(cmd, capture_output=True, check=False)  # warm-up
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, check=False)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--case", type=Path, default=CASE)
+    args = ap.parse_args()
+    kvdoctor = Path(sys.executable).parent / "kvdoctor"
+    nv = nvitop()
+    base = median_wall([sys.executable, "-c", "pass"], args.runs)
+    # interleave the two so load on a shared machine hits both alike
+    k_times, n_times = [], []
+    for _ in range(3):
+        n_times.append(median_wall([str(nv), "--help"], max(1, args.runs // 3)))
+        k_times.append(
+            median_wall(
+                [str(kvdoctor), "diagnose", "--bundle", str(args.case), "--format", "json"],
+                max(1, args.runs // 3),
+            )
+        )
+    n, k = statistics.median(n_times), statistics.median(k_times)
+    print(f"python -c pass:                      {base * 1000:7.0f} ms")
+    print(f"nvitop --help:                       {n * 1000:7.0f} ms   (baseline)")
+    print(f"kvdoctor diagnose --bundle {args.case.name}: {k * 1000:7.0f} ms   {k / n:4.2f}x nvitop")
+    print(f"budget: ratio <= 1.0: {'met' if k <= n else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Regex hygiene (issue 8, class 4): no module-level regex backtracks super-linearly.
+
+Every compiled pattern kvdoctor keeps at module level (also inside dicts and tuples) is run
+against adversarial fillers — runs of digits, letters, spaces, quotes, brackets, separators and
+the pieces patterns commonly repeat — at growing lengths. A pattern must finish each search
+inside a time budget that a linear scan meets a hundred times over; a quadratic one (a 3 KB
+CUDA OOM line once took 63 s) does not.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import time
+
+import pytest
+
+import kvdoctor
+import kvdoctor.sources
+
+_SKIP = ("kvdoctor.__main__", "kvdoctor.tui", "kvdoctor.watch", "kvdoctor.faces")
+FILLERS = [
+    "1",
+    "1.",
+    "1 ",
+    "1.1 ",
+    "-1",
+    "a",
+    "A",
+    "e",
+    "a1",
+    " ",
+    "\t",
+    "a b",
+    "1 a",
+    "--a",
+    "-",
+    "(",
+    ")",
+    "[",
+    "{",
+    "'",
+    '"',
+    ":",
+    "a:",
+    "a=",
+    "=",
+    ",",
+    ", ",
+    "x=1, ",
+    "'a': ",
+    "\\",
+    "%",
+    "GiB ",
+    "://",
+    "@",
+    "a:a",
+    "/",
+    "|",
+    "\u2580",
+    "a\n",
+    "<a>",
+    "&",
+    "_",
+    "a_",
+    "MiB/",
+    "1MiB ",
+    ". ",
+    "# ",
+]
+LENGTHS = (1_000, 4_000, 16_000)
+BUDGET_S = 0.25  # per search at the largest length; linear patterns take ~1 ms
+
+
+def _modules() -> list[str]:
+    names = []
+    for pkg in (kvdoctor, kvdoctor.sources):
+        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+            if not info.ispkg and not info.name.startswith(_SKIP):
+                names.append(info.name)
+    return sorted(set(names))
+
+
+def _patterns() -> list[tuple[str, re.Pattern[str]]]:
+    out: list[tuple[str, re.Pattern[str]]] = []
+    for name in _modules():
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:  # an optional face (Textual) not installed
+            continue
+        for attr, value in vars(mod).items():
+            items: list[tuple[str, object]] = [(attr, value)]
+            if isinstance(value, dict):
+                items = [(f"{attr}[{k}]", v) for k, v in value.items()]
+            elif isinstance(value, (tuple, list)):
+                items = [(f"{attr}[{i}]", v) for i, v in enumerate(value)]
+            for label, pat in items:
+                if isinstance(pat, re.Pattern) and isinstance(pat.pattern, str):
+                    out.append((f"{name}.{label}", pat))
+    return out
+
+
+PATTERNS = _patterns()
+
+
+def test_patterns_found() -> None:
+    # the scan sees the parsers' tables (the log parser keeps ~80 in one dict)
+    assert len(PATTERNS) > 100
+    assert any(".vllm_log._RE[oom_legacy]" in n for n, _ in PATTERNS)
+
+
+@pytest.mark.parametrize("name,pattern", PATTERNS, ids=[n for n, _ in PATTERNS])
+def test_no_superlinear_backtracking(name: str, pattern: re.Pattern[str]) -> None:
+    for filler in FILLERS:
+        for n in LENGTHS:
+            text = filler * (n // len(filler))
+            t0 = time.perf_counter()
+            pattern.search(text)
+            pattern.search(text + "\n")
+            for _ in pattern.finditer(text[: n // 4]):
+                pass
+            elapsed = time.perf_counter() - t0
+            assert elapsed < BUDGET_S, f"{name} on {filler!r}×{n}: {elapsed:.2f} s"
+
+
+def test_long_cuda_oom_line_parses_quickly() -> None:
+    # The worst line the fuzzing pass found: a 3 KB CUDA OOM message of digits took 63 s.
+    from kvdoctor.sources.vllm_log import parse_log
+
+    line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate " + "1" * 3000 + " allowed;"
+    t0 = time.perf_counter()
+    log = parse_log(line + "\n" + line.replace("1", "9") + "\n")
+    assert time.perf_counter() - t0 < 2.0
+    assert [e.kind for e in log.events][:1] == ["cuda_oom"]
+
+
+def test_bounded_patterns_still_read_real_lines() -> None:
+    from kvdoctor.sources.nvidia_smi import _MEM_RE, _POWER_RE
+
+    assert _POWER_RE.search("N/A   34C    P0    70W / 300W ").groups() == ("70W", "300W")
+    assert _POWER_RE.search("N/A   P0    N/A /  N/A").groups() == ("N/A", "N/A")
+    assert _MEM_RE.search("  1234MiB / 81559MiB ").groups() == ("1234", "81559")
