@@ -92,6 +92,10 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 - ``swap_space_too_large`` {swap_bytes, cpu_total_bytes, fatal} (≤0.17).
 - ``hybrid_block_size`` {block_size}, ``mamba_padding`` {fraction}, ``padding_layers`` {layers,
   waste_fraction} (§3.3 item 6).
+- Catalogue 2 (sleep mode, weight offload, the V2 runner, speculative decoding, FlashInfer and
+  Triton workspaces): the kinds listed in :mod:`kvdoctor.sources.log_catalogue2`, whose traceback
+  frame ``hints`` (rejection_sampler, triton_autotune, fla_ops, attention, wake_up) are added to
+  every error block's.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
+from kvdoctor.sources import log_catalogue2
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
 
@@ -547,7 +552,7 @@ _ERROR_KINDS = frozenset(
         "invalid_kv_cache_dtype",
         "engine_failed",
     }
-)
+) | log_catalogue2.ERROR_KINDS
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",
@@ -568,6 +573,7 @@ _SERVING_NEEDLES = (
     "Starting vLLM server on",
     "Uvicorn running on",
     "Received request",
+    *log_catalogue2.SERVING_NEEDLES,
     "Added request",
     '"POST /v1/',
 )
@@ -613,7 +619,10 @@ def _is_worker(process: str | None) -> bool:
 
 def _hints(block: _Block) -> list[str]:
     low = "\n".join(block.text).lower()
-    return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
+    return sorted(tag for tag, needles in _ALL_HINTS.items() if any(n.lower() in low for n in needles))
+
+
+_ALL_HINTS = {**_OOM_HINTS, **log_catalogue2.FRAME_HINTS}
 
 
 @dataclass
@@ -782,6 +791,10 @@ class _Parser:
                 if needle in msg:
                     self._serving = True
                     break
+
+        # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
+        for kind, values in log_catalogue2.match(msg):
+            self._emit_catalogue2(kind, values, pl, key, block)
 
         # --- version / generation
         if "version" in msg:
@@ -1216,6 +1229,25 @@ class _Parser:
             return
 
     # ------------------------------------------------------------------ sub-matchers
+
+    def _emit_catalogue2(
+        self, kind: str, values: dict[str, Any], pl: ParsedLine, key: Any, block: _Block | None
+    ) -> None:
+        """One event of :mod:`log_catalogue2`; errors raised in a traceback get ``phase`` and
+        ``hints`` as a ``cuda_oom`` does (refined when the block closes)."""
+        ev = self._emit(kind, pl, key, values)
+        if ev is None or kind not in log_catalogue2.BLOCK_KINDS:
+            return
+        state = self._state.get(key, self._global_state)
+        if key in self._capturing:
+            state = "cuda_graph_capture"
+        if block is None:
+            block = _Block(-1, [pl.message])
+        else:
+            block.ooms.append((ev, state, self._serving))
+        ev.values["phase"] = self._phase(state, block, self._serving)
+        ev.values["hints"] = _hints(block)
+
 
     def _set_version(self, version: str, gen: str | None, pl: ParsedLine, key: Any) -> None:
         version = version.lstrip("v").rstrip(",.")
