@@ -21,6 +21,7 @@ WRITES: dict[str, str] = {
     "summary_activation_bytes": "bytes; post-warm-up summary 'GiB for peak activation' (else the DEBUG profile's torch peak increase)",
     "summary_non_torch_bytes": "bytes; post-warm-up summary 'GiB for non-torch memory' (else the DEBUG profile's non-torch increase)",
     "summary_cudagraph_bytes": "bytes; post-warm-up summary 'GiB for CUDAGraph memory'",
+    "kv_cache_memory_bytes_set": "bool; --kv-cache-memory-bytes is given (gmu does not size the KV cache)",
     "engine_budget_bytes": "bytes; B: ceil(gmu × T) (vLLM's requested memory); with --kv-cache-memory-bytes, consumed + peak activation + CUDA graphs + KV bytes from the post-warm-up summary (None when it is not logged)",
     "oom_process_bytes": "bytes; P: 'this process has X memory in use' of the last torch OOM, else the engine pids' NVML used memory on its GPU",
     "oom_process_source": "str; where P comes from ('torch OOM message' or 'NVML per-process used memory')",
@@ -102,6 +103,7 @@ def derive(s: Scope, v: Vars) -> None:
 
 def _budget(s: Scope, v: Vars, sv: dict[str, int | None]) -> None:
     total, gmu = v["device_total_bytes"], v["gmu"]
+    v["kv_cache_memory_bytes_set"] = bool(s.cfg.kv_cache_memory_bytes)
     if s.cfg.kv_cache_memory_bytes:
         # vllm-facts §3.3 item 10: with explicit KV bytes gmu does not size the engine.
         parts = [sv.get("consumed_bytes"), sv.get("activation_peak_bytes")]

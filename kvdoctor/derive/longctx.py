@@ -19,7 +19,7 @@ WRITES: dict[str, str] = {
     "longest_context_source": "str; where it comes from ('prompt-length histogram', 'KV in use', 'max_model_len (no metrics)')",
     "context_at_oom_tokens": "tokens; C: the context at the OOM, bounded by vllm:kv_cache_usage_perc (last sample) × (blocks − 1) × block_size, else max_model_len / 2",
     "context_at_oom_assumed": "bool; C is the max_model_len / 2 assumption",
-    "oom_frames_attention": "bool; the run-time OOM's traceback is in attention / MLA / indexer code",
+    "oom_frames_attention": "bool; the last run-time OOM's traceback is in attention / MLA / indexer code",
     "oom_frames_rejection_sampler": "bool; the run-time OOM's traceback passes through a rejection sampler (v1/sample/rejection_sampler.py, v1/worker/gpu/spec_decode/rejection_sampler.py)",
     "kv_available_bytes_now": "bytes; KV memory now: --kv-cache-memory-bytes, else 'Available KV cache memory'",
     "spec_k": "int; num_speculative_tokens (--speculative-config, the engine-config line's SpeculativeConfig(… num_spec_tokens=k))",
@@ -32,7 +32,6 @@ WRITES: dict[str, str] = {
 }
 READS: frozenset[str] = frozenset(
     {
-        "runtime_oom_hints",
         "prompt_max_bucket",
         "kv_usage",
         "cache_num_gpu_blocks",
@@ -48,7 +47,8 @@ READS: frozenset[str] = frozenset(
 
 def derive(s: Scope, v: Vars) -> None:
     """Context figures around a run-time OOM; the speculative-decoding configuration."""
-    hints = set(v["runtime_oom_hints"] or [])
+    runtime = [e for e in s.log.of("cuda_oom") if e.values.get("phase") == "runtime"] if s.log else []
+    hints = set(runtime[-1].values.get("frames") or []) if runtime else set()
     v["oom_frames_attention"] = "attention" in hints
     v["oom_frames_rejection_sampler"] = "rejection_sampler" in hints
     v["v2_runner"] = v["v2_runner_line"] is not None

@@ -158,7 +158,7 @@ def _wake(s: Scope, v: Vars) -> None:
     ev = ooms[-1]
     reqs = [e for e in log.of("wake_up_request") if e.line < ev.line]
     prior_sleep = [e for e in log.of("fell_asleep") if e.line < ev.line]
-    in_wake = "wake_up" in (ev.values.get("hints") or [])
+    in_wake = "wake_up" in (ev.values.get("frames") or [])
     v["wake_oom"] = bool(v["sleep_mode_on"] and (reqs or prior_sleep or in_wake))
     if not v["wake_oom"]:
         return

@@ -82,7 +82,7 @@ def derive(s: Scope, v: Vars) -> None:
     if tri:
         v["triton_oom_line"] = tri[-1].line
         v["triton_oom_phase"] = tri[-1].values.get("phase")
-        v["triton_oom_hints"] = list(tri[-1].values.get("hints") or [])
+        v["triton_oom_hints"] = list(tri[-1].values.get("frames") or [])
     gdn = log.last("gdn_warmup_failed")
     v["gdn_warmup_failed"] = gdn is not None
     v["gdn_warmup_failed_line"] = gdn.line if gdn else None

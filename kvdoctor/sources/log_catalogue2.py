@@ -2,8 +2,8 @@
 the V2 model runner, speculative decoding and kernel workspaces.
 
 ``kvdoctor.sources.vllm_log`` hands every message to :func:`match` (after its own prefix
-stripping and secret redaction of the event text) and merges :data:`FRAME_HINTS` into the
-``hints`` of an error block. Matching is on the message text only, never on ``file:line``.
+stripping and secret redaction of the event text) and tags every error block's event with
+``frames`` (:func:`frame_hints`). Matching is on the message text only, never on ``file:line``.
 Every pattern is anchored on a literal, uses bounded quantifiers only, and runs only after a
 cheap substring gate: a hostile log line costs one ``in`` test per gate.
 
@@ -24,8 +24,9 @@ Event kinds (``LogEvent.kind`` → ``values``); "§" cites reference/vllm-facts.
   workspace" warning.
 - ``attention_backend`` {backend}: "Using FLASHINFER attention backend out of potential
   backends: […]" and, for a user choice, "Using FLASH_ATTN backend.".
-- ``triton_oom`` {phase, hints}: "Triton Error [CUDA]: out of memory" (Triton's driver, outside
-  PyTorch's allocator: no sizes). ``phase``/``hints`` as for ``cuda_oom``.
+- ``triton_oom`` {phase, hints, frames}: "Triton Error [CUDA]: out of memory" (Triton's driver,
+  outside PyTorch's allocator: no sizes). ``phase``/``hints`` as for ``cuda_oom``; ``frames``
+  (every error block, ``cuda_oom`` too): :func:`frame_hints` of its traceback.
 - ``gdn_warmup_failed`` {tokens, layer}: "GDN prefill kernel warmup (T=N) failed for layer L.
   First inference may OOM due to autotuner." (WARNING, ≥0.18).
 - ``gdn_flashinfer_prefill`` {compute_capability}: "Using FlashInfer GDN prefill kernel on CUDA
@@ -55,7 +56,7 @@ from typing import Any
 
 from kvdoctor.units import GiB
 
-__all__ = ["BLOCK_KINDS", "ERROR_KINDS", "FRAME_HINTS", "SERVING_NEEDLES", "match"]
+__all__ = ["BLOCK_KINDS", "ERROR_KINDS", "FRAME_HINTS", "SERVING_NEEDLES", "frame_hints", "match"]
 
 #: Kinds raised inside a traceback block: they get ``phase`` and ``hints`` like ``cuda_oom``.
 BLOCK_KINDS = frozenset({"triton_oom", "cumem_oom", "flashinfer_overflow"})
@@ -64,7 +65,7 @@ ERROR_KINDS = BLOCK_KINDS
 #: Messages that mean the engine is serving (the run-time phase, spec §2).
 SERVING_NEEDLES = ("init engine (profile, create kv cache, warmup model) took",)
 
-#: traceback text → extra ``hints`` of an error block (lower-cased needles).
+#: traceback text → the ``frames`` tags of an error block (lower-cased needles).
 FRAME_HINTS: dict[str, tuple[str, ...]] = {
     "rejection_sampler": ("rejection_sampler.py", "rejection_sample("),
     "triton_autotune": ("triton/runtime/autotuner.py", "autotuner.py", "_bench(", "do_bench"),
@@ -72,6 +73,14 @@ FRAME_HINTS: dict[str, tuple[str, ...]] = {
     "attention": ("attention/backends/", "/mla/", "indexer", "flash_attn", "attention.py"),
     "wake_up": ("wake_up", "create_and_map"),
 }
+
+
+def frame_hints(lines: list[str]) -> list[str]:
+    """The :data:`FRAME_HINTS` tags whose needles occur in a traceback block's lines, sorted
+    (the block is bounded by the log parser: at most a few hundred lines)."""
+    low = "\n".join(lines).lower()
+    return sorted(tag for tag, needles in FRAME_HINTS.items() if any(n in low for n in needles))
+
 
 _NUM = r"(\d{1,12}(?:\.\d{1,9})?)"
 _RE = {

@@ -93,9 +93,9 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 - ``hybrid_block_size`` {block_size}, ``mamba_padding`` {fraction}, ``padding_layers`` {layers,
   waste_fraction} (§3.3 item 6).
 - Catalogue 2 (sleep mode, weight offload, the V2 runner, speculative decoding, FlashInfer and
-  Triton workspaces): the kinds listed in :mod:`kvdoctor.sources.log_catalogue2`, whose traceback
-  frame ``hints`` (rejection_sampler, triton_autotune, fla_ops, attention, wake_up) are added to
-  every error block's.
+  Triton workspaces): the kinds listed in :mod:`kvdoctor.sources.log_catalogue2`. Every error
+  raised in a traceback (``cuda_oom`` too) also gets ``frames``: the catalogue-2 code its
+  traceback names (rejection_sampler, triton_autotune, fla_ops, attention, wake_up).
 """
 
 from __future__ import annotations
@@ -536,23 +536,26 @@ _RE = {
     "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
 }
 
-_ERROR_KINDS = frozenset(
-    {
-        "cuda_oom",
-        "cuda_error_oom",
-        "sampler_warmup_oom",
-        "load_model_oom",
-        "free_memory_below_util",
-        "profiling_assertion",
-        "no_available_kv_memory",
-        "max_seq_len_exceeds_kv",
-        "v0_max_seq_len_exceeds_kv",
-        "autofit_failed",
-        "user_max_model_len_too_large",
-        "invalid_kv_cache_dtype",
-        "engine_failed",
-    }
-) | log_catalogue2.ERROR_KINDS
+_ERROR_KINDS = (
+    frozenset(
+        {
+            "cuda_oom",
+            "cuda_error_oom",
+            "sampler_warmup_oom",
+            "load_model_oom",
+            "free_memory_below_util",
+            "profiling_assertion",
+            "no_available_kv_memory",
+            "max_seq_len_exceeds_kv",
+            "v0_max_seq_len_exceeds_kv",
+            "autofit_failed",
+            "user_max_model_len_too_large",
+            "invalid_kv_cache_dtype",
+            "engine_failed",
+        }
+    )
+    | log_catalogue2.ERROR_KINDS
+)
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",
@@ -619,10 +622,7 @@ def _is_worker(process: str | None) -> bool:
 
 def _hints(block: _Block) -> list[str]:
     low = "\n".join(block.text).lower()
-    return sorted(tag for tag, needles in _ALL_HINTS.items() if any(n.lower() in low for n in needles))
-
-
-_ALL_HINTS = {**_OOM_HINTS, **log_catalogue2.FRAME_HINTS}
+    return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
 
 
 @dataclass
@@ -760,6 +760,7 @@ class _Parser:
         for ev, state, serving in block.ooms:
             ev.values["phase"] = self._phase(state, block, serving)
             ev.values["hints"] = _hints(block)
+            ev.values["frames"] = log_catalogue2.frame_hints(block.text)
 
     def _phase(self, state: str, block: _Block, serving: bool) -> str:
         text = "\n".join(block.text)
@@ -1247,7 +1248,7 @@ class _Parser:
             block.ooms.append((ev, state, self._serving))
         ev.values["phase"] = self._phase(state, block, self._serving)
         ev.values["hints"] = _hints(block)
-
+        ev.values["frames"] = log_catalogue2.frame_hints(block.text)
 
     def _set_version(self, version: str, gen: str | None, pl: ParsedLine, key: Any) -> None:
         version = version.lstrip("v").rstrip(",.")
@@ -1490,6 +1491,7 @@ class _Parser:
         # final for a closed block; provisional (refined when the block closes) for a follower
         ev.values["phase"] = self._phase(state, block, self._serving)
         ev.values["hints"] = _hints(block)
+        ev.values["frames"] = log_catalogue2.frame_hints(block.text)
 
     def _match_stats(self, pl: ParsedLine, key: Any, msg: str) -> None:
         R = _RE
