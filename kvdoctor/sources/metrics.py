@@ -254,11 +254,9 @@ def parse_metrics(
         if math.isnan(value):
             continue
         if name == _SLEEP:
-            acc = accs.setdefault(
-                (labels.get("engine"), labels.get("model_name")),
-                _Acc(model_name=labels.get("model_name"), engine=labels.get("engine")),
-            )
-            acc.sleep[labels.get("sleep_state") or ""] = value
+            skey = (labels.get("engine"), labels.get("model_name"))
+            sacc = accs.setdefault(skey, _Acc(model_name=skey[1], engine=skey[0]))
+            sacc.sleep[labels.get("sleep_state") or ""] = value
             continue
         if name in _SCALAR_NAMES:
             kind = "scalar"
