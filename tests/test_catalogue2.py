@@ -347,3 +347,61 @@ def test_allocator_fragmentation_needs_512_mib_reserved() -> None:
         )
         is None
     )
+
+
+def test_dp_skew_from_engine_stats_lines_without_metrics(tmp_path: Path) -> None:
+    # The periodic "Engine NNN:" lines stand in for /metrics (vllm-facts §3.4).
+    def stats(t: str, eng: int, run: int, wait: int, kv: float) -> str:
+        return (
+            f"(APIServer pid=1) INFO 12-01 10:00:{t} [loggers.py:178] Engine {eng:03d}: Avg prompt throughput: "
+            f"900.0 tokens/s, Avg generation throughput: 300.0 tokens/s, Running: {run} reqs, Waiting: {wait} "
+            f"reqs, GPU KV cache usage: {kv}%, Prefix cache hit rate: 0.0%"
+        )
+
+    lines = [
+        "(APIServer pid=1) INFO 12-01 10:00:00 [api_server.py:1839] vLLM API server version 0.14.0",
+        "(APIServer pid=1) INFO 12-01 10:00:00 [api_server.py:1840] non-default args: {'model': 'm', "
+        "'data_parallel_size': 2, 'max_num_seqs': 64}",
+    ]
+    for t in ("10", "25", "40"):
+        lines += [stats(t, 0, 51, 117, 100.0), stats(t, 1, 12, 0, 31.5)]
+    (tmp_path / "vllm.log").write_text("\n".join(lines) + "\n")
+    report = PIPELINE.evaluate(load_bundle(tmp_path).timeline)
+    got = {f.rule: f for f in report.findings}
+    assert "dp-engine-load-skew" in got
+    assert "engine 0 (waiting 117" in got["dp-engine-load-skew"].summary
+    # Two rounds of lines only: not enough samples.
+    (tmp_path / "vllm.log").write_text("\n".join(lines[:-2]) + "\n")
+    report = PIPELINE.evaluate(load_bundle(tmp_path).timeline)
+    assert "dp-engine-load-skew" not in {f.rule for f in report.findings}
+
+
+def test_offload_applied_with_less_than_g_offloaded_is_normal(tmp_path: Path) -> None:
+    # G ≥ S and "Total CPU offloaded parameters" below G: the offloader ran out of weights to move.
+    (tmp_path / "config.json").write_text(
+        (Path(__file__).parent / "data" / "models" / "qwen3-4b.json").read_text()
+    )
+    pre = "(EngineCore pid=7) INFO 12-01 09:00:{} [x.py:1] "
+    (tmp_path / "vllm.log").write_text(
+        "\n".join(
+            [
+                "(APIServer pid=1) INFO 12-01 09:00:00 [api_utils.py:347] vLLM server version 0.25.1, serving model m",
+                "(APIServer pid=1) INFO 12-01 09:00:00 [api_utils.py:286] non-default args: {'model': "
+                "'Qwen/Qwen3-4B', 'cpu_offload_gb': 40.0}",
+                pre.format("10") + "Offloader set to UVAOffloader",
+                pre.format("20") + "Total CPU offloaded parameters: 7.5",
+                pre.format("21") + "Model loading took 0.31 GiB memory and 20.000000 seconds",
+            ]
+        )
+        + "\n"
+    )
+    report = PIPELINE.evaluate(load_bundle(tmp_path).timeline)
+    assert "cpu-offload-not-applied" not in {f.rule for f in report.findings}
+    # The same log without the offloader lines is the rule's evidence (b) and (c).
+    text = (tmp_path / "vllm.log").read_text().splitlines()
+    (tmp_path / "vllm.log").write_text(
+        "\n".join(text[:2] + [pre.format("21") + "Model loading took 7.52 GiB memory and 20.000000 seconds"])
+        + "\n"
+    )
+    got = {f.rule: f for f in PIPELINE.evaluate(load_bundle(tmp_path).timeline).findings}
+    assert "cpu-offload-not-applied" in got
