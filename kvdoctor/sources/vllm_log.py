@@ -536,26 +536,25 @@ _RE = {
     "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
 }
 
-_ERROR_KINDS = (
-    frozenset(
-        {
-            "cuda_oom",
-            "cuda_error_oom",
-            "sampler_warmup_oom",
-            "load_model_oom",
-            "free_memory_below_util",
-            "profiling_assertion",
-            "no_available_kv_memory",
-            "max_seq_len_exceeds_kv",
-            "v0_max_seq_len_exceeds_kv",
-            "autofit_failed",
-            "user_max_model_len_too_large",
-            "invalid_kv_cache_dtype",
-            "engine_failed",
-        }
-    )
-    | log_catalogue2.ERROR_KINDS
+_ERROR_KINDS = frozenset(
+    {
+        "cuda_oom",
+        "cuda_error_oom",
+        "sampler_warmup_oom",
+        "load_model_oom",
+        "free_memory_below_util",
+        "profiling_assertion",
+        "no_available_kv_memory",
+        "max_seq_len_exceeds_kv",
+        "v0_max_seq_len_exceeds_kv",
+        "autofit_failed",
+        "user_max_model_len_too_large",
+        "invalid_kv_cache_dtype",
+        "engine_failed",
+    }
 )
+# catalogue-2 errors (sources/log_catalogue2.py) are kept once per failure too
+_ERROR_KINDS |= log_catalogue2.ERROR_KINDS
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",
