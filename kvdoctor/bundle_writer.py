@@ -256,6 +256,7 @@ _COUNTERS = (
     ("request_success_total", "vllm:request_success_total"),
     ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total"),
     ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+    ("spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts_total"),
 )
 
 
@@ -294,6 +295,8 @@ def render_metrics_text(metrics: list[EngineMetrics]) -> str:
                 out.append(f"{base}_bucket{_labels(em, {'le': _le(le)})} {float(count)!r}")
             out.append(f"{base}_count{lab} {float(h.count)!r}")
             out.append(f"{base}_sum{lab} {float(h.sum)!r}")
+        for state, v in em.sleep_state.items():
+            out.append(f"vllm:engine_sleep_state{_labels(em, {'sleep_state': state})} {float(v)!r}")
         if em.cache_config:
             # vLLM labels it with the engine and the config only (no model_name)
             info = {"engine": em.engine} if em.engine is not None else {}

@@ -277,6 +277,11 @@ class EngineMetrics:
     stats_enabled: bool = True
     #: "v1" or "v0" (V0 has num_requests_swapped / cpu_cache_usage_perc), None if unknown.
     engine_generation: str | None = None
+    #: ``vllm:engine_sleep_state`` by its ``sleep_state`` label ("awake", "weights_offloaded",
+    #: "discard_all") → 0/1; empty when the gauge is absent (before 0.12, vllm-facts §1.2).
+    sleep_state: dict[str, float] = field(default_factory=dict)
+    #: ``vllm:spec_decode_num_drafts_total`` (counter; present only with speculative decoding)
+    spec_decode_num_drafts_total: float | None = None
 
 
 @dataclass

@@ -93,7 +93,192 @@ def count_at_least(values: Iterable[float | None] | None, threshold: float | Non
     return sum(1 for x in values if x is not None and x >= threshold)
 
 
+# --------------------------------------------------------------------------- catalogue 2
+
+
+def spec_sampler_bytes(
+    vocab: int | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    k: int | None,
+    logit_bytes: int = 2,
+    probabilistic: bool = False,
+    v2_runner: bool = False,
+) -> int | None:
+    """U, the rejection-sampler memory a step with k drafts per request needs beyond vLLM's
+    warm-up (spec/rules-catalogue2.md §3.3 ``spec-decode-sampler-oom``; an estimate read off
+    the code, not measured): V × (N_run·k − N_prof) × (b + 12) (+ V × (N_run·k − N_prof) × 8
+    with ``probabilistic`` draft sampling), N_run = min(max_num_seqs, ⌊mnbt/(k+1)⌋), N_prof =
+    min(max_num_seqs, mnbt). For the V2 runner the lower bound V × N_run × k × b. Bytes, at least
+    0; None when an input is missing."""
+    if not vocab or not max_num_seqs or not max_num_batched_tokens or not k or k < 1:
+        return None
+    n_run = min(max_num_seqs, max_num_batched_tokens // (k + 1))
+    if v2_runner:
+        return int(vocab * n_run * k * logit_bytes)
+    n_prof = min(max_num_seqs, max_num_batched_tokens)
+    extra = max(0, n_run * k - n_prof)
+    per = logit_bytes + 12 + (8 if probabilistic else 0)
+    return int(vocab * extra * per)
+
+
+def spec_max_num_seqs_fit(
+    limit_bytes: float | None,
+    vocab: int | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    k: int | None,
+    logit_bytes: int = 2,
+    probabilistic: bool = False,
+    v2_runner: bool = False,
+) -> int | None:
+    """The largest multiple of 8 below ``max_num_seqs`` whose :func:`spec_sampler_bytes` is
+    ≤ ``limit_bytes``; None when none (or an input is missing)."""
+    if limit_bytes is None or not max_num_seqs:
+        return None
+    n = (max_num_seqs - 1) // 8 * 8
+    while n >= 8:
+        u = spec_sampler_bytes(vocab, n, max_num_batched_tokens, k, logit_bytes, probabilistic, v2_runner)
+        if u is None:
+            return None
+        if u <= limit_bytes:
+            return n
+        n -= 8
+    return None
+
+
+def spec_k_fit(
+    limit_bytes: float | None,
+    vocab: int | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    k: int | None,
+    logit_bytes: int = 2,
+    probabilistic: bool = False,
+    v2_runner: bool = False,
+) -> int | None:
+    """The largest k' in [1, k) whose :func:`spec_sampler_bytes` is ≤ ``limit_bytes``; None when
+    none fits or an input is missing."""
+    if limit_bytes is None or not k:
+        return None
+    for kk in range(k - 1, 0, -1):
+        u = spec_sampler_bytes(
+            vocab, max_num_seqs, max_num_batched_tokens, kk, logit_bytes, probabilistic, v2_runner
+        )
+        if u is not None and u <= limit_bytes:
+            return kk
+    return None
+
+
+def spec_config_with_k(config_json: str | None, k: int | None) -> str | None:
+    """``--speculative-config`` JSON with ``num_speculative_tokens`` set to ``k``; None without
+    either."""
+    import json
+
+    if not config_json or not k:
+        return None
+    try:
+        cfg = json.loads(config_json)
+    except ValueError:
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    cfg["num_speculative_tokens"] = int(k)
+    return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
+
+
+def dp_skew(
+    samples: list[dict[str, Any]] | None,
+    hot_waiting: float,
+    hot_kv: float,
+    cold_kv: float,
+    hot_share: float,
+    max_num_seqs: int | None = None,
+) -> dict[str, Any] | None:
+    """Data-parallel load skew over ``samples`` (derive ``dp_samples``): in every sample some
+    engines are hot (waiting ≥ ``hot_waiting`` and KV usage ≥ ``hot_kv``) and some cold (waiting
+    0, KV ≤ ``cold_kv``, running < ``max_num_seqs`` when known), and the hot ones hold ≥
+    ``hot_share`` of all waiting requests. Returns {'hot': [labels], 'cold': [labels],
+    'last': the last sample's engines, 'moves': Σ_hot (waiting − mean waiting)} or None."""
+    if not samples:
+        return None
+    hot_all: set[str] | None = None
+    cold_all: set[str] | None = None
+    for smp in samples:
+        eng = smp.get("engines") or {}
+        hot = {
+            lab for lab, e in eng.items()
+            if (e.get("waiting") or 0) >= hot_waiting and (e.get("kv") or 0) >= hot_kv
+        }  # fmt: skip
+        cold = {
+            lab for lab, e in eng.items()
+            if (e.get("waiting") or 0) == 0 and e.get("kv") is not None and e["kv"] <= cold_kv
+            and (max_num_seqs is None or (e.get("running") or 0) < max_num_seqs)
+        }  # fmt: skip
+        total_wait = sum((e.get("waiting") or 0) for e in eng.values())
+        hot_wait = sum((eng[lab].get("waiting") or 0) for lab in hot)
+        if not hot or not cold or total_wait <= 0 or hot_wait < hot_share * total_wait:
+            return None
+        hot_all = hot if hot_all is None else hot_all & hot
+        cold_all = cold if cold_all is None else cold_all & cold
+    last = samples[-1].get("engines") or {}
+    hot_l = sorted(hot_all or [], key=_label_key)
+    cold_l = sorted(cold_all or [], key=_label_key)
+    if not hot_l or not cold_l:
+        return None
+    mean = sum((e.get("waiting") or 0) for e in last.values()) / max(1, len(last))
+    moves = sum(max(0.0, (last[h].get("waiting") or 0) - mean) for h in hot_l)
+    return {"hot": hot_l, "cold": cold_l, "last": last, "moves": int(round(moves)), "mean_waiting": mean}
+
+
+def _label_key(x: str) -> tuple[int, str]:
+    return (int(x), x) if str(x).isdigit() else (1 << 30, str(x))
+
+
+def dp_absorb(
+    skew: dict[str, Any] | None,
+    capacity: dict[str, int] | None,
+    max_num_seqs: int | None,
+    typical_tokens: int | None,
+) -> int | None:
+    """Requests the cold engines could take now: Σ_cold min(max_num_seqs − running,
+    ⌊(1 − kv) × capacity tokens / typical tokens⌋); the slot term alone when the KV room is
+    unknown; None without max_num_seqs."""
+    if skew is None or not max_num_seqs:
+        return None
+    total = 0
+    for lab in skew["cold"]:
+        e = skew["last"].get(lab) or {}
+        slots = max(0, int(max_num_seqs - (e.get("running") or 0)))
+        cap = (capacity or {}).get(lab)
+        if cap and typical_tokens and e.get("kv") is not None:
+            slots = min(slots, int((1 - e["kv"]) * cap // typical_tokens))
+        total += slots
+    return total
+
+
+def dp_desc(skew: dict[str, Any] | None, which: str) -> str:
+    """'engine 0 (waiting 117, running 51, KV 1.00), …' for skew['hot'] / skew['cold']."""
+    if skew is None:
+        return ""
+    parts = []
+    for lab in skew[which]:
+        e = skew["last"].get(lab) or {}
+        parts.append(
+            f"engine {lab} (waiting {int(e.get('waiting') or 0)}, running {int(e.get('running') or 0)}, "
+            f"KV {fmt(e.get('kv'), '.2f')})"
+        )
+    return ", ".join(parts)
+
+
 RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "spec_sampler_bytes": spec_sampler_bytes,
+    "spec_max_num_seqs_fit": spec_max_num_seqs_fit,
+    "spec_k_fit": spec_k_fit,
+    "spec_config_with_k": spec_config_with_k,
+    "dp_skew": dp_skew,
+    "dp_absorb": dp_absorb,
+    "dp_desc": dp_desc,
     "smallest_tensor_parallel_size": _none_safe(kvmath.smallest_tensor_parallel_size),
     "max_model_len_for_tokens": _none_safe(kvmath.max_model_len_for_tokens),
     "max_num_seqs_for": _none_safe(kvmath.max_num_seqs_for),

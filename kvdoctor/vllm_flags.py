@@ -130,8 +130,15 @@ FLAGS: tuple[Flag, ...] = (
     _f("limit_mm_per_prompt", kind="json"),
     _f("mm_processor_kwargs", kind="json"),
     _f("kv_transfer_config", kind="json"),
-    _f("speculative_config", kind="json"),
+    _f("speculative_config", "-sc", kind="json"),
     _f("enable_sleep_mode", kind="bool"),
+    # catalogue 2 (spec/rules-catalogue2.md §4.4)
+    _f("sleep_mode_offload_cudagraph", kind="bool", added_in="0.32"),
+    _f("enable_nccl_comm_suspend", kind="bool", added_in="0.30"),
+    _f("attention_backend", kind="str", added_in="0.13"),
+    _f("data_parallel_external_lb", kind="bool"),
+    _f("data_parallel_hybrid_lb", kind="bool"),
+    _f("aggregate_engine_logging", kind="bool"),
     _f("max_parallel_loading_workers", kind="int"),
     # scheduling
     _f("max_num_seqs", kind="int", field="max_num_seqs"),

@@ -40,11 +40,19 @@ SPEC_IDS = {
     "max-num-seqs-exceeds-kv", "swap-preemption-stall", "prefill-burst-oom", "logprobs-oom", "multimodal-profile-oom",
     "gpu-hardware-errors", "gpu-memory-growth", "colocated-engines-overcommit",
 }  # fmt: skip
+#: spec/rules-catalogue2.md §3: the failure kinds of 2026 vLLM.
+SPEC2_IDS = {
+    "cpu-offload-not-applied", "flashinfer-workspace-overflow", "triton-autotune-oom",
+    "long-context-prefill-oom", "spec-decode-sampler-oom", "dp-engine-load-skew",
+    "sleep-memory-not-released", "wake-up-oom",
+}  # fmt: skip
 
 
 def test_catalogue_holds_the_issue_rules_and_each_documents_itself() -> None:
     ids = {r.id for r in RULES}
     assert SPEC_IDS <= ids
+    assert SPEC2_IDS <= ids
+    assert len(ids) == 35
     for r in RULES:
         for section in ("## What", "## Why", "## How to confirm", "## Fix", "## Sources"):
             assert section in r.doc, (r.id, section)

@@ -25,16 +25,22 @@ from typing import Any
 from kvdoctor import catalog
 from kvdoctor.derive import (
     attribution,
+    budget,
     colocation,
     config,
+    dp,
     growth,
     hardware,
     log,
+    longctx,
     metrics,
     model,
+    offload,
     oom,
     pressure,
+    sleep,
     swap,
+    workspace,
 )
 from kvdoctor.derive.base import Family, LogRuns, Scope, Vars, current_run, log_runs, visible_gpus
 from kvdoctor.derive.engines import (
@@ -69,6 +75,13 @@ FAMILIES: tuple[Family, ...] = (
     hardware.FAMILY,
     growth.FAMILY,
     colocation.FAMILY,
+    # catalogue 2 (spec/rules-catalogue2.md): budget holds its §2 shared definitions
+    budget.FAMILY,
+    offload.FAMILY,
+    workspace.FAMILY,
+    longctx.FAMILY,
+    dp.FAMILY,
+    sleep.FAMILY,
 )
 ORDER: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 
@@ -108,6 +121,7 @@ def build_contexts(
     recent, older = recent_snapshots(timeline.snapshots, window_s)
     labels = sorted({m.engine for s in recent for m in s.metrics if m.engine is not None})
     targets, listed = dp_targets(engines, labels)
+    peers = {lab: engine_series(recent, lab) for lab in labels} if len(labels) > 1 else {}
     history = bounded_history(timeline.snapshots)
     runs = log_runs(snapshot.log) if snapshot.log is not None else None
     visible = visible_gpus(snapshot)
@@ -132,6 +146,7 @@ def build_contexts(
             runs=runs,
             visible=visible,
             engine_pids=engine_pids,
+            peers=peers,
         )
         variables = derive_variables(scope)
         contexts.append((eng.id if eng else None, variables, _inputs(scope)))
@@ -164,6 +179,7 @@ def _scope(
     runs: LogRuns | None,
     visible: list[Any],
     engine_pids: frozenset[int],
+    peers: dict[str, list[Any]] | None = None,
 ) -> Scope:
     cfg = engine.config if engine else EngineConfig()
     arch = snapshot.model
@@ -186,6 +202,7 @@ def _scope(
         model_source=model_source,
         visible=visible,
         engine_pids=engine_pids,
+        peer_series=peers or {},
     )
 
 

@@ -187,6 +187,8 @@ class Scope:
     model_source: str | None = None
     visible: list[Gpu] = field(default_factory=list)
     engine_pids: frozenset[int] = frozenset()
+    #: every data-parallel engine's scrapes in the window, by ``engine`` label (empty without DP).
+    peer_series: dict[str, list[EngineMetrics]] = field(default_factory=dict)
 
     @property
     def log(self) -> LogView | None:

@@ -24,6 +24,7 @@ WRITES: dict[str, str] = {
     "colocated_reserved_bytes": "bytes; Σ gmu × card total: what the engines reserve together",
     "colocated_total_bytes": "bytes; the card's total memory",
     "colocated_desc": "str; 'pid 5120 (Llama-3.1-8B) gmu 0.60, pid 5388 (Qwen3-4B) gmu 0.50'",
+    "colocated_bytes": "list[bytes]; each engine's NVML used memory on that GPU, in colocated_gmus order (None from command lines)",
     "colocated_names": "list[str]; a name per engine on it (served model, else pid or engine index), in colocated_gmus order",
     "colocated_self": "int; this engine's position in colocated_gmus (None when it is not one of them)",
     "colocated_start_gap_s": "seconds; smallest gap between the engines' start times (live process table only)",
@@ -142,6 +143,7 @@ def derive(s: Scope, v: Vars) -> None:
     v["colocated_gpu"] = gpu.index
     v["colocated_count"] = len(entries)
     v["colocated_gmus"] = gmus
+    v["colocated_bytes"] = [e["bytes"] for e in entries]
     v["colocated_total_bytes"] = total
     v["colocated_names"] = [
         str(e["model"] or (f"pid {e['pid']}" if e["pid"] else f"engine {i}")) for i, e in enumerate(entries)

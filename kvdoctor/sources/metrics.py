@@ -85,9 +85,12 @@ _SCALARS: dict[str, tuple[str, ...]] = {
         "vllm:gpu_prefix_cache_queries_total",
     ),
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "spec_decode_num_drafts_total": ("vllm:spec_decode_num_drafts_total",),
 }
 _V0_ONLY = ("vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc")
 _INFO = "vllm:cache_config_info"
+#: ``vllm:engine_sleep_state{sleep_state=…}``: kept per label value, not summed (catalogue 2 §3.5).
+_SLEEP = "vllm:engine_sleep_state"
 _ITL, _ITL_OLD = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
 _SCALAR_NAMES = frozenset(n for names in _SCALARS.values() for n in names) | frozenset(_V0_ONLY)
 _HTTP_RE = re.compile(r"^http_[a-zA-Z0-9_:]*[{ \t]", re.M)
@@ -111,7 +114,7 @@ _LINE_CACHE_MAX = 8192
 def _filter_re(histograms: tuple[str, ...]) -> re.Pattern[str]:
     """The regex that keeps only the sample lines of the families we read (applied to
     ``"\\n" + text``; a literal first character keeps the scan at C speed)."""
-    names = sorted(n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO})
+    names = sorted(n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO, _SLEEP})
     hists = sorted(h[len("vllm:") :] for h in histograms if h.startswith("vllm:"))
     alts = "|".join(re.escape(n) for n in names)
     if hists:
@@ -179,6 +182,8 @@ class _Acc:
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
+    # vllm:engine_sleep_state: sleep_state label → value
+    sleep: dict[str, float] = field(default_factory=dict)
 
 
 def _num(v: Any) -> float | None:
@@ -252,6 +257,11 @@ def parse_metrics(
             continue
         if math.isnan(value):
             continue
+        if name == _SLEEP:
+            skey = (labels.get("engine"), labels.get("model_name"))
+            sacc = accs.setdefault(skey, _Acc(model_name=skey[1], engine=skey[0]))
+            sacc.sleep[labels.get("sleep_state") or ""] = value
+            continue
         if name in _SCALAR_NAMES:
             kind = "scalar"
         elif name.endswith("_bucket") and "le" in labels:
@@ -309,6 +319,7 @@ def parse_metrics(
         bases = set(acc.buckets) | {c for c in acc.counts if hist_names is not None and c in hist_names}
         for base in sorted(bases):
             em.histograms[base] = _histogram(acc, base)
+        em.sleep_state = dict(acc.sleep)
         if _ITL not in em.histograms and _ITL_OLD in em.histograms:
             # Before 0.10.2 the inter-token latency was time_per_output_token (§1.5, §7).
             em.histograms[_ITL] = em.histograms[_ITL_OLD]

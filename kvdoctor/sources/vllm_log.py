@@ -92,6 +92,10 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 - ``swap_space_too_large`` {swap_bytes, cpu_total_bytes, fatal} (≤0.17).
 - ``hybrid_block_size`` {block_size}, ``mamba_padding`` {fraction}, ``padding_layers`` {layers,
   waste_fraction} (§3.3 item 6).
+- Catalogue 2 (sleep mode, weight offload, the V2 runner, speculative decoding, FlashInfer and
+  Triton workspaces): the kinds listed in :mod:`kvdoctor.sources.log_catalogue2`. Every error
+  raised in a traceback (``cuda_oom`` too) also gets ``frames``: the catalogue-2 code its
+  traceback names (rejection_sampler, triton_autotune, fla_ops, attention, wake_up).
 """
 
 from __future__ import annotations
@@ -111,6 +115,7 @@ from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
+from kvdoctor.sources import log_catalogue2
 from kvdoctor.sources.limits import (
     MAX_DIGITS,
     MAX_LINE_CHARS,
@@ -599,6 +604,8 @@ _ERROR_KINDS = frozenset(
         "engine_failed",
     }
 )
+# catalogue-2 errors (sources/log_catalogue2.py) are kept once per failure too
+_ERROR_KINDS |= log_catalogue2.ERROR_KINDS
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",
@@ -619,6 +626,7 @@ _SERVING_NEEDLES = (
     "Starting vLLM server on",
     "Uvicorn running on",
     "Received request",
+    *log_catalogue2.SERVING_NEEDLES,
     "Added request",
     '"POST /v1/',
 )
@@ -961,6 +969,7 @@ class _Parser:
         for ev, state, serving in block.ooms:
             ev.values["phase"] = self._phase(state, block, serving)
             ev.values["hints"] = _hints(block)
+            ev.values["frames"] = log_catalogue2.frame_hints(block.text)
 
     def _phase(self, state: str, block: _Block, serving: bool) -> str:
         text = "\n".join(block.text)
@@ -995,6 +1004,10 @@ class _Parser:
         if pl.formatted or pl.level in ("DEBUG", "INFO", "WARNING"):
             if msg.startswith(_REQUEST_PREFIXES) or _ACCESS_RE.match(msg):
                 return  # the request and access logs: a prompt's text never becomes an event
+
+        # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
+        for kind, values in log_catalogue2.match(msg):
+            self._emit_catalogue2(kind, values, pl, key, block)
 
         # --- version / generation
         if "version" in msg:
@@ -1430,6 +1443,25 @@ class _Parser:
 
     # ------------------------------------------------------------------ sub-matchers
 
+    def _emit_catalogue2(
+        self, kind: str, values: dict[str, Any], pl: ParsedLine, key: Any, block: _Block | None
+    ) -> None:
+        """One event of :mod:`log_catalogue2`; errors raised in a traceback get ``phase`` and
+        ``hints`` as a ``cuda_oom`` does (refined when the block closes)."""
+        ev = self._emit(kind, pl, key, values)
+        if ev is None or kind not in log_catalogue2.BLOCK_KINDS:
+            return
+        state = self._state.get(key, self._global_state)
+        if key in self._capturing:
+            state = "cuda_graph_capture"
+        if block is None:
+            block = _Block(-1, [pl.message])
+        else:
+            block.ooms.append((ev, state, self._serving))
+        ev.values["phase"] = self._phase(state, block, self._serving)
+        ev.values["hints"] = _hints(block)
+        ev.values["frames"] = log_catalogue2.frame_hints(block.text)
+
     def _set_version(self, version: str, gen: str | None, pl: ParsedLine, key: Any) -> None:
         version = version.lstrip("v").rstrip(",.")
         if not version or not version[0].isdigit():
@@ -1671,6 +1703,7 @@ class _Parser:
         # final for a closed block; provisional (refined when the block closes) for a follower
         ev.values["phase"] = self._phase(state, block, self._serving)
         ev.values["hints"] = _hints(block)
+        ev.values["frames"] = log_catalogue2.frame_hints(block.text)
 
     def _match_stats(self, pl: ParsedLine, key: Any, msg: str) -> None:
         R = _RE
