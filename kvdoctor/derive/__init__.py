@@ -41,6 +41,7 @@ from kvdoctor.derive.engines import (
     bounded_history,
     build_engines,
     dp_targets,
+    engine_pids_of,
     engine_series,
     recent_snapshots,
 )
@@ -111,7 +112,7 @@ def build_contexts(
     history = bounded_history(timeline.snapshots)
     runs = log_runs(snapshot.log) if snapshot.log is not None else None
     visible = visible_gpus(snapshot)
-    engine_pids = frozenset(p.pid for p in snapshot.processes if p.vllm_role is not None)
+    engine_pids = engine_pids_of(snapshot, runs.run.events if runs is not None else [])
     if runs is not None:
         engine_pids |= runs.pids_latest
     contexts: list[tuple[str | None, dict[str, Any], set[str]]] = []

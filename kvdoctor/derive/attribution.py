@@ -27,7 +27,7 @@ WRITES: dict[str, str] = {
     "visible_gpus": "list[int]; indices of the visible GPUs",
     "gpu_used_map": "dict[int, bytes]; used memory of each visible GPU whose memory was read (nvidia-smi Memory-Usage / NVML memory.used)",
     "gpu_total_map": "dict[int, bytes]; total memory of each visible GPU whose total was read",
-    "gpus_without_processes": "list[int]; visible GPUs on which no process is listed (nvidia-smi Processes / NVML running processes)",
+    "gpus_without_processes": "list[int]; visible GPUs holding no engine: no process listed, or only small (< 1 GiB) non-engine contexts (nvidia-smi Processes / NVML running processes)",
     "gpu_mig": "bool; MIG mode on any engine GPU",
     "throttle_reasons": "list[str]; NVML clock event reasons that slow the engine's GPUs (thermal, power, hardware)",
     "stacked_gpu": "int; a GPU on which two or more vLLM engines hold memory (None if none)",
@@ -53,7 +53,12 @@ READS: frozenset[str] = frozenset({"tp_pp", "gmu", "max_num_seqs", "vllm_version
 
 
 def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
-    """Which GPUs an engine uses: where its pids hold memory, else the first tp×pp visible GPUs."""
+    """Which GPUs an engine uses: where its pids hold memory, else the first tp×pp visible GPUs.
+
+    A TP×PP engine spans tp×pp GPUs: when its known pids cover fewer (a V0 driver rank or a
+    plain ``python`` application logs no prefix), the rest is filled from the visible GPUs
+    holding memory but no other engine's process, then from the others, in index order."""
+    want = max(1, tp_pp)
     if engine.gpus:
         got = [g for g in s.visible if g.index in engine.gpus]
         if got:
@@ -61,8 +66,25 @@ def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
     if s.engine_pids:
         got = [g for g in s.visible if any(p.pid in s.engine_pids for p in g.processes)]
         if got:
+            if len(got) < want:
+                rest = [g for g in s.visible if g not in got and not _other_engine_on(g, s.engine_pids)]
+                rest.sort(key=lambda g: (not g.processes, g.index))
+                got = sorted(got + rest[: want - len(got)], key=lambda g: g.index)
             return got
-    return s.visible[: max(1, tp_pp)]
+    return s.visible[:want]
+
+
+def _other_engine_on(g: Gpu, engine_pids: frozenset[int]) -> bool:
+    return any(is_vllm_process(p.name) and p.pid not in engine_pids for p in g.processes)
+
+
+def holds_no_engine(g: Gpu, engine_pids: frozenset[int]) -> bool:
+    """No engine process on this GPU: none named like vLLM or with a known engine pid, and no
+    process holding 1 GiB or more (a display server's or a monitor's small context is not an
+    engine)."""
+    return not any(
+        p.pid in engine_pids or is_vllm_process(p.name) or (p.used_bytes or 0) >= GiB for p in g.processes
+    )
 
 
 def _engine_bytes_on(g: Gpu, engine_pids: frozenset[int]) -> int:
@@ -113,7 +135,7 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     v["visible_gpus"] = [g.index for g in visible]
     v["gpu_used_map"] = {g.index: g.memory_used_bytes for g in visible if g.memory_used_bytes is not None}
     v["gpu_total_map"] = {g.index: g.memory_total_bytes for g in visible if g.memory_total_bytes}
-    v["gpus_without_processes"] = [g.index for g in visible if not g.processes]
+    v["gpus_without_processes"] = [g.index for g in visible if holds_no_engine(g, s.engine_pids)]
     v["gpu_mig"] = any(g.mig_enabled for g in egpus)
     slow = ("thermal", "power", "hw_slowdown", "slowdown")
     v["throttle_reasons"] = sorted(
@@ -146,6 +168,36 @@ def _max_num_seqs_effective(s: Scope, v: Vars) -> None:
         v["max_num_seqs_effective"] = default_max_num_seqs(
             v["vllm_version"], v["gpu_total_bytes"], v["gpu_name"]
         )
+
+
+def _known_foreign(s: Scope, g: Gpu, p: GpuProcess) -> bool:
+    """A process is called foreign only when something says it is not the engine: the engine's
+    own process is on the same GPU beside it, or the host's process table lists it as no
+    vLLM process. On a GPU where no engine pid is seen, the largest unknown process is taken as
+    the engine's own rank (a V0 driver worker, a ``python`` application's LLM) — never foreign."""
+    if any(q.pid in s.engine_pids or is_vllm_process(q.name) for q in g.processes if q is not p):
+        return True
+    unknown = [q for q in g.processes if q.pid not in s.engine_pids and not is_vllm_process(q.name)]
+    if max(unknown, key=lambda q: q.used_bytes or 0) is not p:
+        return _not_vllm_in_table(s, p.pid)
+    return False
+
+
+def _not_vllm_in_table(s: Scope, pid: int) -> bool:
+    """The host's process table lists ``pid`` and neither it nor an ancestor launches vLLM."""
+    if not s.snapshot.process_table_known:
+        return False
+    procs = {q.pid: q for q in s.snapshot.processes}
+    cur = procs.get(pid)
+    if cur is None:
+        return False
+    seen: set[int] = set()
+    while cur is not None and cur.pid not in seen:
+        seen.add(cur.pid)
+        if cur.launches_vllm or cur.vllm_role is not None:
+            return False
+        cur = procs.get(cur.ppid) if cur.ppid is not None else None
+    return True
 
 
 def _foreign_and_orphans(s: Scope, v: Vars) -> None:
@@ -194,6 +246,7 @@ def _foreign_and_orphans(s: Scope, v: Vars) -> None:
                 and not vllm_like
                 and ((engine_pids and pids_comparable) or startup_refused)
                 and (startup_refused or not _looks_like_the_engine(p, g, v["gmu"]))
+                and (startup_refused or _known_foreign(s, g, p))
             ):
                 foreign.append((p, g.index))
     v["foreign_pids"] = [p.pid for p, _ in foreign]

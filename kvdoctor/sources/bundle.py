@@ -352,6 +352,9 @@ def artifacts_in_dir(root: Path) -> Artifacts:
         art.compute_apps = root / "compute-apps.csv"
     if (root / "vllm.log").is_file():
         art.log = root / "vllm.log"
+    elif (root / "vllm.log.gz").is_file():
+        # A rotated, compressed log (logrotate's compress): parse_log_file reads gzip, bounded.
+        art.log = root / "vllm.log.gz"
     if (root / "metrics").is_dir():
         art.metrics.append(root / "metrics")
     if (root / "metrics.txt").is_file():
@@ -432,6 +435,8 @@ def _load_dir(root: Path, *, label: str) -> Loaded:
         if name == "cmdline.txt" and art.cmdline is not None:
             present = True
         if name == "nvidia-smi.txt" and art.nvidia_smi:
+            present = True
+        if name == "vllm.log" and art.log is not None:
             present = True
         if not present:
             _status(snap, BUNDLE_FILES[name], str(root / name), "missing", f"{name} not in bundle")

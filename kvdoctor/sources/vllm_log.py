@@ -76,6 +76,11 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
   ``hints``: what the traceback around it mentions, a sorted subset of "logprobs" (logprobs /
   prompt_logprobs / log_softmax code), "sampler", "prefill" and "multimodal" (multimodal encoder /
   embedding code), for telling a logprobs or multimodal OOM from a prefill burst.
+- ``engine_pid`` {pid, source}: a line naming an engine's pid ("Started engine process with PID N",
+  uvicorn's "Started server process [N]", application lines; ``kvdoctor.sources.log_engines``).
+  ``cuda_oom`` also carries ``engine_pid``: the raising process among the pids it names, or None.
+- ``cudagraph_memory_profiling`` {}: "Profiling CUDA graph memory: …" (≥ 0.18, inside
+  determine_available_memory; an OOM after it is a graph-capture OOM).
 - ``cuda_error_oom`` {}: "CUDA error: out of memory" (a CUDA runtime error, not the allocator's).
 - ``load_model_oom`` {}: "Failed to load model - not enough GPU memory" (§3.5);
   ``sampler_warmup_oom`` {num_requests}; ``mm_profile`` {}: multimodal profiling warnings.
@@ -107,6 +112,8 @@ from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
+from kvdoctor.sources.log_engines import engine_pid_line, oom_engine_pid, split_engines
+from kvdoctor.sources.log_prefixes import strip_prefixes
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
 
@@ -207,6 +214,8 @@ class ParsedLine:
     time: str | None = None
     #: True for lines written by vLLM's formatter (they carry level and time).
     formatted: bool = False
+    #: the node a collector prefix named (journald hostname, Ray ``ip=``), else None.
+    host: str | None = None
 
 
 def parse_line(raw: str) -> ParsedLine:
@@ -220,6 +229,7 @@ def parse_line(raw: str) -> ParsedLine:
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
+    line, host = strip_prefixes(line)  # compose / kubectl / journald / Ray (log_prefixes)
     if line[:2] == "20" and line[4:5] == "-":
         m = _TS_PREFIX_RE.match(line)
         if m:
@@ -245,7 +255,7 @@ def parse_line(raw: str) -> ParsedLine:
             if m:
                 level = m.group(1)
                 line = line[m.end() :]
-    return ParsedLine(line, process, pid, level, time, formatted)
+    return ParsedLine(line, process, pid, level, time, formatted, host)
 
 
 # --------------------------------------------------------------------------- value helpers
@@ -573,6 +583,7 @@ _SERVING_NEEDLES = (
 )
 # traceback frames of CUDA graph capture (V0 capture_model/graph_runner.capture, V1 _capture_cudagraphs)
 _CAPTURE_HINTS = (
+    "profile_cudagraph_memory",  # ≥ 0.18: graph memory profiled in determine_available_memory
     "capture_model",
     "graph_runner.capture",
     "_capture_cudagraphs",
@@ -600,6 +611,13 @@ _OOM_HINTS: dict[str, tuple[str, ...]] = {
         "visual(",
     ),
 }
+#: lines that quote a request's parameters or configuration, not code that ran out of memory.
+_PARAMS_RE = re.compile(
+    r"SamplingParams\(|Received request|Added request|\blogprobs=|prompt_logprobs=|chunked prefill|enable_chunked_prefill"
+)
+#: traceback frames of an offline engine's run-time step (LLM.generate → engine step → model).
+_OFFLINE_FRAMES = (", in generate", ", in _run_engine", ", in chat", ", in encode", ", in embed")
+_STEP_FRAMES = (", in step", ", in execute_model")
 _CROSS_PROCESS_WINDOW = 2000  # lines within which a re-print by another process is the same failure
 
 
@@ -612,7 +630,9 @@ def _is_worker(process: str | None) -> bool:
 
 
 def _hints(block: _Block) -> list[str]:
-    low = "\n".join(block.text).lower()
+    # Only the failing process's traceback and error text: a request's params repr
+    # ("logprobs=None, prompt_logprobs=None") or a chunked-prefill note is no hint.
+    low = "\n".join(t for t in block.text if not _PARAMS_RE.search(t)).lower()
     return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
 
 
@@ -696,6 +716,7 @@ class _Parser:
             pid=pl.pid,
             level=pl.level,
             time=pl.time,
+            host=pl.host,
         )
         if kind in _ERROR_KINDS and self._is_duplicate(ev, key):
             return None
@@ -765,6 +786,13 @@ class _Parser:
             return "weight_loading"
         if state == "profile_run" or (state == "startup" and any(h in text for h in _PROFILE_HINTS)):
             return "profile_run"
+        if not any(h in text for h in _PROFILE_HINTS) and (
+            any(f in text for f in _OFFLINE_FRAMES)
+            or (state == "kv_cache_init" and any(f in text for f in _STEP_FRAMES))
+        ):
+            # An offline engine (LLM(...) driven by a script) prints no serving marker: a step
+            # of generate after the startup steps is run time.
+            return "runtime"
         return state
 
     # ------------------------------------------------------------------ matching
@@ -782,6 +810,12 @@ class _Parser:
                 if needle in msg:
                     self._serving = True
                     break
+
+        # --- engine pids named by a line (log_engines): "Started engine process with PID N", …
+        if "pid" in msg or "PID" in msg or "Started server process" in msg:
+            hit = engine_pid_line(msg)
+            if hit is not None:
+                self._emit("engine_pid", pl, key, {"pid": hit[0], "source": hit[1]})
 
         # --- version / generation
         if "version" in msg:
@@ -937,6 +971,12 @@ class _Parser:
             return
 
         # --- CUDA graphs
+        if "Profiling CUDA graph memory" in msg:
+            # ≥ 0.18 profiles graph memory inside determine_available_memory: an OOM now is a
+            # graph-capture OOM (vllm-facts §3.3 item 4).
+            self._emit("cudagraph_memory_profiling", pl, key, {})
+            self._state[key] = self._global_state = "cuda_graph_capture"
+            return
         if "Capturing" in msg and (
             "Capturing cudagraphs" in msg
             or "Capturing the model for CUDA graphs" in msg
@@ -1434,6 +1474,7 @@ class _Parser:
             ms = R["oom_self"].search(msg)
             if ms:
                 values["this_process_bytes"] = _size(ms.group(1))
+            values["engine_pid"] = oom_engine_pid(values)  # the raising process (log_engines)
             ma = R["oom_allowed"].search(msg)
             if ma:
                 values["allowed_bytes"] = _size(ma.group(1))
@@ -1529,6 +1570,7 @@ def parse_log(text: str, origin: str = "") -> VllmLog:
         parser.feed(raw)
     parser.finish()
     parser.log.events.sort(key=lambda e: e.line)
+    parser.log.engines = split_engines(parser.log, _PHASE_OF)  # several engines in one log
     return parser.log
 
 

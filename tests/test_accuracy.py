@@ -1,0 +1,206 @@
+"""Accuracy on incidents the handed cases do not cover (issue 7), one section per kind of fault.
+
+The bundles under ``tests/data/bundles/k<kind>-…`` run through ``tests/test_cases.py`` with their
+``expected.json`` (a fire bundle and a near-miss per kind); the tests here pin the mechanism each
+kind relies on, on the facts and variables between the sources and the rules.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from kvdoctor.sources.bundle import load_bundle
+from kvdoctor.sources.log_prefixes import strip_prefixes
+from kvdoctor.sources.vllm_log import parse_line, parse_log
+
+BUNDLES = Path(__file__).parent / "data" / "bundles"
+
+# --------------------------------------------------------------------------- kind 4: log formats
+
+
+@pytest.mark.parametrize(
+    ("raw", "process", "pid", "host"),
+    [
+        (
+            "\x1b[36mvllm-1  |\x1b[0m (Worker_TP1 pid=312) INFO 03-10 08:00:41 [m.py:1] Model loading",
+            "Worker_TP1",
+            312,
+            None,
+        ),
+        (
+            "vllm_server_1 | 2025-07-01T09:12:43.1Z (APIServer pid=1) INFO 07-01 09:12:43 [a.py:1] up",
+            "APIServer",
+            1,
+            None,
+        ),
+        (
+            "[pod/vllm-7d9c/vllm] (EngineCore_DP0 pid=5) INFO 07-01 09:12:43 [core.py:1] x",
+            "EngineCore_DP0",
+            5,
+            None,
+        ),
+        (
+            "Jul 01 09:12:43 gpu-node-2 vllm[1234]: (EngineCore pid=7) INFO 07-01 09:12:43 [c.py:1] y",
+            "EngineCore",
+            7,
+            "gpu-node-2",
+        ),
+        (
+            "2025-07-01T09:12:43+0000 gpu-node-3 vllm[1234]: INFO 07-01 09:12:43 [c.py:1] y",
+            None,
+            None,
+            "gpu-node-3",
+        ),
+        (
+            "(RayWorkerWrapper pid=380, ip=10.0.0.2) INFO 07-01 09:12:43 [w.py:1] z",
+            "RayWorkerWrapper",
+            380,
+            "10.0.0.2",
+        ),
+    ],
+)
+def test_multiplexing_prefixes_are_stripped(
+    raw: str, process: str | None, pid: int | None, host: str | None
+) -> None:
+    pl = parse_line(raw)
+    assert (pl.process, pl.pid, pl.host) == (process, pid, host)
+    assert pl.level == "INFO" and pl.time is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:03<00:03,  3.1s/it]",
+        "Processed prompts:   0%|          | 0/512 [00:00<?, ?it/s]",
+        "| 0  NVIDIA A100 | 75690MiB / 81920MiB |",
+        "key=value | other",
+    ],
+)
+def test_text_with_bars_is_not_a_compose_column(text: str) -> None:
+    assert strip_prefixes(text) == (text, None)
+
+
+def test_compressed_log_in_a_bundle_is_read_not_missing(tmp_path: Path) -> None:
+    line = (
+        "(EngineCore pid=9) INFO 03-10 08:00:41 [m.py:1] Model loading took 7.51 GiB memory and 9.1 seconds\n"
+    )
+    (tmp_path / "vllm.log.gz").write_bytes(gzip.compress(line.encode()))
+    snap = load_bundle(tmp_path).snapshot
+    assert snap.log is not None and snap.log.of("model_loading")
+    log_status = [s for s in snap.sources if s.kind == "log"]
+    assert log_status and all(s.status == "ok" for s in log_status)
+
+
+_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
+    "capacity of 22.05 GiB of which 1.12 GiB is free."
+)
+
+
+def _phase_and_hints(text: str) -> tuple[str, list[str]]:
+    ooms = parse_log(text).of("cuda_oom")
+    assert len(ooms) == 1
+    return ooms[0].values["phase"], ooms[0].values["hints"]
+
+
+def test_offline_generate_oom_is_runtime_and_profile_run_is_not() -> None:
+    startup = "INFO 10-14 11:58:44 gpu_executor.py:122] # GPU blocks: 2227, # CPU blocks: 2048\n"
+    run = (
+        'Traceback (most recent call last):\n  File "llm.py", line 390, in generate\n'
+        '  File "llm_engine.py", line 1386, in step\n  File "model_runner.py", line 1654, in execute_model\n'
+        f"{_OOM}\n"
+    )
+    assert _phase_and_hints(startup + run)[0] == "runtime"
+    prof = (
+        'Traceback (most recent call last):\n  File "worker.py", line 229, in determine_num_available_blocks\n'
+        '  File "model_runner.py", line 1654, in execute_model\n'
+        f"{_OOM}\n"
+    )
+    assert _phase_and_hints(prof)[0] == "profile_run"
+
+
+def test_cudagraph_memory_profiling_line_makes_a_graph_capture_oom() -> None:
+    pre = "(EngineCore pid=8) INFO 04-02 10:00:40 [r.py:1] Model loading took 27.52 GiB memory and 24.1 seconds\n"
+    gp = "(EngineCore pid=8) INFO 04-02 10:00:52 [r.py:2] Profiling CUDA graph memory: PIECEWISE=51 (largest=512)\n"
+    err = f"(EngineCore pid=8) ERROR 04-02 10:00:55 [core.py:3] {_OOM}\n"
+    assert _phase_and_hints(pre + gp + err)[0] == "cuda_graph_capture"
+    assert _phase_and_hints(pre + err)[0] != "cuda_graph_capture"
+
+
+def test_request_parameters_are_no_oom_hint() -> None:
+    req = (
+        "INFO 10-14 12:01:06 logger.py:37] Received request c1: prompt: 'a\n"
+        "b', params: SamplingParams(n=1, logprobs=None, prompt_logprobs=None), prompt_token_ids: [1, 2]\n"
+    )
+    tb = f'ERROR 10-14 12:01:07 e.py:63] Traceback (most recent call last):\nERROR 10-14 12:01:07 e.py:63]   File "sampler.py", line 9, in _get_prompt_logprob\nERROR 10-14 12:01:07 e.py:63] {_OOM}\n'
+    plain = f"ERROR 10-14 12:01:07 e.py:63] Traceback (most recent call last):\nERROR 10-14 12:01:07 e.py:63] {_OOM}\n"
+    assert "logprobs" not in _phase_and_hints(req + plain)[1]
+    assert "logprobs" in _phase_and_hints(req + tb)[1]
+
+
+def test_kind4_bundles_have_fire_and_near_miss() -> None:
+    kinds = {p.name for p in BUNDLES.glob("k4-*")}
+    expected = [json.loads((BUNDLES / k / "expected.json").read_text()) for k in kinds]
+    assert any(e["fires"] for e in expected) and any(not e["fires"] or e.get("max_health") for e in expected)
+
+
+# --------------------------------------------------------------------------- kind 1: engine identity
+
+
+@pytest.mark.parametrize(
+    ("message", "want"),
+    [
+        ("Started engine process with PID 4113", (4113, "started_engine_process")),
+        ("Started server process [1]", (1, "server_process")),
+        ("vLLM engine worker pid=2231 started", (2231, "application")),
+        ("Process 3371 has 15.25 GiB memory in use", None),
+        ("Using pid file /run/x.pid", None),
+    ],
+)
+def test_lines_naming_engine_pids(message: str, want: tuple[int, str] | None) -> None:
+    from kvdoctor.sources.log_engines import engine_pid_line
+
+    assert engine_pid_line(message) == want
+
+
+def test_the_oom_names_the_raising_process() -> None:
+    one = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 546.00 MiB. GPU 0 has a total capacity of 15.77 GiB of which 514.19 MiB is free. Process 3371 has 15.25 GiB memory in use."
+    two = one.replace(
+        "Process 3371 has 15.25 GiB memory in use.",
+        "Process 3371 has 12.25 GiB memory in use. Process 9120 has 3.00 GiB memory in use.",
+    )
+    assert (
+        parse_log(f"ERROR 04-03 09:57:26 [core.py:343] {one}\n").of("cuda_oom")[0].values["engine_pid"]
+        == 3371
+    )
+    assert (
+        parse_log(f"ERROR 04-03 09:57:26 [core.py:343] {two}\n").of("cuda_oom")[0].values["engine_pid"]
+        is None
+    )
+
+
+def _variables(bundle: str) -> dict:
+    from kvdoctor.derive import build_contexts
+    from kvdoctor.facts import Timeline
+
+    loaded = load_bundle(BUNDLES / bundle)
+    timeline = Timeline(snapshots=[loaded.snapshot])
+    _engines, contexts, _kv = build_contexts(timeline, loaded.configs)
+    return contexts[0][1]
+
+
+def test_small_display_context_is_no_engine() -> None:
+    v = _variables("k1-stacked-idle-gpu-with-xorg")
+    assert v["gpus_without_processes"] == [1]
+    assert _variables("k1-stacked-near-miss-job-on-gpu1")["gpus_without_processes"] == []
+
+
+def test_tp_engine_spans_tp_gpus_and_its_driver_rank_is_not_foreign() -> None:
+    v = _variables("k1-v0-tp2-driver-rank-not-foreign")
+    assert v["engine_gpus"] == [0, 1] and v["foreign_pids"] == []
+    job = _variables("k1-v0-engine-pid-foreign-job")
+    assert job["foreign_pids"] == [9120]
