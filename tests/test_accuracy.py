@@ -204,3 +204,36 @@ def test_tp_engine_spans_tp_gpus_and_its_driver_rank_is_not_foreign() -> None:
     assert v["engine_gpus"] == [0, 1] and v["foreign_pids"] == []
     job = _variables("k1-v0-engine-pid-foreign-job")
     assert job["foreign_pids"] == [9120]
+
+
+# --------------------------------------------------------------------------- kind 2: one log, several engines
+
+
+def test_a_log_is_split_per_engine_with_pids_phase_outcome_and_start() -> None:
+    log = parse_log((BUNDLES / "k2-oom-while-other-engine-captures" / "vllm.log").read_text())
+    a, b = log.engines
+    assert a.pids == [5011, 5120, 5130] and b.pids == [6201, 6310, 6320]
+    assert a.args["model"] == "meta-llama/Llama-3.1-8B-Instruct" and b.args["model"] == "Qwen/Qwen3-4B"
+    assert (a.phase, a.failed) == ("ready", False) and (b.phase, b.failed) == ("profiling", True)
+    assert a.start_s is not None and b.start_s is not None and b.start_s - a.start_s == 14
+    # The other engine was capturing graphs: this OOM is the Qwen engine's own profiling OOM.
+    assert [e.values["phase"] for e in log.of("cuda_oom")] == ["profile_run"]
+
+
+def test_one_engine_log_has_no_split() -> None:
+    log = parse_log((BUNDLES / "r11-tp2-foreign-process-on-rank1" / "vllm.log").read_text())
+    assert log.engines == []
+
+
+def test_a_second_server_in_the_log_is_not_a_restart() -> None:
+    from kvdoctor.derive.base import log_runs
+
+    two = parse_log((BUNDLES / "k2-two-engines-one-log-apart" / "vllm.log").read_text())
+    assert len(log_runs(two).starts) == 1
+    restart = parse_log((BUNDLES / "r17-restart-old-failure-current-healthy" / "vllm.log").read_text())
+    assert len(log_runs(restart).starts) >= 2
+
+
+def test_start_gap_from_the_log_times() -> None:
+    assert _variables("k2-two-engines-one-log-close-start")["colocated_start_gap_s"] == 20
+    assert _variables("k2-two-engines-one-log-apart")["colocated_start_gap_s"] == 900
