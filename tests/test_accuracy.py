@@ -237,3 +237,73 @@ def test_a_second_server_in_the_log_is_not_a_restart() -> None:
 def test_start_gap_from_the_log_times() -> None:
     assert _variables("k2-two-engines-one-log-close-start")["colocated_start_gap_s"] == 20
     assert _variables("k2-two-engines-one-log-apart")["colocated_start_gap_s"] == 900
+
+
+# --------------------------------------------------------------------------- kind 7: fixes always valid
+
+
+def _flags(bundle: str, rule: str) -> dict[str, str]:
+    from tests.test_cases import diagnose_json
+
+    _code, report = diagnose_json(BUNDLES / bundle)
+    return next(f["suggested_flags"] for f in report["findings"] if f["rule"] == rule)
+
+
+def test_a_value_already_in_effect_is_not_suggested() -> None:
+    assert _flags("k7-mm-profile-oom-every-flag", "multimodal-profile-oom")["--max-num-seqs"] == "8"
+    assert "--max-num-seqs" not in _flags("k7-mm-profile-oom-seqs-already-small", "multimodal-profile-oom")
+
+
+class _Arch:
+    max_position_embeddings = 32768
+    num_hidden_layers = 32
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "names", "ok"),
+    [
+        ("--max-model-len", "16384", {"max_model_len": 32768}, True),
+        ("--max-model-len", "32768", {"max_model_len": 32768}, False),
+        ("--max-model-len", "65536", {"max_model_len": None, "arch": _Arch()}, False),
+        ("--gpu-memory-utilization", "0.9", {"gmu": 0.9}, False),
+        ("--gpu-memory-utilization", "1.05", {"gmu": 0.9}, False),
+        ("--gpu-memory-utilization", "0.85", {"gmu": 0.9}, True),
+        ("--tensor-parallel-size", "3", {"num_attention_heads": 32, "tp": 1}, False),
+        ("--tensor-parallel-size", "4", {"num_attention_heads": 32, "tp": 1}, True),
+        ("--tensor-parallel-size", "2", {"num_attention_heads": 32, "tp": 2}, False),
+        ("--pipeline-parallel-size", "64", {"arch": _Arch(), "pp": 1}, False),
+        ("--kv-cache-dtype", "fp8", {"kv_cache_dtype": "auto", "vllm_version": None}, True),
+        ("--kv-cache-dtype", "int8_per_token_head", {"kv_cache_dtype": "auto", "vllm_version": None}, False),
+        (
+            "--kv-cache-dtype",
+            "int8_per_token_head",
+            {"kv_cache_dtype": "auto", "vllm_version": "0.33.0"},
+            True,
+        ),
+        ("--kv-cache-dtype", "fp8", {"kv_cache_dtype": "fp8", "vllm_version": "0.33.0"}, False),
+        ("--max-num-seqs", "256", {"max_num_seqs": 256}, False),
+        ("--max-num-seqs", "256", {"max_num_seqs": None}, True),
+        ("--enforce-eager", "", {"enforce_eager": True}, False),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", {"expandable_segments_on": True}, False),
+        ("CUDA_VISIBLE_DEVICES", "1", {}, True),
+    ],
+)
+def test_fix_validity(flag: str, value: str, names: dict, ok: bool) -> None:
+    from kvdoctor.fix_validity import valid_fix
+
+    assert (valid_fix(flag, value, names) is None) is ok
+
+
+# --------------------------------------------------------------------------- kind 8: quiet wrong answers
+
+
+def test_traffic_is_judged_in_the_window_not_from_old_log_lines() -> None:
+    assert _variables("k8-idle-now-traffic-earlier")["traffic"] is False
+    # The same log without scrapes: its stats lines are all there is to judge by.
+    from kvdoctor.derive import build_contexts
+    from kvdoctor.facts import Snapshot, Timeline
+
+    loaded = load_bundle(BUNDLES / "k8-idle-now-traffic-earlier")
+    snap = Snapshot(log=loaded.snapshot.log, gpus=loaded.snapshot.gpus)
+    _e, contexts, _kv = build_contexts(Timeline(snapshots=[snap]), loaded.configs)
+    assert contexts[0][1]["traffic"] is True
