@@ -113,6 +113,9 @@ class Gpu:
     processes: list[GpuProcess] = field(default_factory=list)
     #: Node name for multi-node bundles (``nodes/<name>/``), else None.
     node: str | None = None
+    #: True when the driver refused to read device memory (nvidia-smi "[Insufficient
+    #: Permissions]", NVML ``NVMLError_NoPermission``): not the same as N/A (vllm-facts §4.2).
+    no_permission: bool = False
     #: unix seconds the reading was taken, when the source says (CSV ``timestamp``).
     timestamp: float | None = None
 

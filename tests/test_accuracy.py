@@ -307,3 +307,28 @@ def test_traffic_is_judged_in_the_window_not_from_old_log_lines() -> None:
     snap = Snapshot(log=loaded.snapshot.log, gpus=loaded.snapshot.gpus)
     _e, contexts, _kv = build_contexts(Timeline(snapshots=[snap]), loaded.configs)
     assert contexts[0][1]["traffic"] is True
+
+
+# --------------------------------------------------------------------------- kind 5: device facts
+
+
+def test_query_gpu_csv_without_identity_column_uses_row_order() -> None:
+    from kvdoctor.sources.nvidia_smi import parse_query_gpu_csv
+
+    text = "name, memory.total [MiB], memory.used [MiB]\nNVIDIA A100-SXM4-80GB, 81920 MiB, 75000 MiB\nNVIDIA A100-SXM4-80GB, 81920 MiB, 3 MiB\n"
+    (moment,) = parse_query_gpu_csv(text)
+    assert [(g.index, g.memory_used_bytes) for g in moment] == [(0, 75000 * 2**20), (1, 3 * 2**20)]
+
+
+def test_insufficient_permissions_is_no_permission_not_na() -> None:
+    denied = load_bundle(BUNDLES / "k5-insufficient-permissions").snapshot.gpus[0]
+    na = load_bundle(BUNDLES / "k5-memory-na-near-miss").snapshot.gpus[0]
+    assert denied.no_permission and denied.memory_used_bytes is None
+    assert not na.no_permission and na.memory_used_bytes is None
+    v = _variables("k5-insufficient-permissions")
+    assert v["gpu_no_permission"] and not v["gpu_mig"] and v["gpu_total_bytes"] is not None
+
+
+def test_mig_uuid_in_the_environment_is_mig() -> None:
+    assert _variables("k5-mig-uuid-in-env")["gpu_mig"] is True
+    assert _variables("k5-gpu-uuid-in-env-near-miss")["gpu_mig"] is False

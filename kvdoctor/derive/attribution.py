@@ -9,6 +9,7 @@ ask (``engines-stacked-on-one-gpu``, ``weights-not-sharded``).
 
 from __future__ import annotations
 
+from kvdoctor import catalog
 from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, is_vllm_process
 from kvdoctor.facts import Engine, Gpu, GpuProcess
 from kvdoctor.units import GiB
@@ -18,7 +19,7 @@ WRITES: dict[str, str] = {
     "gpu_count": "int; GPUs visible (CUDA_VISIBLE_DEVICES, else all listed)",
     "engine_gpus": "list[int]; GPU indices the engine uses",
     "gpu_name": "str; first engine GPU's name",
-    "gpu_total_bytes": "bytes; smallest total memory among the engine's GPUs (nvidia-smi Memory-Usage total)",
+    "gpu_total_bytes": "bytes; smallest total memory among the engine's GPUs (nvidia-smi Memory-Usage total; the catalogue's by name when the driver refused to read it)",
     "gpu_used_bytes": "bytes; largest used memory among the engine's GPUs",
     "gpu_used_fraction": "fraction; gpu_used_bytes / gpu_total_bytes",
     "gpu_free_bytes": "bytes; smallest total − used among the engine's GPUs",
@@ -28,7 +29,8 @@ WRITES: dict[str, str] = {
     "gpu_used_map": "dict[int, bytes]; used memory of each visible GPU whose memory was read (nvidia-smi Memory-Usage / NVML memory.used)",
     "gpu_total_map": "dict[int, bytes]; total memory of each visible GPU whose total was read",
     "gpus_without_processes": "list[int]; visible GPUs holding no engine: no process listed, or only small (< 1 GiB) non-engine contexts (nvidia-smi Processes / NVML running processes)",
-    "gpu_mig": "bool; MIG mode on any engine GPU",
+    "gpu_mig": "bool; MIG mode on any engine GPU (nvidia-smi MIG M., or MIG-… UUIDs in CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES)",
+    "gpu_no_permission": "bool; the driver refused to read an engine GPU's memory (nvidia-smi '[Insufficient Permissions]', NVML NoPermission)",
     "throttle_reasons": "list[str]; NVML clock event reasons that slow the engine's GPUs (thermal, power, hardware)",
     "stacked_gpu": "int; a GPU on which two or more vLLM engines hold memory (None if none)",
     "stacked_pids": "list[int]; the engine processes stacked on it",
@@ -72,6 +74,18 @@ def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
                 got = sorted(got + rest[: want - len(got)], key=lambda g: g.index)
             return got
     return s.visible[:want]
+
+
+def _catalogue_total(egpus: list[Gpu]) -> int | None:
+    """The card's memory from the catalogue by its name, when the driver did not report it
+    (NoPermission): what the card really holds, for sizing the limits vLLM missed."""
+    for g in egpus:
+        if g.no_permission and g.name:
+            try:
+                return catalog.gpu(g.name).memory_bytes
+            except KeyError:
+                return None
+    return None
 
 
 def _other_engine_on(g: Gpu, engine_pids: frozenset[int]) -> bool:
@@ -125,7 +139,7 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     used = [g.memory_used_bytes for g in egpus if g.memory_used_bytes is not None]
     free = [g.memory_free_bytes for g in egpus if g.memory_free_bytes is not None]
     utils = [g.utilization_gpu for g in egpus if g.utilization_gpu is not None]
-    v["gpu_total_bytes"] = min(totals) if totals else None
+    v["gpu_total_bytes"] = min(totals) if totals else _catalogue_total(egpus)
     v["gpu_used_bytes"] = max(used) if used else None
     if v["gpu_total_bytes"] and v["gpu_used_bytes"] is not None:
         v["gpu_used_fraction"] = v["gpu_used_bytes"] / v["gpu_total_bytes"]
@@ -136,7 +150,17 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     v["gpu_used_map"] = {g.index: g.memory_used_bytes for g in visible if g.memory_used_bytes is not None}
     v["gpu_total_map"] = {g.index: g.memory_total_bytes for g in visible if g.memory_total_bytes}
     v["gpus_without_processes"] = [g.index for g in visible if holds_no_engine(g, s.engine_pids)]
-    v["gpu_mig"] = any(g.mig_enabled for g in egpus)
+    # MIG also shows as MIG-… UUIDs in CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES; NVML
+    # NoPermission makes vLLM fall back to its small-device defaults the same way (§4.2).
+    launch_env = s.cfg.args.get("_env")
+    envs = [s.snapshot.env or {}, launch_env if isinstance(launch_env, dict) else {}]
+    mig_env = any(
+        "MIG-" in str(e.get(k) or "")
+        for e in envs
+        for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+    )
+    v["gpu_mig"] = any(g.mig_enabled for g in egpus) or mig_env
+    v["gpu_no_permission"] = any(g.no_permission for g in egpus)
     slow = ("thermal", "power", "hw_slowdown", "slowdown")
     v["throttle_reasons"] = sorted(
         {r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)}
