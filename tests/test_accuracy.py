@@ -332,3 +332,28 @@ def test_insufficient_permissions_is_no_permission_not_na() -> None:
 def test_mig_uuid_in_the_environment_is_mig() -> None:
     assert _variables("k5-mig-uuid-in-env")["gpu_mig"] is True
     assert _variables("k5-gpu-uuid-in-env-near-miss")["gpu_mig"] is False
+
+
+# --------------------------------------------------------------------------- kind 3: several nodes
+
+
+def test_ranks_are_keyed_by_node_and_index() -> None:
+    v = _variables("k3-two-nodes-heavy-stage0")
+    assert (v["rank_heavy_node"], v["rank_heavy_gpu"], v["rank_heavy_stage"]) == ("gpu-node-a", 0, 0)
+    assert v["rank_spread_bytes"] == (75600 - 70000) * 2**20
+    assert _variables("k3-two-nodes-balanced-near-miss")["rank_spread_bytes"] <= 200 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "stage", "excess_layers", "want"),
+    [(32, 2, 1, 4, "18,14"), (32, 2, 0, 4, "14,18"), (30, 4, 3, 2, "9,9,7,5"), (32, 2, 1, 0.2, "17,15")],
+)
+def test_pp_layer_partition(layers: int, pp: int, stage: int, excess_layers: float, want: str) -> None:
+    from kvdoctor.facts import ModelArch
+    from kvdoctor.rule_functions import pp_layer_partition
+
+    per_layer = 2**29
+    got = pp_layer_partition(
+        ModelArch(num_hidden_layers=layers), pp, stage, excess_layers * per_layer, layers * per_layer
+    )
+    assert got == want

@@ -37,6 +37,8 @@ WRITES: dict[str, str] = {
     "stacked_desc": "str; description of them",
     "rank_spread_bytes": "bytes; max − min used memory over the engine's GPUs (TP/PP ranks)",
     "rank_heavy_gpu": "int; the engine GPU using the most memory",
+    "rank_heavy_node": "str; node of that GPU (nodes/<host>/ bundles; None on one node)",
+    "rank_heavy_stage": "int; its pipeline stage (position in the engine's GPUs // tp)",
     "engine_gpu_total_min_bytes": "bytes; smallest card in the engine's group",
     "engine_gpu_total_max_bytes": "bytes; largest card in the engine's group",
     "foreign_pids": "list[int]; processes on the engine's GPUs that are not this engine",
@@ -51,7 +53,7 @@ WRITES: dict[str, str] = {
     "engine_pids_known": "bool; the engine's own pids are known (live, ps.txt, or log prefixes)",
     "max_num_seqs_effective": "int; --max-num-seqs or vLLM's device default for the engine's GPU and version (vllm_flags.default_max_num_seqs)",
 }
-READS: frozenset[str] = frozenset({"tp_pp", "gmu", "max_num_seqs", "vllm_version"})
+READS: frozenset[str] = frozenset({"tp", "tp_pp", "gmu", "max_num_seqs", "vllm_version"})
 
 
 def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
@@ -168,10 +170,14 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     if len(egpus) > 1 and all(g.memory_used_bytes is not None for g in egpus):
         # Compare what the engine itself holds on each rank: another job on one GPU is
         # gpu-shared-with-foreign-process, not an imbalance of the engine's ranks.
-        own = {g.index: _engine_bytes_on(g, s.engine_pids) for g in egpus}
-        heavy_idx = max(own, key=lambda i: own[i])
-        v["rank_spread_bytes"] = own[heavy_idx] - min(own.values())
-        v["rank_heavy_gpu"] = heavy_idx
+        # Keyed by (node, index): index 0 of two nodes are two ranks.
+        own = {(g.node, g.index): _engine_bytes_on(g, s.engine_pids) for g in egpus}
+        heavy = max(own, key=lambda k: own[k])
+        v["rank_spread_bytes"] = own[heavy] - min(own.values())
+        v["rank_heavy_gpu"] = heavy[1]
+        v["rank_heavy_node"] = heavy[0]
+        # ranks are laid out TP-major: stage = position // tp
+        v["rank_heavy_stage"] = list(own).index(heavy) // max(1, v["tp"] or 1)
     if totals:
         v["engine_gpu_total_min_bytes"], v["engine_gpu_total_max_bytes"] = min(totals), max(totals)
     for g in visible:
