@@ -357,3 +357,34 @@ def test_pp_layer_partition(layers: int, pp: int, stage: int, excess_layers: flo
         ModelArch(num_hidden_layers=layers), pp, stage, excess_layers * per_layer, layers * per_layer
     )
     assert got == want
+
+
+# --------------------------------------------------------------------------- kind 6: every clause
+
+
+@pytest.mark.parametrize(
+    ("message", "want"),
+    [
+        (
+            "Received request c1: prompt: '<redacted 9 chars>', params: SamplingParams(n=1), prompt_token_ids: [<redacted 28113 tokens>], lora_request: None",
+            28113,
+        ),
+        (
+            "Received request c2: prompt: 'x', params: None, prompt_token_ids: [128000, 9906, 1917], lora_request: None",
+            3,
+        ),
+        ("Received request c3: prompt: 'x', params: None, prompt_token_ids: [128000, 9906, 19", 3),
+        ("Received request c4: prompt: 'x', params: None, lora_request: None", None),
+    ],
+)
+def test_request_prompt_length(message: str, want: int | None) -> None:
+    log = parse_log(f"INFO 10-14 12:00:10 logger.py:37] {message}\n")
+    got = [e.values["prompt_tokens"] for e in log.of("request")]
+    assert got == ([] if want is None else [want])
+
+
+def test_the_prompt_being_prefilled_at_the_oom() -> None:
+    v = _variables("k6-oom-while-long-prompt-prefilled")
+    assert v["oom_prompt_tokens"] == 28113 and v["log_request_count"] == 8
+    assert 800 <= v["log_prompt_tokens_median"] <= 1000
+    assert _variables("k6-oom-usual-prompts-near-miss")["oom_prompt_tokens"] == 1210

@@ -34,6 +34,7 @@ from kvdoctor.derive import (
     model,
     oom,
     pressure,
+    requests,
     swap,
 )
 from kvdoctor.derive.base import Family, LogRuns, Scope, Vars, current_run, log_runs, visible_gpus
@@ -67,6 +68,7 @@ FAMILIES: tuple[Family, ...] = (
     pressure.FAMILY,
     swap.FAMILY,
     oom.FAMILY,
+    requests.FAMILY,
     hardware.FAMILY,
     growth.FAMILY,
     colocation.FAMILY,

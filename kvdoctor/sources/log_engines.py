@@ -20,7 +20,25 @@ import re
 
 from kvdoctor.facts import LogEngine, VllmLog
 
-__all__ = ["engine_pid_line", "oom_engine_pid", "split_engines"]
+__all__ = ["engine_pid_line", "oom_engine_pid", "request_prompt_tokens", "split_engines"]
+
+_PROMPT_IDS_RE = re.compile(r"prompt_token_ids: \[(?:<redacted (\d+) tokens>\]|([^\]]*)\]?)")
+
+
+def request_prompt_tokens(message: str) -> int | None:
+    """A request-log line's prompt length in tokens: the length of its ``prompt_token_ids`` list,
+    or N of the redacted form ``[<redacted N tokens>]`` (spec/bundle.md). None when the line
+    names no token ids ("Received request …" / "Added request …", vllm-facts §3)."""
+    m = _PROMPT_IDS_RE.search(message)
+    if not m:
+        return None
+    if m.group(1):
+        return int(m.group(1))
+    body = (m.group(2) or "").strip().rstrip(",")
+    if not body:
+        return 0
+    return body.count(",") + 1
+
 
 _STARTED_RE = re.compile(
     r"Started engine (?:core )?process with PID (\d+)|Started server process \[(\d+)\]", re.IGNORECASE

@@ -79,6 +79,8 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 - ``engine_pid`` {pid, source}: a line naming an engine's pid ("Started engine process with PID N",
   uvicorn's "Started server process [N]", application lines; ``kvdoctor.sources.log_engines``).
   ``cuda_oom`` also carries ``engine_pid``: the raising process among the pids it names, or None.
+- ``request`` {prompt_tokens}: "Received request …, prompt_token_ids: [...]" (the list's length, or
+  N of ``[<redacted N tokens>]``).
 - ``cudagraph_memory_profiling`` {}: "Profiling CUDA graph memory: …" (≥ 0.18, inside
   determine_available_memory; an OOM after it is a graph-capture OOM).
 - ``cuda_error_oom`` {}: "CUDA error: out of memory" (a CUDA runtime error, not the allocator's).
@@ -112,7 +114,7 @@ from typing import Any
 
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.redact import MARK, is_secret_name, redact_text
-from kvdoctor.sources.log_engines import engine_pid_line, oom_engine_pid, split_engines
+from kvdoctor.sources.log_engines import engine_pid_line, oom_engine_pid, request_prompt_tokens, split_engines
 from kvdoctor.sources.log_prefixes import strip_prefixes
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
@@ -816,6 +818,12 @@ class _Parser:
             hit = engine_pid_line(msg)
             if hit is not None:
                 self._emit("engine_pid", pl, key, {"pid": hit[0], "source": hit[1]})
+
+        # --- request log lines: the prompt's length (log_engines)
+        if "prompt_token_ids" in msg and ("Received request" in msg or "Added request" in msg):
+            n = request_prompt_tokens(msg)
+            if n is not None:
+                self._emit("request", pl, key, {"prompt_tokens": n})
 
         # --- version / generation
         if "version" in msg:
