@@ -117,6 +117,9 @@ class Gpu:
     processes: list[GpuProcess] = field(default_factory=list)
     #: Node name for multi-node bundles (``nodes/<name>/``), else None.
     node: str | None = None
+    #: True when the driver refused to read device memory (nvidia-smi "[Insufficient
+    #: Permissions]", NVML ``NVMLError_NoPermission``): not the same as N/A (vllm-facts §4.2).
+    no_permission: bool = False
     #: unix seconds the reading was taken, when the source says (CSV ``timestamp``).
     timestamp: float | None = None
 
@@ -305,6 +308,28 @@ class LogEvent:
     level: str | None = None
     #: "MM-DD HH:MM:SS" as vLLM prints it, when present.
     time: str | None = None
+    #: the node the line came from when a prefix names it (Ray ``ip=``, journald hostname).
+    host: str | None = None
+
+
+@dataclass
+class LogEngine:
+    """One engine of a log that holds several (two servers started together, an application
+    building several ``LLM(...)`` engines): what its own lines say."""
+
+    index: int
+    #: line of its engine-initialisation line ("Initializing a V1 LLM engine … with config").
+    init_line: int
+    pids: list[int] = field(default_factory=list)
+    #: the args of its own engine-config line (vLLM dest names → values).
+    args: dict[str, Any] = field(default_factory=dict)
+    #: "startup", "weight_loading", "profiling", "graph_capture", "ready", "serving" (last seen).
+    phase: str = "startup"
+    #: True when its startup failed (an error event before it got ready), None when unknown.
+    failed: bool | None = None
+    #: seconds since the start of the log's year of its first line ("MM-DD HH:MM:SS"), for
+    #: gaps between engines only.
+    start_s: float | None = None
 
 
 @dataclass
@@ -321,6 +346,10 @@ class VllmLog:
     #: vLLM dest names → Python values.
     args: dict[str, Any] = field(default_factory=dict)
     line_count: int = 0
+    #: the engines one log holds, told apart by process prefix / pid and the order of their
+    #: engine-initialisation lines (``kvdoctor.sources.log_engines``); [] when it holds one or
+    #: none that the log tells apart.
+    engines: list[LogEngine] = field(default_factory=list)
 
     def of(self, kind: str) -> list[LogEvent]:
         """All events of one kind, in file order."""

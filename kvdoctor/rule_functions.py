@@ -271,6 +271,33 @@ def dp_desc(skew: dict[str, Any] | None, which: str) -> str:
     return ", ".join(parts)
 
 
+def pp_layer_partition(
+    arch: Any, pp: int, heavy_stage: int, excess_bytes: float, weights_bytes: float
+) -> str | None:
+    """``VLLM_PP_LAYER_PARTITION`` that moves layers off the heavy pipeline stage: the even split
+    of ``arch.num_hidden_layers`` over ``pp`` stages (remainder to the first stages), minus the
+    layers that balance ``excess_bytes`` (bytes per layer = ``weights_bytes`` / layers) on
+    ``heavy_stage`` (0-based), handed to the other stages in turn: "15,17" for 32 layers, pp 2,
+    two layers' worth of excess on stage 0. None when an input is missing or no layer would move
+    (the partition would change nothing)."""
+    layers = int(getattr(arch, "num_hidden_layers", 0) or 0)
+    pp, heavy_stage = int(pp), int(heavy_stage)
+    if layers <= 0 or pp < 2 or not 0 <= heavy_stage < pp or not weights_bytes or excess_bytes <= 0:
+        return None
+    split = [layers // pp + (1 if i < layers % pp else 0) for i in range(pp)]
+    per_layer = float(weights_bytes) / layers
+    # k layers off the heavy stage, spread over the pp-1 others, balance it when
+    # heavy - k·L = light + k·L/(pp-1), i.e. k = excess·(pp-1) / (pp·L).
+    move = min(split[heavy_stage] - 1, max(1, round(float(excess_bytes) * (pp - 1) / (pp * per_layer))))
+    if move <= 0:
+        return None
+    split[heavy_stage] -= move
+    others = [i for i in range(pp) if i != heavy_stage]
+    for k in range(move):
+        split[others[k % len(others)]] += 1
+    return ",".join(str(x) for x in split)
+
+
 RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "spec_sampler_bytes": spec_sampler_bytes,
     "spec_max_num_seqs_fit": spec_max_num_seqs_fit,
@@ -279,6 +306,7 @@ RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "dp_skew": dp_skew,
     "dp_absorb": dp_absorb,
     "dp_desc": dp_desc,
+    "pp_layer_partition": _none_safe(pp_layer_partition),
     "smallest_tensor_parallel_size": _none_safe(kvmath.smallest_tensor_parallel_size),
     "max_model_len_for_tokens": _none_safe(kvmath.max_model_len_for_tokens),
     "max_num_seqs_for": _none_safe(kvmath.max_num_seqs_for),

@@ -58,6 +58,7 @@ import yaml
 from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes
 
 from kvdoctor.findings import FAMILIES, SEVERITIES, SEVERITY_ORDER, Evidence, Finding, Skipped, sort_findings
+from kvdoctor.fix_validity import valid_fix
 from kvdoctor.units import GiB, MiB, ceil_to, floor_to, fmt_bytes, gib
 
 # --------------------------------------------------------------------------- functions
@@ -1076,7 +1077,7 @@ def _as_gpu_list(value: Any) -> list[int]:
     return sorted({int(v) for v in value})
 
 
-def _evaluate_rule(run: _Runner, names: _Names) -> Finding | None:
+def _evaluate_rule(run: _Runner, names: _Names, context: dict[str, Any] | None = None) -> Finding | None:
     rule = run.rule
     for name, expr in rule.let:
         names[name] = run.value(expr)
@@ -1096,7 +1097,12 @@ def _evaluate_rule(run: _Runner, names: _Names) -> Finding | None:
     for key, expr in rule.fix:
         rendered = format_flag_value(run.value(expr))
         if rendered is not None:
-            flags[key] = rendered
+            # A fix vLLM would reject, or one already in effect, is no fix (kvdoctor.fix_validity).
+            why = valid_fix(key, rendered, context if context is not None else names)
+            if why is None:
+                flags[key] = rendered
+            else:
+                run.errors.append(EvalError(rule.id, run.engine, f"fix {key}", f"dropped {rendered}: {why}"))
     gpus: list[int] = []
     if rule.gpus is not None:
         try:
@@ -1181,7 +1187,7 @@ def evaluate(rules: Iterable[Rule], contexts: Iterable[RuleContext]) -> Evaluati
             names.update(rule.thresholds)
             evaluator.names = names
             run = _Runner(evaluator, rule, ctx.engine, result.errors)
-            finding = _evaluate_rule(run, names)
+            finding = _evaluate_rule(run, names, base)
             if names.missing:
                 result.errors.append(
                     EvalError(

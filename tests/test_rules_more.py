@@ -201,7 +201,12 @@ def test_multimodal_profile_oom() -> None:
     cfg = EngineConfig(model="Qwen/Qwen2-VL-7B-Instruct")
     got = fired(Snapshot(log=parse_log(_oom_log(MM_FRAMES, before=LOADED))), cfg)
     f = got["multimodal-profile-oom"]
-    assert f["severity"] == "critical" and f["flags"] == {"--limit-mm-per-prompt": '{"image":1}'}
+    # Every flag the remediation names is emitted (issue 7 item 7).
+    assert f["severity"] == "critical" and f["flags"] == {
+        "--limit-mm-per-prompt": '{"image":1}',
+        "--mm-processor-kwargs": '{"max_pixels":802816}',
+        "--max-num-seqs": "8",
+    }
     assert "max_pixels" in f["summary"] and "--enforce-eager" in f["summary"]
     assert "kv-budget-exhausted" not in got and "prefill-burst-oom" not in got
     # The warning alone on a running engine: a warning, not critical.

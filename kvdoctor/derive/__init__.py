@@ -38,6 +38,7 @@ from kvdoctor.derive import (
     offload,
     oom,
     pressure,
+    requests,
     sleep,
     swap,
     workspace,
@@ -47,6 +48,7 @@ from kvdoctor.derive.engines import (
     bounded_history,
     build_engines,
     dp_targets,
+    engine_pids_of,
     engine_series,
     recent_snapshots,
 )
@@ -72,6 +74,7 @@ FAMILIES: tuple[Family, ...] = (
     pressure.FAMILY,
     swap.FAMILY,
     oom.FAMILY,
+    requests.FAMILY,
     hardware.FAMILY,
     growth.FAMILY,
     colocation.FAMILY,
@@ -125,7 +128,7 @@ def build_contexts(
     history = bounded_history(timeline.snapshots)
     runs = log_runs(snapshot.log) if snapshot.log is not None else None
     visible = visible_gpus(snapshot)
-    engine_pids = frozenset(p.pid for p in snapshot.processes if p.vllm_role is not None)
+    engine_pids = engine_pids_of(snapshot, runs.run.events if runs is not None else [])
     if runs is not None:
         engine_pids |= runs.pids_latest
     contexts: list[tuple[str | None, dict[str, Any], set[str]]] = []

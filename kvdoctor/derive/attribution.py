@@ -9,6 +9,7 @@ ask (``engines-stacked-on-one-gpu``, ``weights-not-sharded``).
 
 from __future__ import annotations
 
+from kvdoctor import catalog
 from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, is_vllm_process
 from kvdoctor.facts import Engine, Gpu, GpuProcess
 from kvdoctor.units import GiB
@@ -18,7 +19,7 @@ WRITES: dict[str, str] = {
     "gpu_count": "int; GPUs visible (CUDA_VISIBLE_DEVICES, else all listed)",
     "engine_gpus": "list[int]; GPU indices the engine uses",
     "gpu_name": "str; first engine GPU's name",
-    "gpu_total_bytes": "bytes; smallest total memory among the engine's GPUs (nvidia-smi Memory-Usage total)",
+    "gpu_total_bytes": "bytes; smallest total memory among the engine's GPUs (nvidia-smi Memory-Usage total; the catalogue's by name when the driver refused to read it)",
     "gpu_used_bytes": "bytes; largest used memory among the engine's GPUs",
     "gpu_used_fraction": "fraction; gpu_used_bytes / gpu_total_bytes",
     "gpu_free_bytes": "bytes; smallest total − used among the engine's GPUs",
@@ -27,14 +28,17 @@ WRITES: dict[str, str] = {
     "visible_gpus": "list[int]; indices of the visible GPUs",
     "gpu_used_map": "dict[int, bytes]; used memory of each visible GPU whose memory was read (nvidia-smi Memory-Usage / NVML memory.used)",
     "gpu_total_map": "dict[int, bytes]; total memory of each visible GPU whose total was read",
-    "gpus_without_processes": "list[int]; visible GPUs on which no process is listed (nvidia-smi Processes / NVML running processes)",
-    "gpu_mig": "bool; MIG mode on any engine GPU",
+    "gpus_without_processes": "list[int]; visible GPUs holding no engine: no process listed, or only small (< 1 GiB) non-engine contexts (nvidia-smi Processes / NVML running processes)",
+    "gpu_mig": "bool; MIG mode on any engine GPU (nvidia-smi MIG M., or MIG-… UUIDs in CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES)",
+    "gpu_no_permission": "bool; the driver refused to read an engine GPU's memory (nvidia-smi '[Insufficient Permissions]', NVML NoPermission)",
     "throttle_reasons": "list[str]; NVML clock event reasons that slow the engine's GPUs (thermal, power, hardware)",
     "stacked_gpu": "int; a GPU on which two or more vLLM engines hold memory (None if none)",
     "stacked_pids": "list[int]; the engine processes stacked on it",
     "stacked_desc": "str; description of them",
     "rank_spread_bytes": "bytes; max − min used memory over the engine's GPUs (TP/PP ranks)",
     "rank_heavy_gpu": "int; the engine GPU using the most memory",
+    "rank_heavy_node": "str; node of that GPU (nodes/<host>/ bundles; None on one node)",
+    "rank_heavy_stage": "int; its pipeline stage (position in the engine's GPUs // tp)",
     "engine_gpu_total_min_bytes": "bytes; smallest card in the engine's group",
     "engine_gpu_total_max_bytes": "bytes; largest card in the engine's group",
     "foreign_pids": "list[int]; processes on the engine's GPUs that are not this engine",
@@ -49,11 +53,16 @@ WRITES: dict[str, str] = {
     "engine_pids_known": "bool; the engine's own pids are known (live, ps.txt, or log prefixes)",
     "max_num_seqs_effective": "int; --max-num-seqs or vLLM's device default for the engine's GPU and version (vllm_flags.default_max_num_seqs)",
 }
-READS: frozenset[str] = frozenset({"tp_pp", "gmu", "max_num_seqs", "vllm_version"})
+READS: frozenset[str] = frozenset({"tp", "tp_pp", "gmu", "max_num_seqs", "vllm_version"})
 
 
 def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
-    """Which GPUs an engine uses: where its pids hold memory, else the first tp×pp visible GPUs."""
+    """Which GPUs an engine uses: where its pids hold memory, else the first tp×pp visible GPUs.
+
+    A TP×PP engine spans tp×pp GPUs: when its known pids cover fewer (a V0 driver rank or a
+    plain ``python`` application logs no prefix), the rest is filled from the visible GPUs
+    holding memory but no other engine's process, then from the others, in index order."""
+    want = max(1, tp_pp)
     if engine.gpus:
         got = [g for g in s.visible if g.index in engine.gpus]
         if got:
@@ -61,8 +70,37 @@ def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
     if s.engine_pids:
         got = [g for g in s.visible if any(p.pid in s.engine_pids for p in g.processes)]
         if got:
+            if len(got) < want:
+                rest = [g for g in s.visible if g not in got and not _other_engine_on(g, s.engine_pids)]
+                rest.sort(key=lambda g: (not g.processes, g.index))
+                got = sorted(got + rest[: want - len(got)], key=lambda g: g.index)
             return got
-    return s.visible[: max(1, tp_pp)]
+    return s.visible[:want]
+
+
+def _catalogue_total(egpus: list[Gpu]) -> int | None:
+    """The card's memory from the catalogue by its name, when the driver did not report it
+    (NoPermission): what the card really holds, for sizing the limits vLLM missed."""
+    for g in egpus:
+        if g.no_permission and g.name:
+            try:
+                return catalog.gpu(g.name).memory_bytes
+            except KeyError:
+                return None
+    return None
+
+
+def _other_engine_on(g: Gpu, engine_pids: frozenset[int]) -> bool:
+    return any(is_vllm_process(p.name) and p.pid not in engine_pids for p in g.processes)
+
+
+def holds_no_engine(g: Gpu, engine_pids: frozenset[int]) -> bool:
+    """No engine process on this GPU: none named like vLLM or with a known engine pid, and no
+    process holding 1 GiB or more (a display server's or a monitor's small context is not an
+    engine)."""
+    return not any(
+        p.pid in engine_pids or is_vllm_process(p.name) or (p.used_bytes or 0) >= GiB for p in g.processes
+    )
 
 
 def _engine_bytes_on(g: Gpu, engine_pids: frozenset[int]) -> int:
@@ -103,7 +141,7 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     used = [g.memory_used_bytes for g in egpus if g.memory_used_bytes is not None]
     free = [g.memory_free_bytes for g in egpus if g.memory_free_bytes is not None]
     utils = [g.utilization_gpu for g in egpus if g.utilization_gpu is not None]
-    v["gpu_total_bytes"] = min(totals) if totals else None
+    v["gpu_total_bytes"] = min(totals) if totals else _catalogue_total(egpus)
     v["gpu_used_bytes"] = max(used) if used else None
     if v["gpu_total_bytes"] and v["gpu_used_bytes"] is not None:
         v["gpu_used_fraction"] = v["gpu_used_bytes"] / v["gpu_total_bytes"]
@@ -113,8 +151,18 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     v["visible_gpus"] = [g.index for g in visible]
     v["gpu_used_map"] = {g.index: g.memory_used_bytes for g in visible if g.memory_used_bytes is not None}
     v["gpu_total_map"] = {g.index: g.memory_total_bytes for g in visible if g.memory_total_bytes}
-    v["gpus_without_processes"] = [g.index for g in visible if not g.processes]
-    v["gpu_mig"] = any(g.mig_enabled for g in egpus)
+    v["gpus_without_processes"] = [g.index for g in visible if holds_no_engine(g, s.engine_pids)]
+    # MIG also shows as MIG-… UUIDs in CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES; NVML
+    # NoPermission makes vLLM fall back to its small-device defaults the same way (§4.2).
+    launch_env = s.cfg.args.get("_env")
+    envs = [s.snapshot.env or {}, launch_env if isinstance(launch_env, dict) else {}]
+    mig_env = any(
+        "MIG-" in str(e.get(k) or "")
+        for e in envs
+        for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+    )
+    v["gpu_mig"] = any(g.mig_enabled for g in egpus) or mig_env
+    v["gpu_no_permission"] = any(g.no_permission for g in egpus)
     slow = ("thermal", "power", "hw_slowdown", "slowdown")
     v["throttle_reasons"] = sorted(
         {r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)}
@@ -122,10 +170,14 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     if len(egpus) > 1 and all(g.memory_used_bytes is not None for g in egpus):
         # Compare what the engine itself holds on each rank: another job on one GPU is
         # gpu-shared-with-foreign-process, not an imbalance of the engine's ranks.
-        own = {g.index: _engine_bytes_on(g, s.engine_pids) for g in egpus}
-        heavy_idx = max(own, key=lambda i: own[i])
-        v["rank_spread_bytes"] = own[heavy_idx] - min(own.values())
-        v["rank_heavy_gpu"] = heavy_idx
+        # Keyed by (node, index): index 0 of two nodes are two ranks.
+        own = {(g.node, g.index): _engine_bytes_on(g, s.engine_pids) for g in egpus}
+        heavy = max(own, key=lambda k: own[k])
+        v["rank_spread_bytes"] = own[heavy] - min(own.values())
+        v["rank_heavy_gpu"] = heavy[1]
+        v["rank_heavy_node"] = heavy[0]
+        # ranks are laid out TP-major: stage = position // tp
+        v["rank_heavy_stage"] = list(own).index(heavy) // max(1, v["tp"] or 1)
     if totals:
         v["engine_gpu_total_min_bytes"], v["engine_gpu_total_max_bytes"] = min(totals), max(totals)
     for g in visible:
@@ -146,6 +198,36 @@ def _max_num_seqs_effective(s: Scope, v: Vars) -> None:
         v["max_num_seqs_effective"] = default_max_num_seqs(
             v["vllm_version"], v["gpu_total_bytes"], v["gpu_name"]
         )
+
+
+def _known_foreign(s: Scope, g: Gpu, p: GpuProcess) -> bool:
+    """A process is called foreign only when something says it is not the engine: the engine's
+    own process is on the same GPU beside it, or the host's process table lists it as no
+    vLLM process. On a GPU where no engine pid is seen, the largest unknown process is taken as
+    the engine's own rank (a V0 driver worker, a ``python`` application's LLM) — never foreign."""
+    if any(q.pid in s.engine_pids or is_vllm_process(q.name) for q in g.processes if q is not p):
+        return True
+    unknown = [q for q in g.processes if q.pid not in s.engine_pids and not is_vllm_process(q.name)]
+    if max(unknown, key=lambda q: q.used_bytes or 0) is not p:
+        return _not_vllm_in_table(s, p.pid)
+    return False
+
+
+def _not_vllm_in_table(s: Scope, pid: int) -> bool:
+    """The host's process table lists ``pid`` and neither it nor an ancestor launches vLLM."""
+    if not s.snapshot.process_table_known:
+        return False
+    procs = {q.pid: q for q in s.snapshot.processes}
+    cur = procs.get(pid)
+    if cur is None:
+        return False
+    seen: set[int] = set()
+    while cur is not None and cur.pid not in seen:
+        seen.add(cur.pid)
+        if cur.launches_vllm or cur.vllm_role is not None:
+            return False
+        cur = procs.get(cur.ppid) if cur.ppid is not None else None
+    return True
 
 
 def _foreign_and_orphans(s: Scope, v: Vars) -> None:
@@ -194,6 +276,7 @@ def _foreign_and_orphans(s: Scope, v: Vars) -> None:
                 and not vllm_like
                 and ((engine_pids and pids_comparable) or startup_refused)
                 and (startup_refused or not _looks_like_the_engine(p, g, v["gmu"]))
+                and (startup_refused or _known_foreign(s, g, p))
             ):
                 foreign.append((p, g.index))
     v["foreign_pids"] = [p.pid for p, _ in foreign]

@@ -116,6 +116,39 @@ def _scan_run_starts(log: VllmLog) -> list[int]:
     return starts
 
 
+def _identity(e: LogEvent) -> tuple[Any, Any] | None:
+    """(model, port) a server's args dump names, or None for other events."""
+    if e.kind != "args" or e.values.get("source") not in ("non_default", "namespace"):
+        return None
+    a = e.values.get("args") or {}
+    return (a.get("served_model_name") or a.get("model") or a.get("model_tag"), a.get("port"))
+
+
+def _restarts_only(log: VllmLog, starts: list[int]) -> list[int]:
+    """The run starts that restart a server of the run before; a start whose server (model,
+    port) differs from every server of the run before is a second engine in the same log."""
+    if len(starts) < 2:
+        return starts
+    ids: list[set[tuple[Any, Any]]] = [set() for _ in starts]
+    k = 0
+    for e in log.events:
+        while k + 1 < len(starts) and e.line >= starts[k + 1]:
+            k += 1
+        if e.line >= starts[0]:
+            ident = _identity(e)
+            if ident is not None:
+                ids[k].add(ident)
+    kept = [starts[0]]
+    seen = set(ids[0])
+    for start, idents in zip(starts[1:], ids[1:], strict=True):
+        if not idents or idents & seen:
+            kept.append(start)
+            seen = set(idents) | (seen if not idents else set())
+        else:
+            seen |= idents
+    return kept
+
+
 def log_runs(log: VllmLog) -> LogRuns:
     """The runs of a log. A run begins at its "vLLM API server version" line or its args dump
     (``non-default args`` / ``args: Namespace``) once the previous run had got past its
@@ -128,7 +161,7 @@ def log_runs(log: VllmLog) -> LogRuns:
     # The weak reference guards against a new log reusing a dead one's id.
     if hit is not None and hit[0]() is log and hit[1] == len(log.events):
         return hit[2]
-    starts = _scan_run_starts(log)
+    starts = _restarts_only(log, _scan_run_starts(log))
     first = starts[-1] if starts else 0
     run_events = [e for e in log.events if e.line >= first] if len(starts) > 1 else log.events
     full = LogView(log, log.events)

@@ -27,7 +27,7 @@ WRITES: dict[str, str] = {
     "colocated_bytes": "list[bytes]; each engine's NVML used memory on that GPU, in colocated_gmus order (None from command lines)",
     "colocated_names": "list[str]; a name per engine on it (served model, else pid or engine index), in colocated_gmus order",
     "colocated_self": "int; this engine's position in colocated_gmus (None when it is not one of them)",
-    "colocated_start_gap_s": "seconds; smallest gap between the engines' start times (live process table only)",
+    "colocated_start_gap_s": "seconds; smallest gap between the engines' start times (process create times, else the times of their engine-initialisation lines in one log)",
 }
 READS: frozenset[str] = frozenset({"vllm_version"})
 
@@ -167,6 +167,11 @@ def derive(s: Scope, v: Vars) -> None:
         desc.append(f"{who}{what}{share}")
     v["colocated_desc"] = ", ".join(desc)
     starts = sorted(e["start"] for e in entries if e["start"] is not None)
+    if len(starts) < 2 and s.log is not None:
+        # Without a process table the log's own times tell when each engine started.
+        log_engines = s.log.log.engines
+        if len(log_engines) == len(entries):
+            starts = sorted(e.start_s for e in log_engines if e.start_s is not None)
     if len(starts) >= 2:
         v["colocated_start_gap_s"] = min(b - a for a, b in zip(starts, starts[1:], strict=False))
 

@@ -13,11 +13,36 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, Snapshot
+from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEvent, Snapshot
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 #: the most snapshots of history read for trends (GPU memory growth): evenly spaced.
 MAX_HISTORY_POINTS = 60
+
+
+def engine_pids_of(snapshot: Snapshot, log_events: Sequence[LogEvent]) -> frozenset[int]:
+    """The engine's pids from every source a bundle offers: the process table (vLLM roles, a
+    process whose command line launches vLLM, and its descendants), and the log's own lines
+    (``engine_pid`` events: "Started engine process with PID N", uvicorn's server pid,
+    application lines; the raising pid of a ``cuda_oom`` it names). ``log_events``: the latest
+    run's events (the process prefixes' pids are added by the caller)."""
+    pids = {p.pid for p in snapshot.processes if p.vllm_role is not None or p.launches_vllm}
+    by_parent: dict[int, list[int]] = {}
+    for p in snapshot.processes:
+        if p.ppid is not None:
+            by_parent.setdefault(p.ppid, []).append(p.pid)
+    todo = list(pids)
+    while todo and len(pids) < 10_000:
+        for child in by_parent.get(todo.pop(), []):
+            if child not in pids:
+                pids.add(child)
+                todo.append(child)
+    for e in log_events:
+        if e.kind == "engine_pid" and isinstance(e.values.get("pid"), int):
+            pids.add(e.values["pid"])
+        elif e.kind == "cuda_oom" and isinstance(e.values.get("engine_pid"), int):
+            pids.add(e.values["engine_pid"])
+    return frozenset(pids)
 
 
 def _own_copy(cfg: EngineConfig) -> EngineConfig:

@@ -125,7 +125,12 @@ def _fallbacks(v: Vars) -> None:
         (x or 0) > 0 for x in (v["prompt_tokens_per_s"], v["generation_tokens_per_s"], v["requests_per_s"])
     )
     busy = (v["running"] or 0) > 0 or (v["waiting"] or 0) > 0 or (v["waiting_max"] or 0) > 0
-    log_busy = (v["log_gen_throughput_max"] or 0) > 0 or (v["log_running_last"] or 0) > 0
+    # Traffic is judged in the window: scrapes with vLLM stats say what is happening now, and a
+    # log's stats lines from hours before them are history (an idle server is not busy).
+    now_from_metrics = bool(v["metrics_present"]) and v["stats_enabled"] is not False
+    log_busy = not now_from_metrics and (
+        (v["log_gen_throughput_max"] or 0) > 0 or (v["log_running_last"] or 0) > 0
+    )
     v["traffic"] = bool(tokens_flowing or busy or log_busy)
 
 

@@ -426,7 +426,9 @@ def artifacts_in_dir(root: Path, refused: list[tuple[str, str]] | None = None) -
         if (p := f(name)) is not None:
             art.nvidia_smi.append(p)
     art.compute_apps = f("compute-apps.csv")
-    art.log = f("vllm.log")
+    # A rotated, compressed log (logrotate's compress) when there is no plain one: parse_log_file
+    # reads gzip, bounded.
+    art.log = f("vllm.log") or f("vllm.log.gz")
     if (d := _bundle_dir(root, "metrics", refused)) is not None:
         art.metrics.append(d)
     if (p := f("metrics.txt")) is not None:
@@ -594,6 +596,8 @@ def _load_dir(root: Path, *, label: str) -> Loaded:
         if name == "cmdline.txt" and art.cmdline is not None:
             present = True
         if name == "nvidia-smi.txt" and art.nvidia_smi:
+            present = True
+        if name == "vllm.log" and art.log is not None:
             present = True
         if not present:
             _status(snap, BUNDLE_FILES[name], str(root / name), "missing", f"{name} not in bundle")

@@ -224,6 +224,8 @@ def _gpu_rows(lines: list[str], i: int, cells: list[str], origin: str) -> tuple[
             pm = _POWER_RE.search(c2[0])
             if pm:
                 gpu.power_w, gpu.power_limit_w = _watts(pm.group(1)), _watts(pm.group(2))
+            if "Insufficient Permissions" in c2[1]:
+                gpu.no_permission = True  # NoPermission, not N/A
             mm = _MEM_RE.search(c2[1])
             if mm:
                 gpu.memory_used_bytes = int(mm.group(1)) * MiB
@@ -462,6 +464,9 @@ def _looks_like_header(cells: list[str]) -> bool:
 
 def _set_gpu_field(gpu: Gpu, key: str, value: str) -> None:
     """Set one ``--query-gpu`` value on ``gpu``; raises ValueError on a malformed value."""
+    if "Insufficient Permissions" in value:
+        gpu.no_permission = True  # NoPermission, not N/A
+        return
     attr = _GPU_FIELDS.get(key)
     if attr is None:
         if key.startswith(_REASON_PREFIXES) and not key.endswith(".supported"):
@@ -516,8 +521,8 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
     rows (the ``-l N`` loop) gives a time series: a new moment starts when the timestamp changes
     or a GPU repeats. Without an ``index`` column a GPU's index is its row position in its moment.
 
-    Raises SourceError (origin, line) on empty/binary text, a header with no known field or no
-    GPU identity column (index, uuid, pci.bus_id), a row with the wrong cell count, or a value
+    Raises SourceError (origin, line) on empty/binary text, a header with no known field, a row
+    with the wrong cell count, or a value
     that is not what its column says.
     """
     what = "nvidia-smi --query-gpu CSV"
@@ -540,9 +545,10 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
         keys = [_field_key(h) for h in header]
         rows = rows[1:]
     known = [k for k in keys if k in _GPU_FIELDS or k.startswith(_REASON_PREFIXES)]
-    if not known or not {"index", "uuid", "gpu_uuid", "pci.bus_id", "gpu_bus_id"} & set(keys):
+    # Without an identity column (index, uuid, pci.bus_id) the row order is the index.
+    if not known:
         raise SourceError(
-            f"{what}: unknown header (needs index, uuid or pci.bus_id)",
+            f"{what}: unknown header (no known --query-gpu field)",
             origin=origin or None,
             line=header_line or None,
         )
@@ -572,7 +578,13 @@ def parse_query_gpu_csv(text: str, origin: str = "", fields: Sequence[str] | Non
             first_bad = first_bad or e
             continue
         ident = (
-            ("uuid", gpu.uuid) if gpu.uuid else ("bus", gpu.bus_id) if gpu.bus_id else ("idx", str(gpu.index))
+            ("uuid", gpu.uuid)
+            if gpu.uuid
+            else ("bus", gpu.bus_id)
+            if gpu.bus_id
+            else ("idx", str(gpu.index))
+            if has_index
+            else ("row", str(n))  # no identity column: only the timestamp starts a moment
         )
         new_ts = gpu.timestamp is not None and last_ts is not None and abs(gpu.timestamp - last_ts) >= 0.5
         if not moments or ident in ids or new_ts:

@@ -76,6 +76,13 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
   ``hints``: what the traceback around it mentions, a sorted subset of "logprobs" (logprobs /
   prompt_logprobs / log_softmax code), "sampler", "prefill" and "multimodal" (multimodal encoder /
   embedding code), for telling a logprobs or multimodal OOM from a prefill burst.
+- ``engine_pid`` {pid, source}: a line naming an engine's pid ("Started engine process with PID N",
+  uvicorn's "Started server process [N]", application lines; ``kvdoctor.sources.log_engines``).
+  ``cuda_oom`` also carries ``engine_pid``: the raising process among the pids it names, or None.
+- ``request`` {prompt_tokens}: "Received request …, prompt_token_ids: [...]" (the list's length, or
+  N of ``[<redacted N tokens>]``).
+- ``cudagraph_memory_profiling`` {}: "Profiling CUDA graph memory: …" (≥ 0.18, inside
+  determine_available_memory; an OOM after it is a graph-capture OOM).
 - ``cuda_error_oom`` {}: "CUDA error: out of memory" (a CUDA runtime error, not the allocator's).
 - ``load_model_oom`` {}: "Failed to load model - not enough GPU memory" (§3.5);
   ``sampler_warmup_oom`` {num_requests}; ``mm_profile`` {}: multimodal profiling warnings.
@@ -124,6 +131,8 @@ from kvdoctor.sources.limits import (
     iter_gunzip,
     open_regular,
 )
+from kvdoctor.sources.log_engines import engine_pid_line, oom_engine_pid, request_prompt_tokens, split_engines
+from kvdoctor.sources.log_prefixes import strip_prefixes
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
 
@@ -241,6 +250,8 @@ class ParsedLine:
     time: str | None = None
     #: True for lines written by vLLM's formatter (they carry level and time).
     formatted: bool = False
+    #: the node a collector prefix named (journald hostname, Ray ``ip=``), else None.
+    host: str | None = None
 
 
 def parse_line(raw: str) -> ParsedLine:
@@ -256,6 +267,7 @@ def parse_line(raw: str) -> ParsedLine:
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
+    line, host = strip_prefixes(line)  # compose / kubectl / journald / Ray (log_prefixes)
     if line[:2] == "20" and line[4:5] == "-":
         m = _TS_PREFIX_RE.match(line)
         if m:
@@ -281,7 +293,7 @@ def parse_line(raw: str) -> ParsedLine:
             if m:
                 level = m.group(1)
                 line = line[m.end() :]
-    return ParsedLine(line, process, pid, level, time, formatted)
+    return ParsedLine(line, process, pid, level, time, formatted, host)
 
 
 # --------------------------------------------------------------------------- value helpers
@@ -645,6 +657,7 @@ _NOT_REQUEST_LINE_RE = re.compile(
 )
 # traceback frames of CUDA graph capture (V0 capture_model/graph_runner.capture, V1 _capture_cudagraphs)
 _CAPTURE_HINTS = (
+    "profile_cudagraph_memory",  # ≥ 0.18: graph memory profiled in determine_available_memory
     "capture_model",
     "graph_runner.capture",
     "_capture_cudagraphs",
@@ -672,6 +685,13 @@ _OOM_HINTS: dict[str, tuple[str, ...]] = {
         "visual(",
     ),
 }
+#: lines that quote a request's parameters or configuration, not code that ran out of memory.
+_PARAMS_RE = re.compile(
+    r"SamplingParams\(|Received request|Added request|\blogprobs=|prompt_logprobs=|chunked prefill|enable_chunked_prefill"
+)
+#: traceback frames of an offline engine's run-time step (LLM.generate → engine step → model).
+_OFFLINE_FRAMES = (", in generate", ", in _run_engine", ", in chat", ", in encode", ", in embed")
+_STEP_FRAMES = (", in step", ", in execute_model")
 _CROSS_PROCESS_WINDOW = 2000  # lines within which a re-print by another process is the same failure
 
 
@@ -684,7 +704,9 @@ def _is_worker(process: str | None) -> bool:
 
 
 def _hints(block: _Block) -> list[str]:
-    low = "\n".join(block.text).lower()
+    # Only the failing process's traceback and error text: a request's params repr
+    # ("logprobs=None, prompt_logprobs=None") or a chunked-prefill note is no hint.
+    low = "\n".join(t for t in block.text if not _PARAMS_RE.search(t)).lower()
     return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
 
 
@@ -840,10 +862,11 @@ class _Parser:
             return
         starts: set[int] = set()
         find, rfind = text.find, text.rfind
+        # "prompt_token_ids": a request line's prompt length is an event (its count, no text).
         if not self._gen_strong:
-            words: tuple[str, ...] = ("\r", "\x1b", "EngineCore")
+            words: tuple[str, ...] = ("\r", "\x1b", "EngineCore", "prompt_token_ids")
         else:
-            words = ("\r", "\x1b")  # parse_line would see another message than the line starts with
+            words = ("\r", "\x1b", "prompt_token_ids")  # parse_line would see another message
         for word in words:
             i = find(word, pos)
             while i >= 0:
@@ -875,6 +898,7 @@ class _Parser:
         for key in list(self._blocks):
             self._close_block(key)
         self._flush_history()
+        self.log.engines = split_engines(self.log, _PHASE_OF)  # several engines in one log
 
     # ------------------------------------------------------------------ helpers
 
@@ -890,6 +914,7 @@ class _Parser:
             pid=pl.pid,
             level=pl.level,
             time=pl.time,
+            host=pl.host,
         )
         if kind in _ERROR_KINDS and self._is_duplicate(ev, key):
             return None
@@ -984,6 +1009,13 @@ class _Parser:
             return "weight_loading"
         if state == "profile_run" or (state == "startup" and any(h in text for h in _PROFILE_HINTS)):
             return "profile_run"
+        if not any(h in text for h in _PROFILE_HINTS) and (
+            any(f in text for f in _OFFLINE_FRAMES)
+            or (state == "kv_cache_init" and any(f in text for f in _STEP_FRAMES))
+        ):
+            # An offline engine (LLM(...) driven by a script) prints no serving marker: a step
+            # of generate after the startup steps is run time.
+            return "runtime"
         return state
 
     # ------------------------------------------------------------------ matching
@@ -1003,11 +1035,34 @@ class _Parser:
                     break
         if pl.formatted or pl.level in ("DEBUG", "INFO", "WARNING"):
             if msg.startswith(_REQUEST_PREFIXES) or _ACCESS_RE.match(msg):
-                return  # the request and access logs: a prompt's text never becomes an event
+                # The request and access logs: a prompt's text never becomes an event; a
+                # request's prompt length does (its token count only, the text left out).
+                if "prompt_token_ids" in msg and msg.startswith(("Received request ", "Added request ")):
+                    n = request_prompt_tokens(msg)
+                    if n is not None:
+                        ev = self._emit("request", pl, key, {"prompt_tokens": n})
+                        if ev is not None:
+                            ev.text = f"request with a {n}-token prompt"
+                return
 
         # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
         for kind, values in log_catalogue2.match(msg):
             self._emit_catalogue2(kind, values, pl, key, block)
+
+        # --- engine pids named by a line (log_engines): "Started engine process with PID N", …
+        if "pid" in msg or "PID" in msg or "Started server process" in msg:
+            hit = engine_pid_line(msg)
+            if hit is not None:
+                self._emit("engine_pid", pl, key, {"pid": hit[0], "source": hit[1]})
+
+        # --- request log lines in other formats (no level prefix): the prompt's length only
+        if "prompt_token_ids" in msg and ("Received request" in msg or "Added request" in msg):
+            n = request_prompt_tokens(msg)
+            if n is not None:
+                ev = self._emit("request", pl, key, {"prompt_tokens": n})
+                if ev is not None:
+                    ev.text = f"request with a {n}-token prompt"
+                return
 
         # --- version / generation
         if "version" in msg:
@@ -1163,6 +1218,12 @@ class _Parser:
             return
 
         # --- CUDA graphs
+        if "Profiling CUDA graph memory" in msg:
+            # ≥ 0.18 profiles graph memory inside determine_available_memory: an OOM now is a
+            # graph-capture OOM (vllm-facts §3.3 item 4).
+            self._emit("cudagraph_memory_profiling", pl, key, {})
+            self._state[key] = self._global_state = "cuda_graph_capture"
+            return
         if "Capturing" in msg and (
             "Capturing cudagraphs" in msg
             or "Capturing the model for CUDA graphs" in msg
@@ -1679,6 +1740,7 @@ class _Parser:
             ms = R["oom_self"].search(msg)
             if ms:
                 values["this_process_bytes"] = _size(ms.group(1))
+            values["engine_pid"] = oom_engine_pid(values)  # the raising process (log_engines)
             ma = R["oom_allowed"].search(msg)
             if ma:
                 values["allowed_bytes"] = _size(ma.group(1))
