@@ -60,8 +60,8 @@ logger = logging.getLogger("kvdoctor.vllm")
 DEFAULT_EVAL_INTERVAL_S = 10.0
 #: seconds between Snapshots taken from the per-step stats (rates need a few per window).
 DEFAULT_SAMPLE_INTERVAL_S = 1.0
-#: Snapshots kept (one an interval: an hour at 1 s).
-DEFAULT_MAX_LEN = 3600
+#: Snapshots kept (ten minutes at 1 s; evaluations read the last two windows of them).
+DEFAULT_MAX_LEN = 600
 ORIGIN = "vllm in-process"
 
 
@@ -338,6 +338,7 @@ class Doctor:
     :meth:`add` appends a Snapshot of the given metrics (with ``config`` and ``model`` attached,
     so the Snapshot diagnoses on its own); :meth:`evaluate` runs the pipeline over the timeline,
     keeps the Report in :attr:`report` and logs what changed since the previous evaluation.
+    Each evaluation reads the Snapshots of the last ``2 × pipeline.window_s`` seconds.
     Thread-safe (a lock around the timeline). ``pipeline`` None loads the shipped rules and the
     user config (``$KVDOCTOR_CONFIG``); :class:`~kvdoctor.pipeline.PipelineError` propagates.
     """
@@ -383,6 +384,12 @@ class Doctor:
             snapshot_list = list(self.timeline.snapshots)
         if not snapshot_list:
             return []
+        # The rules read the recent window; evaluating only its last two lengths keeps each
+        # evaluation's cost flat however long the engine has run (bench/vllm_plugin.py).
+        newest = snapshot_list[-1].timestamp
+        if newest is not None:
+            horizon = newest - 2 * self.pipeline.window_s
+            snapshot_list = [s for s in snapshot_list if s.timestamp is None or s.timestamp >= horizon]
         report = self.pipeline.evaluate(
             Timeline(snapshots=snapshot_list, max_len=len(snapshot_list)), now=now
         )
@@ -645,8 +652,12 @@ class LLMWatcher:
 
     def _loop(self) -> None:
         guard = _Guard(logger)
+
+        def poll_once() -> None:
+            self.poll()
+
         while not self._stop.wait(self.sample_interval_s):
-            guard.run(lambda: None if self.poll() else None)
+            guard.run(poll_once)
 
     def start(self) -> LLMWatcher:
         """Poll on a daemon thread until :meth:`stop`; returns self."""

@@ -5,7 +5,8 @@ Every test here carries the ``integration`` marker, which the default ``pytest``
 (pyproject addopts); ``.ci/run`` runs ``pytest -m integration tests/integration``. The tier skips
 (with the reason) only when the venv cannot be built; ``KVDOCTOR_IT_REQUIRE=1`` (set by
 ``.ci/run``) turns that into a failure. ``KVDOCTOR_IT_PIN=1`` rewrites the pinned real-server
-record under ``tests/data/real-vllm-<version>/`` from this run.
+record under ``tests/data/real-vllm-<version>/`` from this run; ``KVDOCTOR_IT_KEEP=1`` keeps the
+work directory (server logs, scrapes, reports) after the session.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> vllm_env.VllmEnv:
+def vllm() -> vllm_env.VllmEnv:
     """The built environment with this checkout of kvdoctor installed into it (so vLLM loads
     the stat-logger plugin)."""
     t0 = time.monotonic()
@@ -57,9 +59,16 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> vllm_env.VllmEnv:
 
 
 @pytest.fixture(scope="session")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Logs, scrapes and reports of this run."""
-    return tmp_path_factory.mktemp("vllm-it")
+def workdir() -> Iterator[Path]:
+    """Logs, scrapes and reports of this run, in a directory of its own: pytest's shared
+    basetemp keeps only the newest three runs of any pytest on the machine, and other runs
+    would delete this one's server logs mid-session. Removed at the end unless
+    ``KVDOCTOR_IT_KEEP=1``."""
+    path = Path(tempfile.mkdtemp(prefix="kvdoctor-it-"))
+    print(f"[it] work directory {path}", file=sys.stderr)
+    yield path
+    if os.environ.get("KVDOCTOR_IT_KEEP") != "1":
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -278,8 +278,11 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
     from kvdoctor.sampler import LiveFeed
 
     res = Pressure()
+    # 8 clients of ~220-token requests: 2 fit in the 3 usable blocks, the others wait and
+    # preempt them; more clients mostly load the API server (then slow to answer /metrics on
+    # busy CPUs) and take longer to drain.
     load = Load(
-        server.url, server.served_name, concurrency=32, duration_s=150, max_tokens=200, prompt_words=20
+        server.url, server.served_name, concurrency=8, duration_s=150, max_tokens=200, prompt_words=20
     )
     res.load = load.start()
     try:
@@ -353,6 +356,29 @@ def test_load_drives_the_server_into_kv_pressure(pressure: Pressure) -> None:
     assert max(c.waiting for c in cs) > 0
     assert cs[-1].preemptions > cs[0].preemptions
     assert pressure.load is not None and pressure.load.failed == 0, pressure.load.errors
+
+
+def test_every_scrape_under_load_parses_as_the_server_counted(pressure: Pressure) -> None:
+    # Running / waiting / KV usage per scrape, and the preemption rate over them, as kvdoctor
+    # reads the same pages the test read.
+    from kvdoctor.sources.metrics import parse_metrics
+    from kvdoctor.timeline import counter_rate
+
+    series = []
+    for (text, t), own in zip(pressure.scrapes, pressure.counters(), strict=True):
+        (m,) = parse_metrics(text, origin="load", timestamp=t)
+        assert (m.kv_cache_usage, m.num_requests_running, m.num_requests_waiting) == (
+            own.kv_usage,
+            own.running,
+            own.waiting,
+        )
+        assert m.num_preemptions_total == own.preemptions
+        series.append(m)
+    cs = pressure.counters()
+    span = cs[-1].t - cs[0].t
+    rate = counter_rate(series, "num_preemptions_total", seconds=span + 1)
+    assert rate is not None and rate * span == pytest.approx(cs[-1].preemptions - cs[0].preemptions)
+    assert max(m.num_requests_waiting or 0 for m in series) == max(c.waiting for c in cs) > 0
 
 
 def test_live_diagnose_under_pressure_matches_the_servers_counters(
