@@ -278,11 +278,10 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
     from kvdoctor.sampler import LiveFeed
 
     res = Pressure()
-    # 8 clients of ~220-token requests: 2 fit in the 3 usable blocks, the others wait and
-    # preempt them; more clients mostly load the API server (then slow to answer /metrics on
-    # busy CPUs) and take longer to drain.
+    # 32 clients of ~220-token requests (2 fit in the 3 usable blocks): the queue keeps the
+    # cache full (8 clients preempt too, but the scrapes then catch it at 2 of 3 blocks).
     load = Load(
-        server.url, server.served_name, concurrency=8, duration_s=150, max_tokens=200, prompt_words=20
+        server.url, server.served_name, concurrency=32, duration_s=150, max_tokens=200, prompt_words=20
     )
     res.load = load.start()
     try:
