@@ -1,0 +1,74 @@
+"""Offline ``LLM(...)`` under KV pressure with kvdoctor's :class:`LLMWatcher` (run by the vLLM
+venv's python from tests/integration/test_inprocess.py).
+
+``python offline_llm.py MODEL_DIR OUT.json``: 32 prompts of 200 tokens into a 4-block KV cache.
+Besides the watcher, a second thread reads vLLM's own counters from ``llm.get_metrics()`` with
+vLLM's reader classes, so the test decides what must fire from vLLM's numbers, not kvdoctor's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+
+
+def main(model: str, out_path: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.reader import Counter, Gauge
+
+    from kvdoctor.integrations.vllm import KvdoctorStatLogger, LLMWatcher
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        max_model_len=256,
+        num_gpu_blocks_override=4,
+        disable_log_stats=False,
+        seed=0,
+    )
+    own: list[dict[str, float]] = []
+    stop = threading.Event()
+
+    def read_own() -> None:
+        while not stop.wait(0.5):
+            row = {"t": time.time()}
+            for m in llm.get_metrics():
+                if isinstance(m, Gauge) and m.name == "vllm:kv_cache_usage_perc":
+                    row["kv"] = m.value
+                elif isinstance(m, Counter) and m.name == "vllm:num_preemptions":
+                    row["preemptions"] = float(m.value)
+            own.append(row)
+
+    reader = threading.Thread(target=read_own, daemon=True)
+    reader.start()
+    watcher = LLMWatcher(llm, interval_s=3.0, sample_interval_s=0.5).start()
+    t0 = time.time()
+    prompts = [f"the cache block token memory engine request {i}" for i in range(32)]
+    llm.generate(prompts, SamplingParams(max_tokens=200, ignore_eos=True, temperature=0.0), use_tqdm=False)
+    elapsed = time.time() - t0
+    watcher.stop()
+    stop.set()
+    reader.join(timeout=5)
+    report = watcher.report
+    doc = {
+        "elapsed_s": elapsed,
+        "plugin_is_stat_logger": issubclass(KvdoctorStatLogger, StatLoggerBase),
+        "snapshots": len(watcher.doctor.timeline.snapshots),
+        "own": own,
+        "transitions": [
+            {"rule": t.rule, "kind": t.kind, "after": t.after, "flags": t.suggested_flags}
+            for t in watcher.doctor.transitions
+        ],
+        "report": report.to_dict() if report is not None else None,
+    }
+    with open(out_path, "w") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,58 @@
+"""kvdoctor inside an offline ``LLM(...)`` (which loads no plugins): :class:`LLMWatcher` polling
+``llm.get_metrics()``, against the real vLLM. The ``vllm serve`` plugin path is checked on the
+live server (test_live.py::test_plugin_inside_the_server_logs_the_storm)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.integration import vllm_env
+from tests.integration.conftest import REPO, pin
+from tests.integration.server import server_env
+
+STORM = yaml.safe_load((REPO / "rules" / "preemption-storm.yaml").read_text())["thresholds"]
+
+
+def test_llm_watcher_diagnoses_an_offline_engine(vllm: vllm_env.VllmEnv, workdir: Path) -> None:
+    out = workdir / "offline.json"
+    cache = workdir / "offline-cache"
+    cache.mkdir(exist_ok=True)
+    log = workdir / "offline.log"
+    with log.open("wb") as fh:
+        proc = subprocess.run(
+            [str(vllm.python), str(Path(__file__).with_name("offline_llm.py")), str(vllm.model), str(out)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=server_env(vllm, cache),
+            cwd=REPO,
+            timeout=480,
+        )
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+    assert proc.returncode == 0, tail
+    doc = json.loads(out.read_text())
+    pin("offline-llm.log", log)
+    assert doc["plugin_is_stat_logger"] is True
+    assert doc["snapshots"] >= 2 and doc["report"] is not None
+    report = doc["report"]
+    (engine,) = report["engines"]
+    assert engine["config"]["max_model_len"] == 256
+    assert engine["kv"]["num_gpu_blocks"] == 4 and engine["kv"]["block_size"] == 128
+    # vLLM's own counters decide: preemptions over the run, KV usage reaching full.
+    own = [r for r in doc["own"] if "preemptions" in r and "kv" in r]
+    assert len(own) >= 2, tail
+    minutes = max((own[-1]["t"] - own[0]["t"]) / 60, 1e-9)
+    rate = (own[-1]["preemptions"] - own[0]["preemptions"]) / minutes
+    storm = rate >= STORM["min_per_min"] and max(r["kv"] for r in own) >= STORM["kv_full"]
+    rules = {f["rule"] for f in report["findings"]}
+    fired = {t["rule"] for t in doc["transitions"] if t["kind"] == "fired"}
+    assert ("preemption-storm" in fired) == storm, (rate, fired)
+    # A storm seen while generating is what the watcher logged, through the logging module.
+    text = log.read_text(errors="replace")
+    if storm:
+        assert "kvdoctor.vllm WARNING kvdoctor: preemption-storm fired" in text
+    # The final evaluation (at stop) still holds the whole run inside its 60 s window.
+    assert ("preemption-storm" in rules) == storm, (rate, sorted(rules))
