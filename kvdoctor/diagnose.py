@@ -13,17 +13,12 @@ from typing import Any
 import click
 
 from kvdoctor.cli import silence_stdout
+from kvdoctor.commands.common import config_option
+from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import DEMO_CASE, demo_bundle_dir, input_options
 from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
 
 __all__ = ["DEMO_CASE", "demo_bundle_dir", "diagnose_command"]
-
-EXIT_UNKNOWN = 3
-
-
-def _fail(message: str) -> None:
-    click.echo(f"kvdoctor: {message}", err=True)
-    raise click.exceptions.Exit(EXIT_UNKNOWN)
 
 
 @click.command("diagnose")
@@ -50,12 +45,7 @@ def _fail(message: str) -> None:
     show_default=True,
     help="Seconds between live samples.",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    help="User config (thresholds, disabled rules); default $KVDOCTOR_CONFIG or ~/.config/kvdoctor/config.yaml.",
-)
+@config_option
 @rules_dir_option
 @click.option(
     "--prometheus",

@@ -169,6 +169,14 @@ def input_options(fn: F) -> F:
             help="Kernel log (dmesg / journalctl -k) with NVIDIA XID errors.",
         ),
         click.option("--no-nvml", is_flag=True, help="Do not read NVML (live mode)."),
+        click.option(
+            "--timeout",
+            "timeout_s",
+            type=click.FloatRange(min=0.05),
+            default=2.0,
+            show_default=True,
+            help="Per-source read timeout in seconds (live): a slower source is an error for that read.",
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)

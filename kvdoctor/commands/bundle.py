@@ -16,14 +16,8 @@ from typing import Any
 
 import click
 
+from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import input_options
-
-EXIT_UNKNOWN = 3
-
-
-def _fail(message: str) -> None:
-    click.echo(f"kvdoctor: {message}", err=True)
-    raise click.exceptions.Exit(EXIT_UNKNOWN)
 
 
 @click.command("bundle")

@@ -15,9 +15,8 @@ from typing import Any
 
 import click
 
+from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import input_options
-
-EXIT_UNKNOWN = 3
 
 
 def _on_sigterm(stop: threading.Event) -> Any:
@@ -26,11 +25,6 @@ def _on_sigterm(stop: threading.Event) -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, lambda *_: stop.set())
-
-
-def _fail(message: str) -> None:
-    click.echo(f"kvdoctor: {message}", err=True)
-    raise click.exceptions.Exit(EXIT_UNKNOWN)
 
 
 @click.command("record")

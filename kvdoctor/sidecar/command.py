@@ -14,15 +14,10 @@ from typing import Any
 
 import click
 
+from kvdoctor.commands.common import config_option
+from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import input_options
 from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
-
-EXIT_UNKNOWN = 3
-
-
-def _fail(message: str) -> None:
-    click.echo(f"kvdoctor: {message}", err=True)
-    raise click.exceptions.Exit(EXIT_UNKNOWN)
 
 
 @click.command("sidecar")
@@ -42,14 +37,6 @@ def _fail(message: str) -> None:
     help="Seconds between evaluation cycles.",
 )
 @click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0.05),
-    default=2.0,
-    show_default=True,
-    help="Per-source read timeout, seconds.",
-)
-@click.option(
     "--history",
     "history_s",
     type=click.FloatRange(min=1.0),
@@ -57,17 +44,11 @@ def _fail(message: str) -> None:
     show_default=True,
     help="Seconds of snapshots kept for the rules (bounds memory).",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    help="User config (thresholds, disabled rules); default $KVDOCTOR_CONFIG or ~/.config/kvdoctor/config.yaml.",
-)
+@config_option
 @rules_dir_option
 def sidecar_command(
     listen: str,
     interval_s: float,
-    timeout_s: float,
     history_s: float,
     config_path: Path | None,
     rules_dirs: tuple[Path, ...],
@@ -87,7 +68,7 @@ def sidecar_command(
         parse_listen(listen)
     except ValueError as e:
         _fail(str(e))
-    opts = options_from_kwargs(inputs, interval_s=interval_s, timeout_s=timeout_s)
+    opts = options_from_kwargs(inputs, interval_s=interval_s)
     try:
         pipeline = Pipeline.load(resolve_rules_dirs(rules_dirs), config_path)
     except PipelineError as e:

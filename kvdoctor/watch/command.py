@@ -8,10 +8,11 @@ from typing import Any
 
 import click
 
+from kvdoctor.commands.common import config_option
+from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import input_options
 from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
 
-EXIT_UNKNOWN = 3
 #: the bundled recording ``watch --demo`` replays (tools/make_watch_demo.py makes it).
 DEMO_RECORDING = "watch-demo.jsonl.gz"
 #: where the demo starts: late enough that history fills the sparklines, before the incident.
@@ -21,11 +22,6 @@ DEMO_START = 45
 def demo_recording_path() -> Path:
     """Path of the bundled demo recording inside the installed package."""
     return Path(str(resources.files("kvdoctor") / "data" / "demo" / DEMO_RECORDING))
-
-
-def _fail(message: str) -> None:
-    click.echo(f"kvdoctor: {message}", err=True)
-    raise click.exceptions.Exit(EXIT_UNKNOWN)
 
 
 @click.command("watch")
@@ -38,12 +34,7 @@ def _fail(message: str) -> None:
     show_default=True,
     help="Seconds between live reads (+/- change it while watching).",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    help="User config (thresholds, disabled rules); default $KVDOCTOR_CONFIG or ~/.config/kvdoctor/config.yaml.",
-)
+@config_option
 @rules_dir_option
 def watch_command(
     interval_s: float, config_path: Path | None, rules_dirs: tuple[Path, ...], **inputs: Any

@@ -98,7 +98,7 @@ def test_idle_discovery_flags_cache_config_and_no_finding_above_info(
     pin("metrics/idle.txt", text)
     assert own.running == 0 and own.waiting == 0
     # Live: no input flag at all; the engine is found from the process table and its port.
-    doc = kvdoctor_json("diagnose", "--no-nvml", "--window", "4", "--interval", "2")
+    doc = kvdoctor_json("diagnose", "--no-nvml", "--window", "4", "--interval", "2", "--timeout", "30")
     (workdir / "idle-report.json").write_text(json.dumps(doc, indent=1))
     procs = [s for s in doc["sources"] if s["kind"] == "processes"]
     assert procs and procs[0]["status"] == "ok", doc["sources"]
@@ -167,7 +167,7 @@ class Pressure:
 def _record_for(seconds: float, out: Path) -> tuple[Path | None, str]:
     """``kvdoctor record -o OUT`` from the live machine for ``seconds``, then SIGINT."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "record", "-o", str(out), "--no-nvml"],
+        [sys.executable, "-m", "kvdoctor", "record", "-o", str(out), "--no-nvml", "--timeout", "30"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -303,7 +303,16 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
         def live() -> None:
             t0 = time.time()
             live_out["doc"] = kvdoctor_json(
-                "diagnose", "--no-nvml", "--window", str(LIVE_WINDOW_S), "--interval", "2", timeout=240
+                # a loaded 2-core CI machine can take seconds per scrape: a generous per-source timeout
+                "diagnose",
+                "--no-nvml",
+                "--window",
+                str(LIVE_WINDOW_S),
+                "--interval",
+                "2",
+                "--timeout",
+                "30",
+                timeout=240,
             )
             live_out["window"] = (t0, time.time())
 
@@ -321,7 +330,9 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
         else:
             res.record_error = "`kvdoctor record` does not exist on this checkout"
         if has_command("bundle"):
-            out = kvdoctor("bundle", "-o", str(workdir / "bundle"), "--no-nvml", timeout=240)
+            out = kvdoctor(
+                "bundle", "-o", str(workdir / "bundle"), "--no-nvml", "--timeout", "30", timeout=240
+            )
             if out.returncode == 0 and (workdir / "bundle").exists():
                 res.bundle = workdir / "bundle"
             else:
