@@ -755,8 +755,9 @@ class LiveLoop:
         stop: threading.Event | None = None,
     ) -> Timeline:
         """Read without evaluating: a live feed for ``window_s`` seconds at ``interval_s`` (one
-        read only when no /metrics answered; at least two when one did, since rates need two
-        scrapes), a finite feed to
+        read only when there is no /metrics endpoint; at least two reads otherwise, since rates
+        need two scrapes, and a slow or failing endpoint is retried within the window), a finite
+        feed to
         its end; ``stop`` ends it early (Ctrl-C). Returns the Timeline (``diagnose`` then
         evaluates once)."""
         start = self._clock()
@@ -771,8 +772,11 @@ class LiveLoop:
                 break
             if not self.feed.live:
                 continue
-            if not cycle.snapshot.metrics:
-                break  # nothing to take a rate of: one read tells all
+            if not cycle.snapshot.metrics and not any(
+                st.kind == "metrics" and st.status != "missing" for st in cycle.snapshot.sources
+            ):
+                break  # no /metrics endpoint at all: nothing to take a rate of, one read tells all
+            # An endpoint that was slow or failed this time may answer later in the window.
             if self._clock() - start >= window_s and cycle.index >= 1:
                 break  # at least two scrapes, so counter rates exist
             wait = max(0.0, self.interval_s - (self._clock() - t0))
