@@ -13,10 +13,10 @@ from typing import Any
 import click
 
 from kvdoctor.cli import silence_stdout
-from kvdoctor.commands.common import config_option
+from kvdoctor.commands.common import config_option, load_pipeline, open_feed_or_fail
 from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import DEMO_CASE, demo_bundle_dir, input_options
-from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
+from kvdoctor.rules_cli import rules_dir_option
 
 __all__ = ["DEMO_CASE", "demo_bundle_dir", "diagnose_command"]
 
@@ -73,24 +73,15 @@ def diagnose_command(
     --bundle, a --recording or single artifacts. Exit: 0 ok, 1 warning, 2 critical, 3 nothing
     readable.
     """
-    from kvdoctor.inputs import InputError, open_feed, options_from_kwargs
-    from kvdoctor.pipeline import Pipeline, PipelineError
+    from kvdoctor.inputs import options_from_kwargs
     from kvdoctor.sampler import LiveLoop
 
     opts = options_from_kwargs(inputs, interval_s=interval_s)
-    try:
-        pipeline = Pipeline.load(resolve_rules_dirs(rules_dirs), config_path)
-    except PipelineError as e:
-        _fail(str(e))
-        return
+    pipeline = load_pipeline(rules_dirs, config_path)
     if prometheus_url is not None:
         _diagnose_fleet(pipeline, opts, prometheus_url, since, selector, fmt)
         return
-    try:
-        feed = open_feed(opts)
-    except InputError as e:
-        _fail(str(e))
-        return
+    feed = open_feed_or_fail(opts)
     try:
         loop = LiveLoop(feed, pipeline, interval_s=interval_s)
         timeline = loop.collect(5.0 if window_s is None else window_s)

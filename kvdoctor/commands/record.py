@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from kvdoctor.commands.common import fail as _fail
+from kvdoctor.commands.common import open_feed_or_fail
 from kvdoctor.inputs import input_options
 
 
@@ -63,18 +64,14 @@ def record_command(
     `kvdoctor diagnose --recording FILE`.
     """
     from kvdoctor.facts import SourceError
-    from kvdoctor.inputs import InputError, open_feed, options_from_kwargs
+    from kvdoctor.inputs import options_from_kwargs
     from kvdoctor.sampler import Cycle, LiveLoop
     from kvdoctor.sources.recording import RecordingWriter
 
     if output.exists() and not force:
         _fail(f"{output}: exists (give --force to overwrite)")
     opts = options_from_kwargs(inputs, interval_s=interval_s)
-    try:
-        feed = open_feed(opts)
-    except InputError as e:
-        _fail(str(e))
-        return
+    feed = open_feed_or_fail(opts)
     stop = threading.Event()
     try:
         try:

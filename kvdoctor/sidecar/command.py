@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from kvdoctor.commands.common import config_option
+from kvdoctor.commands.common import config_option, load_pipeline, open_feed_or_fail
 from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import input_options
-from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
+from kvdoctor.rules_cli import rules_dir_option
 
 
 @click.command("sidecar")
@@ -60,8 +60,7 @@ def sidecar_command(
     demos) and serves /metrics, /healthz, /readyz, /findings and / on --listen. Logs finding
     transitions (fired / resolved) as JSON lines on stdout. Stops cleanly on SIGTERM/SIGINT.
     """
-    from kvdoctor.inputs import InputError, open_feed, options_from_kwargs
-    from kvdoctor.pipeline import Pipeline, PipelineError
+    from kvdoctor.inputs import options_from_kwargs
     from kvdoctor.sidecar.server import Sidecar, parse_listen, serve
 
     try:
@@ -69,16 +68,8 @@ def sidecar_command(
     except ValueError as e:
         _fail(str(e))
     opts = options_from_kwargs(inputs, interval_s=interval_s)
-    try:
-        pipeline = Pipeline.load(resolve_rules_dirs(rules_dirs), config_path)
-    except PipelineError as e:
-        _fail(str(e))
-        return
-    try:
-        feed = open_feed(opts)
-    except InputError as e:
-        _fail(str(e))
-        return
+    pipeline = load_pipeline(rules_dirs, config_path)
+    feed = open_feed_or_fail(opts)
     max_len = max(2, math.ceil(history_s / interval_s))
     sidecar = Sidecar(feed, pipeline, interval_s=interval_s, listen=listen, max_len=max_len)
     try:

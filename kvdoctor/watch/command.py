@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from kvdoctor.commands.common import config_option
+from kvdoctor.commands.common import config_option, load_pipeline, open_feed_or_fail
 from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import input_options
-from kvdoctor.rules_cli import resolve_rules_dirs, rules_dir_option
+from kvdoctor.rules_cli import rules_dir_option
 
 #: the bundled recording ``watch --demo`` replays (tools/make_watch_demo.py makes it).
 DEMO_RECORDING = "watch-demo.jsonl.gz"
@@ -45,8 +45,7 @@ def watch_command(
     single artifacts or --recording FILE (replay: space, ←/→, [/]) read files; --demo replays a
     bundled incident on any machine. Keys: ? help, q quit.
     """
-    from kvdoctor.inputs import InputError, open_feed, options_from_kwargs
-    from kvdoctor.pipeline import Pipeline, PipelineError
+    from kvdoctor.inputs import options_from_kwargs
 
     if interval_s <= 0:
         _fail("--interval must be a positive number of seconds")
@@ -58,16 +57,8 @@ def watch_command(
             _fail("--demo cannot be combined with other inputs")
         opts.demo, opts.recording = False, demo_recording_path()
         start_at, label = DEMO_START, "demo"
-    try:
-        pipeline = Pipeline.load(resolve_rules_dirs(rules_dirs), config_path)
-    except PipelineError as e:
-        _fail(str(e))
-        return
-    try:
-        feed = open_feed(opts)
-    except InputError as e:
-        _fail(str(e))
-        return
+    pipeline = load_pipeline(rules_dirs, config_path)
+    feed = open_feed_or_fail(opts)
     if label:
         feed.label = label
     from kvdoctor.watch.app import WatchApp
