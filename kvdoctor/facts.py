@@ -321,7 +321,8 @@ class LogEngine:
     #: line of its engine-initialisation line ("Initializing a V1 LLM engine … with config").
     init_line: int
     pids: list[int] = field(default_factory=list)
-    #: the args of its own engine-config line (vLLM dest names → values).
+    #: the args of its own engine-config line (vLLM dest names → values), overlaid with its API
+    #: server's "non-default args" (those keys listed under "_explicit": the user set them).
     args: dict[str, Any] = field(default_factory=dict)
     #: "startup", "weight_loading", "profiling", "graph_capture", "ready", "serving" (last seen).
     phase: str = "startup"
@@ -377,7 +378,8 @@ class HostProcess:
     rss_bytes: int | None = None
     #: TCP ports it listens on (psutil ``net_connections``).
     listen_ports: list[int] = field(default_factory=list)
-    #: "api_server", "engine_core", "worker", or None for non-vLLM processes.
+    #: "api_server", "engine_core", "worker", "coordinator", "weight_daemon" (`vllm preload`), or
+    #: None for non-vLLM processes (``kvdoctor.sources.processes``).
     vllm_role: str | None = None
     create_time: float | None = None
     #: The vLLM launch its command line states, parsed when the process was read (psutil,
@@ -403,6 +405,9 @@ class Engine:
     pid: int | None = None
     #: GPU indices it runs on (CUDA_VISIBLE_DEVICES, NVML processes, or the log), when known.
     gpus: list[int] = field(default_factory=list)
+    #: its own pids when they are told apart from other engines' (one log holding several
+    #: engines: ``LogEngine.pids``); [] when unknown.
+    pids: list[int] = field(default_factory=list)
     metrics_url: str | None = None
     #: True/False when the API server's liveness is known (live mode, ps.txt), else None.
     api_server_alive: bool | None = None

@@ -51,6 +51,7 @@ from kvdoctor.derive.engines import (
     engine_pids_of,
     engine_series,
     recent_snapshots,
+    weight_daemon_pids,
 )
 from kvdoctor.facts import Engine, EngineConfig, Snapshot, Timeline
 
@@ -131,6 +132,10 @@ def build_contexts(
     engine_pids = engine_pids_of(snapshot, runs.run.events if runs is not None else [])
     if runs is not None:
         engine_pids |= runs.pids_latest
+    # A `vllm preload` weights daemon is part of the deployment: its pids count as the engine's
+    # (never foreign), but it is no second engine (stacked / colocated checks skip it).
+    daemon_pids = weight_daemon_pids(snapshot, runs.run.events if runs is not None else [], engine_pids)
+    engine_pids |= daemon_pids
     contexts: list[tuple[str | None, dict[str, Any], set[str]]] = []
     kv_report: dict[str, dict[str, Any]] = {}
     out_engines: list[Engine] = []
@@ -150,6 +155,7 @@ def build_contexts(
             visible=visible,
             engine_pids=engine_pids,
             peers=peers,
+            daemon_pids=daemon_pids,
         )
         variables = derive_variables(scope)
         contexts.append((eng.id if eng else None, variables, _inputs(scope)))
@@ -165,7 +171,8 @@ def build_contexts(
     for e in listed:
         # Engine assembly returns new objects: the GPUs found are set on copies.
         out_engines.append(Engine(id=e.id, config=e.config, pid=e.pid, gpus=gpus_of.get(e.id, list(e.gpus)),
-                                  metrics_url=e.metrics_url, api_server_alive=e.api_server_alive))  # fmt: skip
+                                  metrics_url=e.metrics_url, api_server_alive=e.api_server_alive,
+                                  pids=list(e.pids)))  # fmt: skip
     return out_engines, contexts, kv_report
 
 
@@ -183,6 +190,7 @@ def _scope(
     visible: list[Any],
     engine_pids: frozenset[int],
     peers: dict[str, list[Any]] | None = None,
+    daemon_pids: frozenset[int] = frozenset(),
 ) -> Scope:
     cfg = engine.config if engine else EngineConfig()
     arch = snapshot.model
@@ -206,6 +214,7 @@ def _scope(
         visible=visible,
         engine_pids=engine_pids,
         peer_series=peers or {},
+        weight_daemon_pids=daemon_pids,
     )
 
 

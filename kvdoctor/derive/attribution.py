@@ -9,6 +9,8 @@ ask (``engines-stacked-on-one-gpu``, ``weights-not-sharded``).
 
 from __future__ import annotations
 
+import re
+
 from kvdoctor import catalog
 from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, is_vllm_process
 from kvdoctor.facts import Engine, Gpu, GpuProcess
@@ -18,6 +20,8 @@ from kvdoctor.vllm_flags import default_max_num_seqs
 WRITES: dict[str, str] = {
     "gpu_count": "int; GPUs visible (CUDA_VISIBLE_DEVICES, else all listed)",
     "engine_gpus": "list[int]; GPU indices the engine uses",
+    "engine_gpu_keys": "list[(str|None, int)]; the engine's GPUs as (node, index): nodes/<host>/ bundles, host-named nvidia-smi tables",
+    "gpu_node": "str; the node the per-GPU maps below describe (the stacked GPU's, else the engine's first GPU's; None on one node)",
     "gpu_name": "str; first engine GPU's name",
     "gpu_total_bytes": "bytes; smallest total memory among the engine's GPUs (nvidia-smi Memory-Usage total; the catalogue's by name when the driver refused to read it)",
     "gpu_used_bytes": "bytes; largest used memory among the engine's GPUs",
@@ -26,19 +30,22 @@ WRITES: dict[str, str] = {
     "gpu_util": "fraction; largest GPU-Util among the engine's GPUs",
     "gpu_util_known": "bool; utilization was read",
     "visible_gpus": "list[int]; indices of the visible GPUs",
-    "gpu_used_map": "dict[int, bytes]; used memory of each visible GPU whose memory was read (nvidia-smi Memory-Usage / NVML memory.used)",
-    "gpu_total_map": "dict[int, bytes]; total memory of each visible GPU whose total was read",
-    "gpus_without_processes": "list[int]; visible GPUs holding no engine: no process listed, or only small (< 1 GiB) non-engine contexts (nvidia-smi Processes / NVML running processes)",
+    "gpu_used_map": "dict[int, bytes]; used memory of each visible GPU of gpu_node whose memory was read (nvidia-smi Memory-Usage / NVML memory.used)",
+    "gpu_total_map": "dict[int, bytes]; total memory of each visible GPU of gpu_node whose total was read",
+    "gpus_without_processes": "list[int]; visible GPUs of gpu_node holding no engine: no process listed, or only small (< 1 GiB) non-engine contexts (nvidia-smi Processes / NVML running processes)",
     "gpu_mig": "bool; MIG mode on any engine GPU (nvidia-smi MIG M., or MIG-… UUIDs in CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES)",
     "gpu_no_permission": "bool; the driver refused to read an engine GPU's memory (nvidia-smi '[Insufficient Permissions]', NVML NoPermission)",
     "throttle_reasons": "list[str]; NVML clock event reasons that slow the engine's GPUs (thermal, power, hardware)",
     "stacked_gpu": "int; a GPU on which two or more vLLM engines hold memory (None if none)",
+    "stacked_node": "str; the node of that GPU (None on one node)",
     "stacked_pids": "list[int]; the engine processes stacked on it",
     "stacked_desc": "str; description of them",
-    "rank_spread_bytes": "bytes; max − min used memory over the engine's GPUs (TP/PP ranks)",
-    "rank_heavy_gpu": "int; the engine GPU using the most memory",
-    "rank_heavy_node": "str; node of that GPU (nodes/<host>/ bundles; None on one node)",
-    "rank_heavy_stage": "int; its pipeline stage (position in the engine's GPUs // tp)",
+    "rank_spread_bytes": "bytes; max − min used memory over the engine's GPUs (TP/PP ranks); when the GPU readings miss ranks, the spread of the workers' own log figures (vLLM 'Available KV cache memory' per worker, else 'Model loading took')",
+    "rank_heavy_gpu": "int; the engine GPU using the most memory (None when the log's figures found it)",
+    "rank_heavy_node": "str; node of that GPU (nodes/<host>/ bundles; the worker line's Ray ip=<host>; None on one node)",
+    "rank_heavy_stage": "int; its pipeline stage (position in the engine's GPUs // tp; from the log: the worker's PP<n> name)",
+    "rank_heavy_pid": "int; the heavy rank's worker pid when the log's figures found it",
+    "rank_spread_source": "str; 'nvidia-smi' (per-GPU memory) or the log line the per-rank figures come from",
     "engine_gpu_total_min_bytes": "bytes; smallest card in the engine's group",
     "engine_gpu_total_max_bytes": "bytes; largest card in the engine's group",
     "foreign_pids": "list[int]; processes on the engine's GPUs that are not this engine",
@@ -67,13 +74,17 @@ def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
         got = [g for g in s.visible if g.index in engine.gpus]
         if got:
             return got
-    if s.engine_pids:
-        got = [g for g in s.visible if any(p.pid in s.engine_pids for p in g.processes)]
+    # An engine told apart from others in one log has pids of its own: its GPUs are where they
+    # are; else where any engine pid is.
+    for pids in ((frozenset(engine.pids) if engine.pids else None), s.engine_pids):
+        if not pids:
+            continue
+        got = [g for g in s.visible if any(p.pid in pids for p in g.processes)]
         if got:
             if len(got) < want:
-                rest = [g for g in s.visible if g not in got and not _other_engine_on(g, s.engine_pids)]
+                rest = [g for g in s.visible if g not in got and not _other_engine_on(g, pids)]
                 rest.sort(key=lambda g: (not g.processes, g.index))
-                got = sorted(got + rest[: want - len(got)], key=lambda g: g.index)
+                got = sorted(got + rest[: want - len(got)], key=lambda g: (g.node or "", g.index))
             return got
     return s.visible[:want]
 
@@ -148,10 +159,23 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     v["gpu_free_bytes"] = min(free) if free else None
     v["gpu_util"] = max(utils) if utils else None
     v["gpu_util_known"] = bool(utils)
-    v["visible_gpus"] = [g.index for g in visible]
-    v["gpu_used_map"] = {g.index: g.memory_used_bytes for g in visible if g.memory_used_bytes is not None}
-    v["gpu_total_map"] = {g.index: g.memory_total_bytes for g in visible if g.memory_total_bytes}
-    v["gpus_without_processes"] = [g.index for g in visible if holds_no_engine(g, s.engine_pids)]
+    # Every per-GPU comparison keys GPUs by (node, index): index 0 of two nodes are two GPUs.
+    # The index-keyed maps describe one node: the stacked GPU's, else the engine's first GPU's.
+    v["engine_gpu_keys"] = [(g.node, g.index) for g in egpus]
+    stacked = _stacked(visible, s.weight_daemon_pids)
+    if stacked is not None:
+        sg, holders = stacked
+        v["stacked_gpu"] = sg.index
+        v["stacked_node"] = sg.node
+        v["stacked_pids"] = [p.pid for p in holders]
+        v["stacked_desc"] = describe_processes([(p, sg.index) for p in holders])
+    focus = stacked[0].node if stacked is not None else (egpus[0].node if egpus else None)
+    here = [g for g in visible if g.node == focus] or visible
+    v["gpu_node"] = focus
+    v["visible_gpus"] = [g.index for g in here]
+    v["gpu_used_map"] = {g.index: g.memory_used_bytes for g in here if g.memory_used_bytes is not None}
+    v["gpu_total_map"] = {g.index: g.memory_total_bytes for g in here if g.memory_total_bytes}
+    v["gpus_without_processes"] = [g.index for g in here if holds_no_engine(g, s.engine_pids)]
     # MIG also shows as MIG-… UUIDs in CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES; NVML
     # NoPermission makes vLLM fall back to its small-device defaults the same way (§4.2).
     launch_env = s.cfg.args.get("_env")
@@ -178,16 +202,67 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
         v["rank_heavy_node"] = heavy[0]
         # ranks are laid out TP-major: stage = position // tp
         v["rank_heavy_stage"] = list(own).index(heavy) // max(1, v["tp"] or 1)
+        v["rank_spread_source"] = "nvidia-smi"
+    ranks_read = len(egpus) if all(g.memory_used_bytes is not None for g in egpus) else 0
+    from_log = _log_rank_spread(s, v["tp"] or 1, max(1, v["tp_pp"] or 1) // max(1, v["tp"] or 1))
+    if from_log is not None and (v["rank_spread_bytes"] is None or from_log[0] > max(1, ranks_read)):
+        # The GPU readings miss ranks (one node's nvidia-smi of a multi-node engine): the
+        # workers' own per-rank figures are the second source.
+        _, spread, host, pid, stage, source = from_log
+        v["rank_spread_bytes"], v["rank_heavy_node"], v["rank_heavy_pid"] = spread, host, pid
+        v["rank_heavy_gpu"], v["rank_heavy_stage"], v["rank_spread_source"] = None, stage, source
     if totals:
         v["engine_gpu_total_min_bytes"], v["engine_gpu_total_max_bytes"] = min(totals), max(totals)
-    for g in visible:
-        holders = [p for p in g.processes if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB]
-        if len(holders) >= 2:
-            v["stacked_gpu"] = g.index
-            v["stacked_pids"] = [p.pid for p in holders]
-            v["stacked_desc"] = describe_processes([(p, g.index) for p in holders])
-            break
     _foreign_and_orphans(s, v)
+
+
+_PP_RANK_RE = re.compile(r"PP(\d{1,3})")
+
+
+def _log_rank_spread(s: Scope, tp: int, pp: int) -> tuple[int, int, str | None, int, int, str] | None:
+    """Per-rank memory from the workers' own log lines of the latest run, keyed by (host, pid):
+    a worker with less "Available KV cache memory" (vllm-facts §3.3 item 5, logged by every
+    worker) holds more of everything else; without those, "Model loading took X GiB" per worker.
+    Returns (ranks, spread bytes, heavy host, heavy pid, heavy stage, source) or None when fewer
+    than two ranks, more ranks than tp×pp (other engines' workers), or a pipeline stage that the
+    worker's name (``Worker_PP1_TP0``) does not give."""
+    if s.log is None:
+        return None
+    for kind, key, heavy_is_min, source in (
+        ("available_kv_memory", "bytes", True, "vLLM log 'Available KV cache memory' per worker"),
+        ("model_loading", "weights_bytes", False, "vLLM log 'Model loading took' per worker"),
+    ):
+        figures: dict[tuple[str | None, int], tuple[int, str | None]] = {}
+        for e in s.log.of(kind):
+            val = e.values.get(key)
+            if e.pid is not None and isinstance(val, int):
+                figures[(e.host, e.pid)] = (val, e.process)
+        if len(figures) < 2:
+            continue
+        if len(figures) > tp * pp:
+            return None
+        pick = (min if heavy_is_min else max)(figures, key=lambda k: figures[k][0])
+        spread = max(f for f, _ in figures.values()) - min(f for f, _ in figures.values())
+        m = _PP_RANK_RE.search(figures[pick][1] or "")
+        if pp > 1 and m is None:
+            return None
+        stage = int(m.group(1)) if m else 0
+        return len(figures), spread, pick[0], pick[1], stage, source
+    return None
+
+
+def _stacked(visible: list[Gpu], daemon_pids: frozenset[int]) -> tuple[Gpu, list[GpuProcess]] | None:
+    """The first GPU on which two or more vLLM engine processes hold 1 GiB or more, and them
+    (a `vllm preload` weights daemon beside its engine is not a second engine)."""
+    for g in visible:
+        holders = [
+            p
+            for p in g.processes
+            if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in daemon_pids
+        ]
+        if len(holders) >= 2:
+            return g, holders
+    return None
 
 
 def _max_num_seqs_effective(s: Scope, v: Vars) -> None:

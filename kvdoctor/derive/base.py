@@ -222,6 +222,8 @@ class Scope:
     engine_pids: frozenset[int] = frozenset()
     #: every data-parallel engine's scrapes in the window, by ``engine`` label (empty without DP).
     peer_series: dict[str, list[EngineMetrics]] = field(default_factory=dict)
+    #: pids of a `vllm preload` weights daemon (also in ``engine_pids``): the deployment's, no engine.
+    weight_daemon_pids: frozenset[int] = frozenset()
 
     @property
     def log(self) -> LogView | None:

@@ -68,7 +68,11 @@ def _from_processes(
     s: Scope, visible: list[Gpu], configs: list[EngineConfig], version: str | None
 ) -> tuple[Gpu | None, list[dict[str, Any]]]:
     for g in visible:
-        holders = [p for p in g.processes if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB]
+        holders = [
+            p
+            for p in g.processes
+            if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in s.weight_daemon_pids
+        ]
         if len(holders) < 2:
             continue
         found: list[dict[str, Any]] = []
@@ -129,7 +133,10 @@ def derive(s: Scope, v: Vars) -> None:
     engine_gpus_seen = {
         g.index
         for g in visible
-        if any(is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB for p in g.processes)
+        if any(
+            is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in s.weight_daemon_pids
+            for p in g.processes
+        )
     }
     if gpu is None and len(configs) >= 2 and len(engine_gpus_seen) <= 1:
         gpu, entries = _from_command_lines(visible, configs)

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEvent, Snapshot
+from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 #: the most snapshots of history read for trends (GPU memory growth): evenly spaced.
@@ -45,6 +45,37 @@ def engine_pids_of(snapshot: Snapshot, log_events: Sequence[LogEvent]) -> frozen
     return frozenset(pids)
 
 
+#: a weights daemon's own context and allocator slack beyond the weights vLLM reports as
+#: "Externally held weights" (CUDA context ≈ 0.3-0.6 GiB).
+_DAEMON_SLACK_BYTES = 3 * 2**29
+
+
+def weight_daemon_pids(
+    snapshot: Snapshot, log_events: Sequence[LogEvent], engine_pids: frozenset[int]
+) -> frozenset[int]:
+    """Pids of a ``vllm preload`` weights daemon: a process holding the deployment's weights in
+    GPU memory for its engines, part of the deployment and never a foreign process or a second
+    engine. From the process table (``HostProcess.vllm_role`` "weight_daemon"), the GPU
+    process name (nvidia-smi / NVML, "vllm preload …"), and the log's "Externally held weights
+    … (X GiB)" lines (``external_weights`` events): a GPU process that is no engine pid and
+    holds X GiB plus at most a context's slack is the daemon."""
+    pids = {p.pid for p in snapshot.processes if p.vllm_role == "weight_daemon"}
+    held = [
+        int(e.values["bytes"])
+        for e in log_events
+        if e.kind == "external_weights" and isinstance(e.values.get("bytes"), int) and e.values["bytes"] > 0
+    ]
+    for g in snapshot.gpus:
+        for p in g.processes:
+            name = (p.name or "").lower()
+            if "preload" in name and "vllm" in name:
+                pids.add(p.pid)
+            elif held and p.pid not in engine_pids and p.used_bytes is not None:
+                if any(b <= p.used_bytes <= b + _DAEMON_SLACK_BYTES for b in held):
+                    pids.add(p.pid)
+    return frozenset(pids)
+
+
 def _own_copy(cfg: EngineConfig) -> EngineConfig:
     return dataclasses.replace(cfg, explicit=set(cfg.explicit), args=dict(cfg.args))
 
@@ -52,8 +83,10 @@ def _own_copy(cfg: EngineConfig) -> EngineConfig:
 def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engine]:
     """Engines from launch commands, the log's args and /metrics (cache_config_info).
 
-    One engine per launch command; with no command but a log or metrics, one engine built from
-    those. Fields the user set on the command line win; the log's args fill the rest; then
+    One engine per launch command; with no command, one engine per engine of a log that holds
+    several (``VllmLog.engines``: each with its own args and pids), else one engine built from
+    the log or metrics. Fields the user set on the command line win; the engine's own log args
+    fill the rest (a launch command is matched to a log engine by model, else by position); then
     ``vllm:cache_config_info`` labels; then vLLM's defaults for the detected version. Returns
     new :class:`Engine` objects with configs of their own: ``configs`` and ``snapshot`` are not
     modified.
@@ -61,11 +94,20 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
     log = snapshot.log
     version = log.vllm_version if log else None
     cfgs = [_own_copy(c) for c in configs]
+    log_engines = list(log.engines) if log is not None else []
+    if not cfgs and len(log_engines) >= 2:
+        cfgs = [EngineConfig() for _ in log_engines]
+        own: list[LogEngine | None] = list(log_engines)
+    else:
+        own = _match_log_engines(cfgs, log_engines)
     if not cfgs and (log is not None and (log.args or log.events) or snapshot.metrics):
-        cfgs = [EngineConfig()]
+        cfgs, own = [EngineConfig()], [None]
     engines: list[Engine] = []
     for i, cfg in enumerate(cfgs):
-        if log is not None and log.args and i == 0:
+        le = own[i]
+        if le is not None:
+            _fill_from_log_args(cfg, le.args)
+        elif log is not None and log.args and i == 0 and not log_engines:
             _fill_from_log_args(cfg, log.args)
         if snapshot.metrics and i == 0:
             _fill_from_cache_config(cfg, snapshot.metrics[-1].cache_config)
@@ -77,8 +119,36 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
             or cfg.model
             or (snapshot.metrics[0].model_name if snapshot.metrics else None)
         )
-        engines.append(Engine(id=str(engine_name) if engine_name else f"engine{i}", config=cfg))
+        engines.append(
+            Engine(
+                id=str(engine_name) if engine_name else f"engine{i}",
+                config=cfg,
+                pids=list(le.pids) if le is not None else [],
+            )
+        )
     return engines
+
+
+def _match_log_engines(cfgs: list[EngineConfig], log_engines: list[LogEngine]) -> list[LogEngine | None]:
+    """The log engine of each launch command: the one serving the same model (only one such),
+    else the one at the same position when the counts agree, else None."""
+    if len(log_engines) < 2:
+        return [None] * len(cfgs)
+    out: list[LogEngine | None] = []
+    used: set[int] = set()
+    for c in cfgs:
+        names = {n for n in (c.model, c.served_model_name) if n}
+        same = [le for le in log_engines if le.args.get("model") in names and le.index not in used]
+        pick = same[0] if len(same) == 1 else None
+        if pick is not None:
+            used.add(pick.index)
+        out.append(pick)
+    if len(cfgs) == len(log_engines):
+        for i, le in enumerate(log_engines):
+            if out[i] is None and le.index not in used:
+                out[i] = le
+                used.add(le.index)
+    return out
 
 
 def _fill_from_log_args(cfg: EngineConfig, log_args: dict[str, Any]) -> None:
@@ -189,7 +259,9 @@ def dp_targets(
     for idx, eng in enumerate(engines or [None]):
         if idx == 0 and eng is not None and len(labels) > 1:
             for dp_label in labels:
-                dp = Engine(id=f"{eng.id} [engine {dp_label}]", config=eng.config, pid=eng.pid)
+                dp = Engine(
+                    id=f"{eng.id} [engine {dp_label}]", config=eng.config, pid=eng.pid, pids=list(eng.pids)
+                )
                 targets.append((dp, dp_label))
         else:
             targets.append((eng, labels[0] if (idx == 0 and labels) else None))

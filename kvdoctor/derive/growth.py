@@ -11,6 +11,7 @@ from kvdoctor.facts import Gpu
 
 WRITES: dict[str, str] = {
     "mem_growth_gpu": "int; the engine GPU whose used memory rises fastest",
+    "mem_growth_node": "str; its node (nodes/<host>/ bundles, host-named tables; None on one node)",
     "mem_growth_points": "int; readings of it over time (evenly spaced, at most 60)",
     "mem_growth_span_s": "seconds; time the readings span",
     "mem_growth_rise_bytes": "bytes; last − first used memory",
@@ -19,7 +20,10 @@ WRITES: dict[str, str] = {
     "mem_growth_headroom_bytes": "bytes; total − last used memory of that GPU (None when its total is unknown)",
     "mem_growth_used_bytes": "bytes; last used memory of that GPU",
 }
-READS: frozenset[str] = frozenset({"engine_gpus"})
+READS: frozenset[str] = frozenset({"engine_gpus", "engine_gpu_keys"})
+
+#: a GPU across readings: (node, index) — index 0 of two nodes is two series.
+_Key = tuple[str | None, int]
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
@@ -36,11 +40,11 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     return cov / var * 3600.0
 
 
-def _readings(s: Scope, wanted: set[int]) -> list[tuple[int, float, Gpu]]:
-    """(GPU index, time, reading) of the engine's GPUs over time: the nvidia-smi ``-l`` loop's
+def _readings(s: Scope, wanted: set[_Key]) -> list[tuple[_Key, float, Gpu]]:
+    """((node, GPU index), time, reading) of the engine's GPUs over time: the nvidia-smi ``-l`` loop's
     moments when the snapshot has them, else the bounded history of snapshots (a reading
     without its own time takes its snapshot's)."""
-    out: list[tuple[int, float, Gpu]] = []
+    out: list[tuple[_Key, float, Gpu]] = []
     timed: list[tuple[float | None, list[Gpu]]]
     moments = s.snapshot.gpu_series
     if moments:
@@ -57,24 +61,29 @@ def _readings(s: Scope, wanted: set[int]) -> list[tuple[int, float, Gpu]]:
         ]
     for ts, gpus in timed:
         for g in gpus:
-            if wanted and g.index not in wanted:
+            key = (g.node, g.index)
+            if wanted and key not in wanted:
                 continue
             t = g.timestamp if g.timestamp is not None else ts
             if t is not None and g.memory_used_bytes is not None:
-                out.append((g.index, t, g))
+                out.append((key, t, g))
     return out
 
 
 def derive(s: Scope, v: Vars) -> None:
     """The fastest-rising engine GPU: slope, recent slope, plateau, hours to full."""
-    wanted = set(v["engine_gpus"] or [])
-    series: dict[int, list[tuple[float, float]]] = {}
-    totals: dict[int, int] = {}
+    keys = v["engine_gpu_keys"]
+    if keys is not None:
+        wanted: set[_Key] = {(node, int(idx)) for node, idx in keys}
+    else:
+        wanted = {(None, int(i)) for i in v["engine_gpus"] or []}
+    series: dict[_Key, list[tuple[float, float]]] = {}
+    totals: dict[_Key, int] = {}
     for idx, t, g in _readings(s, wanted):
         series.setdefault(idx, []).append((t, float(g.memory_used_bytes or 0)))
         if g.memory_total_bytes:
             totals[idx] = g.memory_total_bytes
-    best: tuple[float, int, list[tuple[float, float]]] | None = None
+    best: tuple[float, _Key, list[tuple[float, float]]] | None = None
     for idx, pts in series.items():
         pts.sort()
         if len(pts) < 3:
@@ -89,7 +98,8 @@ def derive(s: Scope, v: Vars) -> None:
     slope, idx, pts = best
     half = pts[len(pts) // 2 :]
     recent = slope_per_hour(half) if len(half) >= 2 else None
-    v["mem_growth_gpu"] = idx
+    v["mem_growth_gpu"] = idx[1]
+    v["mem_growth_node"] = idx[0]
     v["mem_growth_points"] = len(pts)
     v["mem_growth_span_s"] = pts[-1][0] - pts[0][0]
     v["mem_growth_rise_bytes"] = int(pts[-1][1] - pts[0][1])

@@ -604,6 +604,10 @@ def _load_dir(root: Path, *, label: str) -> Loaded:
     nodes = _bundle_dir(root, "nodes", refused)
     if nodes is not None:
         real_root = root.resolve()
+        # A top-level ps.txt applies to all nodes (bundle.md); without one, a pid missing from
+        # the tables means a dead process only when every node listing GPUs had its own table.
+        top_known = snap.process_table_known
+        tables_known = [not snap.gpus]
         for node_dir in sorted(p for p in nodes.iterdir() if p.is_dir()):
             if not _inside(real_root, node_dir):
                 _status(snap, "bundle", str(node_dir), "error", "a symlink out of the bundle: not followed")
@@ -615,11 +619,36 @@ def _load_dir(root: Path, *, label: str) -> Loaded:
             sub_snap = sub.snapshot
             for origin, why in node_refused:
                 _status(sub_snap, "bundle", origin, "error", why)
-            for g in sub_snap.gpus:
-                g.node = node_dir.name
-            snap.gpus.extend(sub_snap.gpus)
-            snap.sources.extend(sub_snap.sources)
+            _merge_node(snap, sub_snap, node_dir.name, tables_known)
             if snap.log is None and sub_snap.log is not None:
                 snap.log = sub_snap.log
             loaded.configs.extend(sub.configs)
+        snap.process_table_known = top_known or (all(tables_known) and bool(snap.processes))
     return loaded
+
+
+def _merge_node(snap: Snapshot, sub: Snapshot, node: str, tables_known: list[bool]) -> None:
+    """Add a ``nodes/<node>/`` sub-bundle's facts to the bundle's snapshot (while it is being
+    built): its GPUs (and ``nvidia-smi -l`` moments) with ``Gpu.node`` set, its host processes,
+    its kernel XID events (each with ``"node"``), its source statuses. Moments are merged by
+    position (the k-th reading of every node in the k-th moment; each GPU keeps its own time)."""
+    for g in sub.gpus:
+        g.node = node
+    for moment in sub.gpu_series:
+        for g in moment:
+            g.node = node
+    snap.gpus.extend(sub.gpus)
+    if sub.gpu_series:
+        if not snap.gpu_series and snap.gpus[: len(snap.gpus) - len(sub.gpus)]:
+            snap.gpu_series = [list(snap.gpus[: len(snap.gpus) - len(sub.gpus)])]
+        for k, moment in enumerate(sub.gpu_series):
+            if k < len(snap.gpu_series):
+                snap.gpu_series[k] = snap.gpu_series[k] + list(moment)
+            else:
+                snap.gpu_series.append(list(moment))
+    elif snap.gpu_series and sub.gpus:
+        snap.gpu_series[-1] = snap.gpu_series[-1] + list(sub.gpus)
+    snap.processes.extend(sub.processes)
+    tables_known.append(sub.process_table_known or not sub.gpus)
+    snap.xid_events.extend({**x, "node": node} for x in sub.xid_events)
+    snap.sources.extend(sub.sources)

@@ -186,6 +186,10 @@ def locate_vllm_args(argv: list[str]) -> tuple[list[str], dict[str, str]] | None
         if base == "vllm" and j + 1 < n and argv[j + 1] == "serve":
             return argv[j + 2 :], env
         if tok == "-m" and j + 1 < n and argv[j + 1].startswith("vllm.entrypoints"):
+            if argv[j + 1] == "vllm.entrypoints.cli.main":
+                # `vllm serve` through the module; another subcommand (`vllm preload`, `vllm
+                # bench`) is no server
+                return (argv[j + 3 :], env) if argv[j + 2 : j + 3] == ["serve"] else None
             return argv[j + 2 :], env
         if tok.endswith(("vllm/entrypoints/openai/api_server.py", "vllm/entrypoints/api_server.py")):
             return argv[j + 1 :], env

@@ -20,7 +20,13 @@ import re
 
 from kvdoctor.facts import LogEngine, VllmLog
 
-__all__ = ["engine_pid_line", "oom_engine_pid", "request_prompt_tokens", "split_engines"]
+__all__ = [
+    "engine_pid_line",
+    "external_weights_line",
+    "oom_engine_pid",
+    "request_prompt_tokens",
+    "split_engines",
+]
 
 _PROMPT_IDS_RE = re.compile(r"prompt_token_ids: \[(?:<redacted (\d+) tokens>\]|([^\]]*)\]?)")
 
@@ -65,6 +71,45 @@ def engine_pid_line(message: str) -> tuple[int, str] | None:
     m = _APP_RE.search(message)
     if m and int(m.group(1)) > 0:
         return int(m.group(1)), "application"
+    return None
+
+
+# vLLM ≥ 0.32 with weights held by another process (a ``vllm preload`` daemon), vllm-facts §2.1 /
+# §3.5: "Externally held weights on device cuda:0 (14.96 GiB) exceed the desired GPU memory
+# utilization (0.3, 23.85 GiB) …", "Free memory on device cuda:0 (40.1/79.2 GiB) on startup is
+# less than the engine's budget after excluding external process's weights (52.3 GiB) …", and
+# the informational "Externally held weights: 14.96 GiB …" form.
+_EXTERNAL_RE = re.compile(r"Externally held weights(?: on device (\S+))?:? \(?(\d+(?:\.\d+)?) ?GiB")
+_EXTERNAL_BUDGET_RE = re.compile(
+    r"Free memory on device (?:(\S+) )?\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
+    r"the engine's budget after excluding external process's weights(?: \((\d+(?:\.\d+)?) GiB\))?"
+)
+
+
+def external_weights_line(message: str) -> dict[str, object] | None:
+    """{bytes, device, error} when a line names weights another process holds on the GPU
+    (``bytes``: the externally held weights, GiB = 2^30, None when the line gives no figure;
+    ``error``: vLLM refused to start on it), else None. One substring test first; never raises."""
+    if "xternal" not in message:
+        return None
+    m = _EXTERNAL_RE.search(message)
+    if m:
+        return {
+            "bytes": int(float(m.group(2)) * 2**30),
+            "device": m.group(1),
+            "error": "exceed" in message[m.end() : m.end() + 40],
+        }
+    m = _EXTERNAL_BUDGET_RE.search(message)
+    if m:
+        free, total = float(m.group(2)), float(m.group(3))
+        return {
+            "bytes": None,
+            "device": m.group(1),
+            "error": True,
+            "free_bytes": int(free * 2**30),
+            "total_bytes": int(total * 2**30),
+            "budget_bytes": int(float(m.group(4)) * 2**30) if m.group(4) else None,
+        }
     return None
 
 
@@ -133,8 +178,9 @@ def split_engines(log: VllmLog, phase_of: dict[str, str]) -> list[LogEngine]:
 
     Each event goes to the engine of its pid (an EngineCore's init line claims its pid; the
     k-th API server pid is the k-th engine's), a new pid or an unprefixed line to the engine
-    initialised last before it. Per engine: pids, its own args, last phase, whether its startup
-    failed, and the time of its first line (``LogEngine.start_s``).
+    initialised last before it (an unprefixed "non-default args" line: the next one). Per engine:
+    pids, its own args (engine config overlaid with its non-default args), last phase, whether
+    its startup failed, and the time of its first line (``LogEngine.start_s``).
 
     Also corrects, in place, a ``cuda_oom`` that the parser put in "cuda_graph_capture" because
     another engine was capturing: its phase becomes its own engine's (``phase_of``: event kind
@@ -163,6 +209,9 @@ def split_engines(log: VllmLog, phase_of: dict[str, str]) -> list[LogEngine]:
                 api_pids.append(e.pid)
             k = api_pids.index(e.pid)
             idx = k if k < len(engines) else None
+        elif e.kind == "args" and e.values.get("source") != "engine_config" and nxt < len(inits):
+            # an unprefixed "non-default args" line precedes its own engine's init line
+            idx = nxt
         else:
             idx = current if current >= 0 else None
             if idx is not None and e.pid is not None:
@@ -170,6 +219,10 @@ def split_engines(log: VllmLog, phase_of: dict[str, str]) -> list[LogEngine]:
         if idx is None:
             continue
         eng = engines[idx]
+        if e.kind == "args" and e.values.get("source") != "engine_config":
+            given = {k: v for k, v in (e.values.get("args") or {}).items() if not str(k).startswith("_")}
+            eng.args.update(given)
+            eng.args["_explicit"] = sorted(set(eng.args.get("_explicit") or []) | set(given))
         if e.pid is not None and e.pid not in eng.pids:
             eng.pids.append(e.pid)
         if eng.start_s is None and e.time:

@@ -144,6 +144,15 @@ def _check_failure(text: str, origin: str) -> None:
 # --------------------------------------------------------------------------- the table
 
 _TABLE_HEADER_RE = re.compile(r"NVIDIA-SMI\s+\S+")
+# A shell prompt running nvidia-smi ("root@gpu-node-2:~# nvidia-smi", "user@host:~$ nvidia-smi",
+# "[user@host ~]$ nvidia-smi") or a header naming a host ("==> gpu-node-2 <==" as `tail`/`head`
+# print between files, "### gpu-node-2"): the table after it is that host's (bundle.md).
+_PROMPT_HOST_RE = re.compile(
+    r"^\s*\[?[\w.\-]{1,64}@([A-Za-z0-9][\w.\-]{0,253})[: ][^\n]{0,200}?[#$%>] *nvidia-smi\b"
+)
+_HEADER_HOST_RE = re.compile(
+    r"^\s*(?:==> *([A-Za-z0-9][\w.\-/]{0,253}?) *<==|#{2,4} +([A-Za-z0-9][\w.\-]{0,253}))\s*$"
+)
 _DATE_RE = re.compile(r"^\s*[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}\s*$")
 _ROW1_CELL1 = re.compile(r"^\s*(\d+)\s+(.*?)\s+(On|Off|N/A|WDDM|TCC|MCDM)\s*$")
 _ROW1_CELL1_NOPM = re.compile(r"^\s*(\d+)\s+(.*?)\s*$")
@@ -176,10 +185,12 @@ def _cells(line: str) -> list[str]:
 class _Table:
     """One pasted ``nvidia-smi`` table while it is being read."""
 
-    __slots__ = ("gpus", "by_index", "timestamp", "in_procs", "proc_gici", "line")
+    __slots__ = ("gpus", "by_index", "timestamp", "in_procs", "proc_gici", "line", "host")
 
-    def __init__(self, line: int, timestamp: float | None = None) -> None:
+    def __init__(self, line: int, timestamp: float | None = None, host: str | None = None) -> None:
         self.gpus: list[Gpu] = []
+        #: the host a shell prompt or a header line before the table named (bundle.md), else None.
+        self.host = host
         self.by_index: dict[int, Gpu] = {}
         self.timestamp = timestamp
         self.in_procs = False
@@ -249,6 +260,7 @@ def _split_tables(text: str, origin: str) -> list[_Table]:
     tables: list[_Table] = []
     cur: _Table | None = None
     pending_ts: float | None = None
+    pending_host: str | None = None
     i = 0
     n = len(lines)
     while i < n:
@@ -257,10 +269,14 @@ def _split_tables(text: str, origin: str) -> list[_Table]:
         if not s.startswith("|"):
             if s and s[0].isalpha() and _DATE_RE.match(line):
                 pending_ts = _parse_date(line)
+            elif s and ("@" in s or s[0] in "=#"):
+                host = _line_host(s)
+                if host is not None:
+                    pending_host = host
             i += 1
             continue
         if "NVIDIA-SMI" in s and _TABLE_HEADER_RE.search(s):
-            cur = _Table(i + 1, pending_ts)
+            cur = _Table(i + 1, pending_ts, pending_host)
             tables.append(cur)
             pending_ts = None
             i += 1
@@ -286,7 +302,7 @@ def _split_tables(text: str, origin: str) -> list[_Table]:
                 # A GPU row after a Processes table, or an index seen again, starts a new table
                 # (tables pasted without their "NVIDIA-SMI" header line).
                 if cur is None or cur.in_procs or gpu.index in cur.by_index:
-                    cur = _Table(i + 1, pending_ts)
+                    cur = _Table(i + 1, pending_ts, pending_host)
                     tables.append(cur)
                     pending_ts = None
                 gpu.timestamp = cur.timestamp
@@ -296,6 +312,20 @@ def _split_tables(text: str, origin: str) -> list[_Table]:
                 continue
         i += 1
     return tables
+
+
+def _line_host(s: str) -> str | None:
+    """The host a shell-prompt or header line names (see ``_PROMPT_HOST_RE``), else None."""
+    m = _PROMPT_HOST_RE.match(s)
+    if m:
+        return m.group(1)
+    m = _HEADER_HOST_RE.match(s)
+    if m:
+        name = m.group(1) or m.group(2)
+        # "==> nodes/gpu-node-2/nvidia-smi.txt <==": the file's directory names the host.
+        parts = [p for p in name.split("/") if p and p != "nvidia-smi.txt"]
+        return parts[-1] if parts else None
+    return None
 
 
 def _proc_row(table: _Table, line: str, lineno: int, origin: str) -> None:
@@ -331,8 +361,10 @@ def parse_nvidia_smi_table(text: str, origin: str = "") -> list[list[Gpu]]:
     Returns one list of :class:`Gpu` per moment, oldest first. Several tables pasted one after
     another: a table whose bus ids were seen before is a later moment of the same node; a table
     with new bus ids is another node, read as part of the same moment; ``Gpu.node`` is set to
-    "node1", "node2", … only when there is more than one node. (Identical bus ids on two nodes
-    cannot be told apart here; bundles keep nodes apart in ``nodes/<name>/``.)
+    "node1", "node2", … only when there is more than one node. A shell prompt before a table
+    (``root@gpu-node-2:~# nvidia-smi``, ``user@host:~$ nvidia-smi``) or a ``==> host <==`` /
+    ``### host`` header names its host: tables of differently named hosts are different nodes
+    even with identical bus ids (``Gpu.node`` = the host), the same name is a later moment.
 
     Per GPU, from the table's columns: ``index``, ``name`` (as printed, possibly truncated
     "NVIDIA A100-SXM..."), ``bus_id`` ("Bus-Id"), ``memory_used_bytes``/``memory_total_bytes``
@@ -356,16 +388,24 @@ def parse_nvidia_smi_table(text: str, origin: str = "") -> list[list[Gpu]]:
 
 
 def _group_moments(tables: list[_Table]) -> list[list[Gpu]]:
-    """Assign tables to nodes by bus id and to moments (see parse_nvidia_smi_table)."""
+    """Assign tables to nodes and to moments (see parse_nvidia_smi_table): a table whose host a
+    prompt or header named is that host's, whatever its bus ids; an unnamed one by bus id."""
     node_buses: list[set[str]] = []
+    node_names: list[str | None] = []
     moments: list[list[Gpu]] = []
     moment_nodes: set[int] = set()
     table_node: list[tuple[_Table, int]] = []
     for t in tables:
         buses = {g.bus_id or f"#{g.index}" for g in t.gpus}
-        node = next((k for k, known in enumerate(node_buses) if known & buses), None)
+        if t.host is not None:
+            node = next((k for k, name in enumerate(node_names) if name == t.host), None)
+        else:
+            node = next(
+                (k for k, known in enumerate(node_buses) if node_names[k] is None and known & buses), None
+            )
         if node is None:
             node_buses.append(set(buses))
+            node_names.append(t.host)
             node = len(node_buses) - 1
         else:
             node_buses[node] |= buses
@@ -378,7 +418,7 @@ def _group_moments(tables: list[_Table]) -> list[list[Gpu]]:
     if len(node_buses) > 1:
         for t, node in table_node:
             for g in t.gpus:
-                g.node = f"node{node + 1}"
+                g.node = node_names[node] or f"node{node + 1}"
     return moments
 
 

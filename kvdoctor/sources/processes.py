@@ -9,7 +9,9 @@ vLLM roles (``HostProcess.vllm_role``):
 - ``worker``: titled ``VLLM::Worker…`` (``VLLM::Worker_TP0``, ``VLLM::Worker_DP0_TP1``), the V0
   ``VllmWorkerProcess``, a Ray ``ray::RayWorkerWrapper``, or a ``multiprocessing`` spawn child of
   a vLLM process (V0 workers and pre-title V1 engine cores look like that);
-- ``coordinator``: ``VLLM::DPCoordinator`` (data-parallel coordinator; holds no GPU memory).
+- ``coordinator``: ``VLLM::DPCoordinator`` (data-parallel coordinator; holds no GPU memory);
+- ``weight_daemon``: ``vllm preload …``, a daemon holding the deployment's weights in GPU memory
+  for its engines (vLLM ≥ 0.32 "Externally held weights"): part of the deployment, no engine.
 
 Process names are those of vllm-facts §3.1. psutil errors (AccessDenied, NoSuchProcess,
 ZombieProcess) never escape: the field they concern is None (ports: ``[]``).
@@ -57,6 +59,8 @@ def is_vllm_server_cmdline(cmdline: list[str]) -> bool:
     while i < len(argv):
         tok = argv[i]
         if tok == "-m":
+            if i + 1 < len(argv) and argv[i + 1] == "vllm.entrypoints.cli.main":
+                return argv[i + 2 : i + 3] == ["serve"]  # `vllm preload` / `vllm bench` serve nothing
             return i + 1 < len(argv) and argv[i + 1].startswith("vllm.entrypoints")
         if tok in ("-X", "-W"):
             i += 2
@@ -68,6 +72,19 @@ def is_vllm_server_cmdline(cmdline: list[str]) -> bool:
         if base == "vllm":
             return i + 1 < len(argv) and argv[i + 1] == "serve"
         return tok.endswith(("vllm/entrypoints/openai/api_server.py", "vllm/entrypoints/api_server.py"))
+    return False
+
+
+def is_weight_daemon_cmdline(cmdline: list[str]) -> bool:
+    """True when argv runs ``vllm preload`` (``vllm preload …``, ``python …/vllm preload …``,
+    ``python -m vllm.entrypoints.cli.main preload …``): a daemon that holds a deployment's
+    weights in GPU memory for its engines (vllm-facts §2.1 external weights). Never raises."""
+    argv = [str(a) for a in cmdline[:8]]
+    for i, tok in enumerate(argv[:-1]):
+        if (tok.rsplit("/", 1)[-1] == "vllm" or tok == "vllm.entrypoints.cli.main") and argv[
+            i + 1
+        ] == "preload":
+            return i == 0 or _is_python(argv[0])
     return False
 
 
@@ -90,6 +107,8 @@ def vllm_role(name: str, cmdline: list[str]) -> str | None:
             return "worker"
     if is_vllm_server_cmdline(cmdline):
         return "api_server"
+    if is_weight_daemon_cmdline(cmdline):
+        return "weight_daemon"
     return None
 
 

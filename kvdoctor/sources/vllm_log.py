@@ -53,6 +53,8 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
   kv_cache_memory_full_bytes, kv_in_use_bytes}: §3.3 item 10, both variants (≤0.26 prints weights
   and non-torch separately; consumed_bytes is then their sum; the new form leaves them None).
 - ``kv_cache_memory_bytes_reserved`` {initial_free_bytes, kv_bytes} (§3.3 item 2).
+- ``external_weights`` {bytes, device, error, …}: weights held by another process (a
+  ``vllm preload`` daemon), "Externally held weights …" (§3.5; ``log_engines.external_weights_line``).
 - ``free_memory_below_util`` {device, free_bytes, total_bytes, gmu, requested_bytes, variant}:
   §3.5 with and without device ("cuda:0" or None); variant "util" (the common one),
   "external_weights_exceed" or "below_budget_excluding_external" for the external-weights errors.
@@ -131,7 +133,13 @@ from kvdoctor.sources.limits import (
     iter_gunzip,
     open_regular,
 )
-from kvdoctor.sources.log_engines import engine_pid_line, oom_engine_pid, request_prompt_tokens, split_engines
+from kvdoctor.sources.log_engines import (
+    engine_pid_line,
+    external_weights_line,
+    oom_engine_pid,
+    request_prompt_tokens,
+    split_engines,
+)
 from kvdoctor.sources.log_prefixes import strip_prefixes
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
@@ -1054,6 +1062,12 @@ class _Parser:
             hit = engine_pid_line(msg)
             if hit is not None:
                 self._emit("engine_pid", pl, key, {"pid": hit[0], "source": hit[1]})
+
+        # --- weights held by another process (log_engines): a `vllm preload` daemon's
+        if "xternal" in msg:
+            ext = external_weights_line(msg)
+            if ext is not None:
+                self._emit("external_weights", pl, key, ext)
 
         # --- request log lines in other formats (no level prefix): the prompt's length only
         if "prompt_token_ids" in msg and ("Received request" in msg or "Added request" in msg):
