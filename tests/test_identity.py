@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.facts import EngineConfig, Gpu, GpuProcess, LogEvent, Snapshot, Timeline
+from kvdoctor.facts import EngineConfig, Gpu, GpuProcess, HostProcess, LogEvent, Snapshot, Timeline
 from kvdoctor.sources.bundle import load_bundle
 from kvdoctor.sources.nvidia_smi import latest_gpus, parse_nvidia_smi_table
 
@@ -301,3 +301,46 @@ def test_log_ranks_need_a_stage_under_pipeline_parallelism(tmp_path: Path) -> No
     (root / "vllm.log").write_text(named)
     v = _variables(root)
     assert (v["rank_heavy_pid"], v["rank_heavy_stage"], v["rank_heavy_node"]) == (5101, 1, "10.0.0.3")
+
+
+def test_a_nodes_own_log_adds_its_ranks_figures() -> None:
+    loaded = load_bundle(BUNDLES / "k3-node-logs-heavy-rank")
+    log = loaded.snapshot.log
+    assert log is not None
+    figures = {(e.host, e.pid) for e in log.of("available_kv_memory")}
+    assert figures == {(None, 3111), (None, 3112), ("gpu-node-b", 2211), ("gpu-node-b", 2212)}
+    # the added figures sit in the bundle log's latest run: their pids are no earlier run's
+    assert min(e.line for e in log.of("available_kv_memory") if e.host) >= max(
+        e.line for e in log.events if not e.host
+    )
+    v = _variables("k3-node-logs-heavy-rank")
+    assert (v["rank_heavy_node"], v["rank_heavy_pid"]) == ("gpu-node-b", 2212)
+    assert v["orphan_pids"] == []
+
+
+def test_a_sleeping_engine_does_not_own_the_daemons_weights() -> None:
+    from kvdoctor.derive import build_contexts
+
+    gpu = Gpu(
+        index=0,
+        memory_used_bytes=10 * GiB,
+        memory_total_bytes=80 * GiB,
+        processes=[
+            GpuProcess(pid=7, name="python3", used_bytes=8 * GiB),
+            GpuProcess(pid=99, name="VLLM::EngineCore", used_bytes=2 * GiB),
+        ],
+    )
+    snap = Snapshot(
+        gpus=[gpu],
+        processes=[
+            HostProcess(pid=7, name="vllm", cmdline=["vllm", "preload", "m"], vllm_role="weight_daemon"),
+            HostProcess(
+                pid=99, name="VLLM::EngineCor", cmdline=["VLLM::EngineCore"], vllm_role="engine_core"
+            ),
+        ],
+        process_table_known=True,
+    )
+    _e, contexts, _kv = build_contexts(Timeline(snapshots=[snap]), [EngineConfig(model="m")])
+    v = contexts[0][1]
+    assert v["foreign_pids"] == [] and v["stacked_gpu"] is None
+    assert v["sleep_engine_gpu_bytes"] == 2 * GiB

@@ -126,7 +126,12 @@ def _engine_bytes(s: Scope, v: Vars) -> None:
     for g in s.visible:
         if g.index not in (v["engine_gpus"] or []):
             continue
-        mine = [p.used_bytes or 0 for p in g.processes if p.pid in s.engine_pids]
+        # a `vllm preload` daemon's weights stay resident by design: not the engine's own bytes
+        mine = [
+            p.used_bytes or 0
+            for p in g.processes
+            if p.pid in s.engine_pids and p.pid not in s.weight_daemon_pids
+        ]
         if mine:
             got: int | None = sum(mine)
         elif len(g.processes) == 1:

@@ -9,6 +9,7 @@ Nothing in a bundle is executed and nothing is fetched from the network.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import signal
@@ -622,9 +623,33 @@ def _load_dir(root: Path, *, label: str) -> Loaded:
             _merge_node(snap, sub_snap, node_dir.name, tables_known)
             if snap.log is None and sub_snap.log is not None:
                 snap.log = sub_snap.log
+            elif snap.log is not None and sub_snap.log is not None:
+                _add_node_worker_figures(snap.log, sub_snap.log, node_dir.name)
             loaded.configs.extend(sub.configs)
         snap.process_table_known = top_known or (all(tables_known) and bool(snap.processes))
     return loaded
+
+
+#: per-worker figures a node's own log adds to the bundle's log (the ranks of that node).
+_NODE_LOG_KINDS = ("available_kv_memory", "model_loading")
+
+
+def _add_node_worker_figures(log: VllmLog, node_log: VllmLog, node: str) -> None:
+    """A ``nodes/<node>/vllm.log`` beside the bundle's own log: its workers' per-rank figures
+    ("Available KV cache memory", "Model loading took") of its latest start join the bundle's log
+    as events of that host (``LogEvent.host``; a line's own Ray ``ip=`` kept), so that ranks on
+    every node can be compared. The rest of that log is not merged (one log's runs and phases)."""
+    events = node_log.events
+    starts = [
+        i for i, e in enumerate(events) if e.kind == "args" and e.values.get("source") == "engine_config"
+    ]
+    tail = events[starts[-1] :] if starts else events
+    # Line numbers of another file mean nothing here: the figures sit at the end of the bundle's
+    # log, in its latest run (an earlier run's pids would read as orphans).
+    last = max([log.line_count or 0] + [e.line for e in log.events[-1:]])
+    for e in tail:
+        if e.kind in _NODE_LOG_KINDS and e.pid is not None:
+            log.events.append(dataclasses.replace(e, values=dict(e.values), host=e.host or node, line=last))
 
 
 def _merge_node(snap: Snapshot, sub: Snapshot, node: str, tables_known: list[bool]) -> None:
