@@ -344,3 +344,30 @@ def test_a_sleeping_engine_does_not_own_the_daemons_weights() -> None:
     v = contexts[0][1]
     assert v["foreign_pids"] == [] and v["stacked_gpu"] is None
     assert v["sleep_engine_gpu_bytes"] == 2 * GiB
+
+
+def test_each_engine_of_a_log_reads_its_own_lines() -> None:
+    from kvdoctor.derive import build_contexts
+
+    loaded = load_bundle(BUNDLES / "k2-log-only-two-engines-overcommit")
+    _e, contexts, _kv = build_contexts(Timeline(snapshots=[loaded.snapshot]), loaded.configs)
+    got = {eid: (v["oom_count"], v["startup_failed"]) for eid, v, _inputs in contexts}
+    # the Qwen engine ran out of memory while profiling; the Llama engine started fine
+    assert got == {"meta-llama/Llama-3.1-8B-Instruct": (0, False), "Qwen/Qwen3-4B": (1, True)}
+
+
+@pytest.mark.parametrize(
+    "bundle",
+    [
+        "r04-dp2-engines-preempting",
+        "r22-dp2-storm-on-engine1-only",
+        "r17-restart-old-failure-current-healthy",
+    ],
+)
+def test_data_parallel_engines_and_a_restart_are_one_server(bundle: str) -> None:
+    from kvdoctor.derive.engines import build_engines, separate_log_engines
+
+    loaded = load_bundle(BUNDLES / bundle)
+    assert loaded.snapshot.log is not None and len(loaded.snapshot.log.engines) == 2
+    assert separate_log_engines(loaded.snapshot.log) == []
+    assert len(build_engines(loaded.snapshot, [])) == 1

@@ -49,8 +49,10 @@ from kvdoctor.derive.engines import (
     build_engines,
     dp_targets,
     engine_pids_of,
+    engine_runs,
     engine_series,
     recent_snapshots,
+    separate_log_engines,
     weight_daemon_pids,
 )
 from kvdoctor.facts import Engine, EngineConfig, Snapshot, Timeline
@@ -140,8 +142,11 @@ def build_contexts(
     kv_report: dict[str, dict[str, Any]] = {}
     out_engines: list[Engine] = []
     gpus_of: dict[str, list[int]] = {}
+    log_engines = separate_log_engines(snapshot.log) if snapshot.log is not None else []
     for idx, (eng, label) in enumerate(targets):
         series = engine_series(recent, label) if (label is not None or idx == 0) else []
+        # one log, several engines: each engine's context reads its own lines only
+        eng_runs = engine_runs(runs, eng, log_engines) if runs is not None and eng is not None else runs
         scope = _scope(
             snapshot,
             eng,
@@ -151,7 +156,7 @@ def build_contexts(
             older=older and bool(series),
             history=history,
             all_engines=listed,
-            runs=runs,
+            runs=eng_runs,
             visible=visible,
             engine_pids=engine_pids,
             peers=peers,

@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot
+from kvdoctor.derive.base import LogRuns, LogView, log_runs
+from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot, VllmLog
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 #: the most snapshots of history read for trends (GPU memory growth): evenly spaced.
@@ -94,7 +95,7 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
     log = snapshot.log
     version = log.vllm_version if log else None
     cfgs = [_own_copy(c) for c in configs]
-    log_engines = list(log.engines) if log is not None else []
+    log_engines = separate_log_engines(log) if log is not None else []
     if not cfgs and len(log_engines) >= 2:
         cfgs = [EngineConfig() for _ in log_engines]
         own: list[LogEngine | None] = list(log_engines)
@@ -107,7 +108,7 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
         le = own[i]
         if le is not None:
             _fill_from_log_args(cfg, le.args)
-        elif log is not None and log.args and i == 0 and not log_engines:
+        elif log is not None and log.args and i == 0:
             _fill_from_log_args(cfg, log.args)
         if snapshot.metrics and i == 0:
             _fill_from_cache_config(cfg, snapshot.metrics[-1].cache_config)
@@ -127,6 +128,63 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
             )
         )
     return engines
+
+
+def separate_log_engines(log: VllmLog) -> list[LogEngine]:
+    """The engines of a log that are servers of their own: those of its latest run (a restarted
+    server's earlier engine-initialisation line is the same server; ``base.log_runs`` tells a
+    restart from a second server), and none when they are one server's data-parallel engines
+    (``data_parallel_size`` > 1: one engine per ``engine`` label, ``dp_targets``). [] when fewer
+    than two remain."""
+    starts = log_runs(log).starts
+    first = starts[-1] if len(starts) > 1 else 0
+    out = [le for le in log.engines if le.init_line >= first]
+    if any(_int(le.args.get("data_parallel_size")) > 1 for le in out):
+        return []
+    return out if len(out) >= 2 else []
+
+
+def _int(x: Any) -> int:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return 1
+
+
+def engine_runs(runs: LogRuns, engine: Engine, log_engines: Sequence[LogEngine]) -> LogRuns:
+    """The log as one engine of several sees it: its own events (its pids' lines, and unprefixed
+    lines after its engine-initialisation line and before the next engine's), and the lines
+    before the first engine's that belong to no engine. Another engine's OOM or failed startup
+    is not this engine's. ``runs`` unchanged when the engine has no pids of its own or the log
+    holds one engine; never modifies ``runs``."""
+    if not engine.pids or len(log_engines) < 2:
+        return runs
+    own = frozenset(engine.pids)
+    mine = next((le for le in log_engines if own & set(le.pids)), None)
+    if mine is None:
+        return runs
+    others = frozenset(p for le in log_engines if le is not mine for p in le.pids)
+    inits = sorted(le.init_line for le in log_engines)
+    first = inits[0]
+    nxt = min((x for x in inits if x > mine.init_line), default=None)
+
+    def keep(e: LogEvent) -> bool:
+        if e.pid is not None and e.pid in own:
+            return True
+        if e.pid is not None and e.pid in others:
+            return False
+        if e.kind == "args" and e.values.get("source") != "engine_config":
+            # an unprefixed "non-default args" line precedes its own engine's init line
+            owner = min((x for x in inits if x > e.line), default=inits[-1])
+            return owner == mine.init_line
+        if e.line < first:
+            return True  # the log's preamble belongs to no engine
+        return e.line >= mine.init_line and (nxt is None or e.line < nxt)
+
+    full = [e for e in runs.full.events if keep(e)]
+    run = [e for e in runs.run.events if keep(e)]
+    log = runs.full.log
+    return LogRuns(LogView(log, full), LogView(log, run), runs.starts, runs.pids_latest, runs.pids_earlier)
 
 
 def _match_log_engines(cfgs: list[EngineConfig], log_engines: list[LogEngine]) -> list[LogEngine | None]:
