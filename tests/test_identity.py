@@ -371,3 +371,22 @@ def test_data_parallel_engines_and_a_restart_are_one_server(bundle: str) -> None
     assert loaded.snapshot.log is not None and len(loaded.snapshot.log.engines) == 2
     assert separate_log_engines(loaded.snapshot.log) == []
     assert len(build_engines(loaded.snapshot, [])) == 1
+
+
+# --------------------------------------------------------------------------- kernel XIDs by node
+
+
+def test_a_nodes_xid_names_that_nodes_gpu(tmp_path: Path) -> None:
+    src = BUNDLES / "r28-xid79-gpu-fell-off-bus"
+    root = tmp_path / "b"
+    for node in ("gpu-node-a", "gpu-node-b"):
+        (root / "nodes" / node).mkdir(parents=True)
+        shutil.copy(src / "nvidia-smi.txt", root / "nodes" / node / "nvidia-smi.txt")
+    shutil.copy(src / "cmdline.txt", root / "cmdline.txt")
+    shutil.copy(src / "dmesg.txt", root / "nodes" / "gpu-node-b" / "dmesg.txt")
+    snap = load_bundle(root).snapshot
+    assert {x["node"] for x in snap.xid_events} == {"gpu-node-b"}
+    v = _variables(root)
+    # identical bus ids on both nodes: the XID is node b's GPU 0, never node a's
+    assert "GPU 0 of node gpu-node-b (00000000:07:00.0)" in v["xid_desc"]
+    assert "gpu-node-a" not in v["xid_desc"]

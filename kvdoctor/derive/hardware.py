@@ -23,25 +23,33 @@ READS: frozenset[str] = frozenset()
 def derive(s: Scope, v: Vars) -> None:
     """Hardware XIDs and uncorrectable ECC errors, with the GPUs and bus ids they name."""
     snapshot = s.snapshot
-    by_bus = {normalize_bus_id(g.bus_id): g for g in snapshot.gpus if g.bus_id}
+    # Keyed by (node, bus id): identical machines have the same bus ids (nodes/<host>/ dmesg.txt
+    # tags its XIDs with the node; a top-level one matches a bus id only one node has).
+    by_bus = {(g.node, normalize_bus_id(g.bus_id)): g for g in snapshot.gpus if g.bus_id}
     hw = [x for x in snapshot.xid_events if x.get("hardware")]
     v["xid_hw_count"] = len(hw)
     v["xid_app_count"] = len(snapshot.xid_events) - len(hw)
     gpus: set[int] = set()
     buses: list[str] = []
     parts: list[str] = []
-    seen: set[tuple[Any, Any]] = set()
+    seen: set[tuple[Any, Any, Any]] = set()
     for x in hw:
-        g = by_bus.get(x.get("bus_id"))
+        g = by_bus.get((x.get("node"), x.get("bus_id")))
+        if g is None and x.get("node") is None:
+            same = [gg for (_n, b), gg in by_bus.items() if b == x.get("bus_id")]
+            g = same[0] if len(same) == 1 else None
         if g is not None:
             gpus.add(g.index)
         if x.get("bus_id") and x["bus_id"] not in buses:
             buses.append(x["bus_id"])
-        key = (x.get("xid"), x.get("bus_id"))
+        key = (x.get("xid"), x.get("bus_id"), x.get("node"))
         if key in seen:
             continue
         seen.add(key)
-        where = f"GPU {g.index} ({x.get('bus_id')})" if g is not None else f"PCI {x.get('bus_id') or '?'}"
+        node = f" of node {g.node}" if g is not None and g.node else ""
+        where = (
+            f"GPU {g.index}{node} ({x.get('bus_id')})" if g is not None else f"PCI {x.get('bus_id') or '?'}"
+        )
         parts.append(
             f"Xid {x.get('xid')} on {where}, dmesg line {x.get('line')}: {str(x.get('message') or '').rstrip('.')}"
         )
