@@ -390,3 +390,12 @@ def test_a_nodes_xid_names_that_nodes_gpu(tmp_path: Path) -> None:
     # identical bus ids on both nodes: the XID is node b's GPU 0, never node a's
     assert "GPU 0 of node gpu-node-b (00000000:07:00.0)" in v["xid_desc"]
     assert "gpu-node-a" not in v["xid_desc"]
+
+
+@pytest.mark.parametrize("header", ["### Before", "### nvidia-smi", "==> nvidia-smi.txt <==", "## Output"])
+def test_a_report_heading_names_no_host(header: str) -> None:
+    a = _table("gpu-node-a")
+    later = a.replace("75610MiB", "75710MiB")
+    moments = parse_nvidia_smi_table(f"{header}\n{a}\n### After\n{later}", "x")
+    # headings of one machine's readings: two moments of one node, not two nodes
+    assert len(moments) == 2 and all(g.node is None for m in moments for g in m)

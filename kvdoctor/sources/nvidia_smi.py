@@ -323,8 +323,13 @@ def _line_host(s: str) -> str | None:
     if m:
         name = m.group(1) or m.group(2)
         # "==> nodes/gpu-node-2/nvidia-smi.txt <==": the file's directory names the host.
-        parts = [p for p in name.split("/") if p and p != "nvidia-smi.txt"]
-        return parts[-1] if parts else None
+        parts = [p for p in name.split("/") if p and "smi" not in p.lower()]
+        host = parts[-1] if parts else None
+        # A heading of a pasted report ("### Before", "### nvidia-smi") names no host: a host
+        # name has a digit, a dot or a hyphen ("gpu-node-2", "node1", "10.0.0.3").
+        if host is None or "nvidia" in host.lower() or not any(c.isdigit() or c in ".-" for c in host):
+            return None
+        return host
     return None
 
 
