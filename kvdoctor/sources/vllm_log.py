@@ -108,6 +108,7 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import json
 import os
@@ -215,8 +216,9 @@ _TOKEN_NAME_RE = re.compile(r"token(?!s)")
 
 def _maybe_secret(text: str) -> bool:
     low = text.lower()
-    if any(n in low for n in _SECRET_NEEDLES):
-        return True
+    for n in _SECRET_NEEDLES:  # a loop, not any(genexpr): this runs on every event's text
+        if n in low:
+            return True
     return "token" in low and _TOKEN_NAME_RE.search(low) is not None
 
 
@@ -230,6 +232,7 @@ def redact(text: str) -> str:
     """
     if "prompt" in text:
         text = _redact_prompt(text)
+    if "prompt_token_ids" in text:  # the regex's own words: most lines never run it
         text = _PROMPT_IDS_RE.sub(
             lambda m: (
                 f"{m.group(1)}[<redacted {len([t for t in m.group(2).split(',') if t.strip()])} tokens>]"
@@ -599,6 +602,19 @@ _RE = {
     "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
 }
 
+#: the words each stats field's regex (``_RE["st_*"]``) starts with.
+_STATS_WORDS = {
+    "st_prompt": "Avg prompt throughput: ",
+    "st_gen": "Avg generation throughput: ",
+    "st_running": "Running: ",
+    "st_waiting": "Waiting: ",
+    "st_swapped": "Swapped: ",
+    "st_pending": "Pending: ",
+    "st_deferred": "Deferred: ",
+    "st_preempt": "Preemptions: ",
+    "st_prefix": "Prefix cache hit rate: ",
+}
+
 _ERROR_KINDS = frozenset(
     {
         "cuda_oom",
@@ -646,15 +662,85 @@ _SERVING_NEEDLES = (
 #: carry no event (a prompt's text must never become one), so only the serving marker is read.
 _REQUEST_PREFIXES = ("Received request ", "Added request ", "Finished request ", "Aborted request ")
 _ACCESS_RE = re.compile(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
+# A plain INFO/DEBUG/WARNING request-log or access-log line (vllm-facts §3.1 header, then one of
+# the messages above), in pieces: the chunk scanner puts a file's own literal process prefixes
+# and file tags in front of the general pieces (_scan_re).
+_BULK_PROC = r"\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?"
+_BULK_TAG = r"\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]"
+_BULK_MSG = (
+    r'(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - ")'
+)
+_BULK_LEVEL_TIME = r"(?:DEBUG|INFO|WARNING|WARN) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+_BULK_BODY = rf"(?:{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?:{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
 #: A line that is NOT a plain INFO/DEBUG/WARNING request-log or access-log line, found after
 #: its newline: anything else goes through the full parser. One pass at C speed (the literal
 #: "\n" first), so a 200 MB log of request lines is read at a few times line iteration.
-_NOT_REQUEST_LINE_RE = re.compile(
-    r"\n(?!(?:\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?)?"
-    r"(?:(?:DEBUG|INFO|WARNING|WARN) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
-    r"(?:\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]) |(?:DEBUG|INFO|WARNING):\s+)"
-    r"(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - \"))"
+_NOT_REQUEST_LINE_RE = re.compile(rf"\n(?!{_BULK_BODY})")
+#: The same line from its start, the process prefix and the file tag captured (what the chunk
+#: scanner learns a file's literal prefixes from).
+_BULK_LINE_RE = re.compile(
+    rf"(?P<proc>{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?P<tag>{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
 )
+# The literal fast path's own pieces: each a subset of the general piece it stands before.
+_FAST_TIME = r"[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)? "
+_FAST_MSG = (
+    r'(?:Received request |Added request |Finished request |Aborted request |[0-9.]{7,15}:[0-9]{1,5} - ")'
+)
+_SCAN_MAX_PROCS = 8
+_SCAN_MAX_TAGS = 16
+_SCAN_SAMPLES = 16
+
+
+@functools.lru_cache(maxsize=32)
+def _scan_re(procs: tuple[str, ...], tags: tuple[str, ...]) -> re.Pattern[str]:
+    """:data:`_NOT_REQUEST_LINE_RE` with a fast path in front: a file's own process prefixes
+    (``procs``, "" for none) and file tags (``tags``) as literals, tried before the general
+    pieces. The fast alternatives are subsets of the general body, so the set of lines found is
+    exactly the general pattern's; only the time to reject a bulk line changes (literals and
+    ``[0-9]`` instead of ``\\w``/``\\d`` classes: a few times faster in ``re``)."""
+    if not procs:
+        return _NOT_REQUEST_LINE_RE
+    p = "|".join(re.escape(x) for x in procs)
+    fast = [f"(?:{p})INFO: +{_FAST_MSG}"]
+    if tags:
+        t = "|".join(re.escape(x) for x in tags)
+        fast.insert(0, f"(?:{p})(?:INFO|DEBUG|WARNING) {_FAST_TIME}(?:{t}) {_FAST_MSG}")
+    return re.compile(rf"\n(?!{'|'.join(fast)}|{_BULK_BODY})")
+
+
+class _BulkScan:
+    """The process prefixes and file tags of one file's bulk lines, learnt from a few sampled
+    lines per chunk (bounded: :data:`_SCAN_MAX_PROCS`, :data:`_SCAN_MAX_TAGS`), and the scan
+    regex built from them (:func:`_scan_re`)."""
+
+    __slots__ = ("procs", "tags")
+
+    def __init__(self) -> None:
+        self.procs: tuple[str, ...] = ()
+        self.tags: tuple[str, ...] = ()
+
+    def pattern(self, text: str, pos: int) -> re.Pattern[str]:
+        """The scan regex for ``text[pos:]`` after sampling :data:`_SCAN_SAMPLES` of its lines."""
+        end = len(text)
+        step = max(1, (end - pos) // _SCAN_SAMPLES)
+        match = _BULK_LINE_RE.match
+        for k in range(_SCAN_SAMPLES):
+            at = pos + k * step
+            if at > end:
+                break
+            start = max(pos, text.rfind("\n", 0, at) + 1)
+            m = match(text, start)
+            if m is None:
+                continue
+            proc = m.group("proc") or ""
+            if proc not in self.procs and len(self.procs) < _SCAN_MAX_PROCS:
+                self.procs += (proc,)
+            tag = m.group("tag")
+            if tag is not None and tag not in self.tags and len(self.tags) < _SCAN_MAX_TAGS:
+                self.tags += (tag,)
+        return _scan_re(self.procs, self.tags)
+
+
 # traceback frames of CUDA graph capture (V0 capture_model/graph_runner.capture, V1 _capture_cudagraphs)
 _CAPTURE_HINTS = (
     "profile_cudagraph_memory",  # ≥ 0.18: graph memory profiled in determine_available_memory
@@ -763,6 +849,24 @@ _MAX_BLOCKS = 64
 _MAX_PROCESS_KEYS = 4096
 
 
+_NO_PAREN_RE = re.compile(r"\n[^(]")
+
+
+def _next_closer(text: str, pos: int, stop: int, key: Any) -> int:
+    """The first line start in ``text[pos:stop]`` whose process key may be ``key`` (``(NAME,
+    pid)`` → the line starts with "(NAME pid="; None → it starts with no "("), else ``stop``."""
+    if key is None:
+        if pos < len(text) and text[pos] != "(":
+            return pos
+        m = _NO_PAREN_RE.search(text, pos, stop)
+        return m.start() + 1 if m else stop
+    needle = f"({key[0]} pid="
+    if text.startswith(needle, pos):
+        return pos
+    i = text.find("\n" + needle, pos, stop)
+    return i + 1 if i >= 0 else stop
+
+
 class _Parser:
     """Stateful line-by-line parser shared by :func:`parse_log` and :class:`LogFollower`.
 
@@ -791,6 +895,7 @@ class _Parser:
         self._block_seq = 0
         self._seen_errors: dict[tuple[Any, ...], list[tuple[Any, str | None, int, int]]] = {}
         self._new: list[LogEvent] = []
+        self._scan = _BulkScan()
         #: lines whose text made a matcher fail (skipped, no event)
         self.bad_lines = 0
 
@@ -837,13 +942,14 @@ class _Parser:
         """Parse a chunk of whole lines ("\\n"-joined), the same as :meth:`feed` on each line,
         at C speed for the lines that cannot matter.
 
-        A line can matter when it holds a gate word (:data:`_GATE_WORDS`: a piece of every
-        message text :meth:`_match` looks for), is not a plain INFO/DEBUG/WARNING line (errors and
-        unprefixed lines make traceback blocks), or while state depends on every line (an open
-        traceback block; before the server serves; before the engine generation is known).
-        Those go through :meth:`feed`; the rest only count. Gate words and odd lines are found
-        with ``str.find`` and one regex over the whole chunk, so a 200 MB log of request lines
-        is read at a few times the speed Python iterates its lines.
+        Only a plain INFO/DEBUG/WARNING request-log or access-log line (:data:`_BULK_LINE_RE`)
+        can be skipped, and only while the server serves, no traceback block is open, and the
+        line holds none of "\\r", "\\x1b", "prompt_token_ids: [" (a prompt length is an event)
+        or, before the engine generation is known, "EngineCore": :meth:`feed` on such a line
+        changes nothing but the line count. Everything else goes through :meth:`feed`. Skipped
+        lines are found by ``str.find`` and one regex pass over the chunk with the file's own
+        prefixes as literals (:class:`_BulkScan`), so a 200 MB log of request lines is read at
+        a few times the speed Python iterates its lines.
         """
         end = len(text)
         pos = 0  # start of the next line not yet fed or counted
@@ -862,36 +968,67 @@ class _Parser:
             return
         starts: set[int] = set()
         find, rfind = text.find, text.rfind
-        # "prompt_token_ids": a request line's prompt length is an event (its count, no text).
+        # "prompt_token_ids: [": a request line's prompt length is an event (its count, no
+        # text); "prompt_token_ids: None" gives none, like every other request line.
+        words: tuple[str, ...] = ("\r", "\x1b", "prompt_token_ids: [")
         if not self._gen_strong:
-            words: tuple[str, ...] = ("\r", "\x1b", "EngineCore", "prompt_token_ids")
-        else:
-            words = ("\r", "\x1b", "prompt_token_ids")  # parse_line would see another message
+            words += ("EngineCore",)  # parse_line would see another message
         for word in words:
             i = find(word, pos)
             while i >= 0:
                 starts.add(rfind("\n", 0, i) + 1)
                 nl = find("\n", i)
                 i = find(word, nl) if nl >= 0 else -1
-        for m in _NOT_REQUEST_LINE_RE.finditer("\n" + text[pos:]):
-            starts.add(pos + m.start())
-        count = text.count
+        scan = self._scan.pattern(text, pos)
+        if pos:  # text[pos - 1] is the newline before the line at pos
+            starts.update(m.start() + 1 for m in scan.finditer(text, pos - 1))
+        else:
+            starts.update(m.start() for m in scan.finditer("\n" + text))
         for start in sorted(starts):
             if start < pos:
                 continue  # already fed while a block was open
-            while self._blocks and pos < start:  # an open block: the next lines may close it
-                line, pos = line_at(pos)
-                feed(line)
             if pos < start:
-                self.lineno += count("\n", pos, start)
+                self._skip(text, pos, start)
             line, pos = line_at(start)
             feed(line)
-        while self._blocks and pos <= end:
-            line, pos = line_at(pos)
-            feed(line)
         if pos <= end:
-            self.lineno += count("\n", pos, end) + 1
+            self._skip(text, pos, end + 1)
         self.log.line_count = self.lineno
+
+    def _skip(self, text: str, pos: int, stop: int) -> None:
+        """Count the lines of ``text`` from ``pos`` to ``stop`` (a line start, or ``len(text) +
+        1`` for the rest), all plain request/access lines, feeding the few that can still change
+        state: every line while the server does not serve (after a restart), and a line that
+        may close an open traceback block (its process prefix, or none for a block of
+        unprefixed lines). Such lines open no block, so the open set only shrinks here."""
+        end = len(text)
+        nxt_of: dict[Any, int] = {}  # block key -> next line start that may close it
+        while pos < stop:
+            if not self._serving:
+                stop_at = text.find("\n", pos)
+                if stop_at < 0:
+                    stop_at = end
+                self.feed(text[pos:stop_at])
+                pos = stop_at + 1
+                continue
+            nxt = stop
+            for key in self._blocks:
+                at = nxt_of.get(key, -1)
+                if at < pos:
+                    at = nxt_of[key] = _next_closer(text, pos, stop, key)
+                nxt = min(nxt, at)
+            if nxt > pos:
+                if nxt > end:
+                    self.lineno += text.count("\n", pos, end) + 1
+                else:
+                    self.lineno += text.count("\n", pos, nxt)
+                pos = nxt
+                continue
+            stop_at = text.find("\n", pos)
+            if stop_at < 0:
+                stop_at = end
+            self.feed(text[pos:stop_at])
+            pos = stop_at + 1
 
     def finish(self) -> None:
         """Close open traceback blocks (final phase of pending cuda_oom events)."""
@@ -903,13 +1040,20 @@ class _Parser:
     # ------------------------------------------------------------------ helpers
 
     def _emit(
-        self, kind: str, pl: ParsedLine, key: Any, values: dict[str, Any], line: int | None = None
+        self,
+        kind: str,
+        pl: ParsedLine,
+        key: Any,
+        values: dict[str, Any],
+        line: int | None = None,
+        text: str | None = None,
     ) -> LogEvent | None:
         ev = LogEvent(
             kind=kind,
             line=line if line is not None else self.lineno,
             values=values,
-            text=redact(pl.message)[:4000],
+            # ``text``: the event's own wording, for lines whose text must not be kept at all
+            text=text if text is not None else redact(pl.message)[:4000],
             process=pl.process,
             pid=pl.pid,
             level=pl.level,
@@ -1040,9 +1184,9 @@ class _Parser:
                 if "prompt_token_ids" in msg and msg.startswith(("Received request ", "Added request ")):
                     n = request_prompt_tokens(msg)
                     if n is not None:
-                        ev = self._emit("request", pl, key, {"prompt_tokens": n})
-                        if ev is not None:
-                            ev.text = f"request with a {n}-token prompt"
+                        self._emit(
+                            "request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt"
+                        )
                 return
 
         # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
@@ -1059,9 +1203,7 @@ class _Parser:
         if "prompt_token_ids" in msg and ("Received request" in msg or "Added request" in msg):
             n = request_prompt_tokens(msg)
             if n is not None:
-                ev = self._emit("request", pl, key, {"prompt_tokens": n})
-                if ev is not None:
-                    ev.text = f"request with a {n}-token prompt"
+                self._emit("request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt")
                 return
 
         # --- version / generation
@@ -1771,7 +1913,13 @@ class _Parser:
         R = _RE
 
         def num(name: str, conv: Callable[[str], Any] = int) -> Any:
-            mm = R[name].search(msg)
+            # the field's own words first: an absent field costs a substring test, not a search
+            at = msg.find(_STATS_WORDS[name])
+            if at < 0:
+                return None
+            # from its words on (9 characters before for st_prefix's "External " lookbehind):
+            # no match starts earlier
+            mm = R[name].search(msg, max(0, at - 9))
             return conv(mm.group(1)) if mm else None
 
         engine: str | None = None
@@ -1783,7 +1931,10 @@ class _Parser:
             else:
                 engine = "aggregated"
                 num_engines = int(me.group(2))
-        kv = R["st_kv"].findall(msg)
+        # "[A-Z]{1,8} KV cache usage" has no literal start: search from 8 characters before
+        # its first " KV cache usage: " (no match can start earlier), none when it is absent
+        at = msg.find(" KV cache usage: ")
+        kv = R["st_kv"].findall(msg, max(0, at - 8)) if at >= 0 else []
         device = kv[0][0] if kv else None
         kv_usage = _frac(kv[0][1]) if kv else None
         cpu_kv = None
