@@ -458,149 +458,201 @@ def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- regexes
 
-_RE = {
-    "api_version": re.compile(r"vLLM API server version (\S+)"),
-    "server_version": re.compile(r"vLLM server version (\S+?),? serving model (\S+)"),
-    "logo_version": re.compile(r"^\s*[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
-    "init_engine": re.compile(
-        r"Initializing (a V1 LLM engine|an LLM engine)(?: \(v?([^)\s]+)\))? with config: (.*)$"
-    ),
-    "non_default": re.compile(r"non-default args: (\{.*\}?)\s*$"),
-    "namespace": re.compile(r"\bargs: Namespace\((.*)\)?\s*$"),
-    "chunked": re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
-    "max_len_used": re.compile(r"Using max model len (\d+)"),
-    "model_loading": re.compile(
-        r"Model loading took (-?\d+(?:\.\d+)?) ?(GiB|GB)(?: memory)? and (\d+(?:\.\d+)?) ?s(?:ec(?:ond)?s?)?"
-    ),
-    "v0_weights": re.compile(r"Loading model weights took (-?\d+(?:\.\d+)?) ?(GiB|GB)"),
-    "v0_prof_1": re.compile(r"^Memory profiling takes (\d+(?:\.\d+)?) seconds\.?\s*$"),
-    "v0_prof_2": re.compile(
-        r"total_gpu_memory \((\d+(?:\.\d+)?) ?GiB\) x gpu_memory_utilization \((\d+(?:\.\d+)?)\) = (-?\d+(?:\.\d+)?) ?GiB"
-    ),
-    "v0_prof_3": re.compile(
-        r"model weights take (-?\d+(?:\.\d+)?) ?GiB; non_torch_memory takes (-?\d+(?:\.\d+)?) ?GiB; "
-        r"PyTorch activation peak memory takes (-?\d+(?:\.\d+)?) ?GiB; "
-        r"the rest of the memory reserved for KV Cache is (-?\d+(?:\.\d+)?) ?GiB"
-    ),
-    "v06_prof": re.compile(r"(?i)memory profiling results:(.*)$"),
-    "v06_field": re.compile(r"(?<!\w)(\w{1,64})=(-?\d{1,20}(?:\.\d{1,20})?) ?(GiB|GB)?", re.I),
-    "v1_prof": re.compile(r"Memory profiling takes (\d+(?:\.\d+)?) seconds\. ?(.*)$"),
-    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]{0,100}?): (-?\d{1,20}(?:\.\d{1,20})?) ?GiB"),
-    "mem_request": re.compile(
-        r"Initial free memory: (-?\d+(?:\.\d+)?) ?GiB; Requested memory: (\d+(?:\.\d+)?) \(util\), (-?\d+(?:\.\d+)?) ?GiB"
-    ),
-    "avail_kv": re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"),
-    "kv_size": re.compile(r"(\w{1,16}) KV cache size: ([\d,]{1,40}) tokens"),
-    "max_conc": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
-    "blocks_override": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
-    "v0_blocks": re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
-    "capture_done": re.compile(
-        r"Graph capturing finished in (\d+(?:\.\d+)?) secs?(?:, took (-?\d+(?:\.\d+)?) ?GiB)?"
-    ),
-    "cg_estimate": re.compile(r"Estimated CUDA graph memory: (-?\d+(?:\.\d+)?) ?GiB"),
-    "cg_pool": re.compile(
-        r"CUDA graph pool memory: (-?\d+(?:\.\d+)?) ?GiB \(actual\), (-?\d+(?:\.\d+)?) ?GiB \(estimated\)"
-    ),
-    "cg_enabled": re.compile(
-        r"--gpu-memory-utilization=(\d+(?:\.\d+)?) is equivalent to --gpu-memory-utilization=(\d+(?:\.\d+)?) "
-        r"without CUDA graph memory profiling.*?increase --gpu-memory-utilization to (\d+(?:\.\d+)?)"
-    ),
-    "cg_disabled": re.compile(r"increasing --gpu-memory-utilization from (\d+(?:\.\d+)?) to (\d+(?:\.\d+)?)"),
-    "summary_head": re.compile(
-        r"Free memory on device (?:\S+ )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup\. "
-        r"Desired GPU memory utilization is \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
-    ),
-    "summary_consumed": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for consumed memory"),
-    "summary_weight": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for weights?\b"),
-    "summary_act": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
-    "summary_nontorch": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
-    "summary_cg": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
-    "summary_kvmem": re.compile(r"--kv-cache-memory=(\d+)"),
-    "summary_inuse": re.compile(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
-    "kv_reserved": re.compile(
-        r"Initial free memory (-?\d+(?:\.\d+)?) ?GiB, reserved (-?\d+(?:\.\d+)?) ?GiB memory for KV Cache"
-    ),
-    "below_util": re.compile(
-        r"Free memory on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
-        r"desired GPU memory utilization \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
-    ),
-    "ext_device": re.compile(r"on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)"),
-    "ext_util": re.compile(r"\((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"),
-    "prof_assert": re.compile(
-        r"Error in memory profiling\. Initial free memory (-?\d+(?:\.\d+)?) ?(GiB)?, current free memory (-?\d+(?:\.\d+)?) ?(GiB)?"
-    ),
-    "max_seq_v1": re.compile(
-        r"To serve at least one request with the models?'s max seq len \((\d+)\), \((-?\d+(?:\.\d+)?) GiB KV cache "
-        r"is needed, which is larger than the available KV cache memory \((-?\d+(?:\.\d+)?) GiB\)\.\s*"
-        r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?"
-    ),
-    "max_seq_v0": re.compile(
-        r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
-        r"in KV cache \((-?\d+)\)"
-    ),
-    "autofit_reduced": re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)"),
-    "autofit_full": re.compile(r"Auto-fit max_model_len: full model context length (\d+) fits"),
-    "user_max_len": re.compile(
-        r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((?:(\w+)=)?(\w+)"
-    ),
-    "prompt_len": re.compile(
-        r"The (?:decoder|encoder) prompt \(length (\d+)\) (?:plus the number of requested output tokens "
-        r"\(at least \d+\) )?is longer than the maximum model length of (\d+)"
-    ),
-    "ctx_len": re.compile(
-        r"This model's maximum context length is (\d+) tokens\. However, (?:your prompt contains (?:at least )?"
-        r"(\d+) input tokens|you requested (\d+) tokens)"
-    ),
-    "input_too_long": re.compile(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
-    "oom_modern": re.compile(
-        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})\. GPU (\d+) has a total capac(?:i)?ty of ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) "
-        r"of which ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is free\."
-    ),
-    "oom_legacy": re.compile(
-        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) \(GPU (\d+); ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) total capacity; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) already "
-        r"allocated; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) free; (?:((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed; )?((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) reserved in total by PyTorch"
-    ),
-    "oom_proc": re.compile(
-        r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
-    ),
-    "oom_self": re.compile(
-        r"Including non-PyTorch memory, this process has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
-    ),
-    "oom_allowed": re.compile(r"((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed;"),
-    "oom_alloc": re.compile(
-        r"Of the allocated memory ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is allocated by PyTorch, (?:with ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allocated in "
-        r"private pools \(e\.g\., CUDA Graphs\), )?and ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is reserved by PyTorch but unallocated"
-    ),
-    "oom_requested": re.compile(r"Requested size: ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})"),
-    "sampler_oom": re.compile(
-        r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
-    ),
-    "kv_dtype_pyd": re.compile(r"Invalid kv_cache_dtype: '([^']*)'\. Valid values are: (\[[^\]]*\])"),
-    "kv_dtype_arg": re.compile(
-        r"argument --kv-cache-dtype: invalid choice: '([^']*)' \(choose from (.*?)\)\s*$"
-    ),
-    "stats_engine": re.compile(r"^(?:Engine (\d+)|(\d+) Engines Aggregated):"),
-    "st_prompt": re.compile(r"Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s"),
-    "st_gen": re.compile(r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s"),
-    "st_running": re.compile(r"Running: (\d+) reqs"),
-    "st_waiting": re.compile(r"Waiting: (\d+) reqs"),
-    "st_swapped": re.compile(r"Swapped: (\d+) reqs"),
-    "st_pending": re.compile(r"Pending: (\d+) reqs"),
-    "st_deferred": re.compile(r"Deferred: (\d+) reqs"),
-    "st_preempt": re.compile(r"Preemptions: (\d+)"),
-    "st_kv": re.compile(r"([A-Z]{1,8}) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"),
-    "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"),
-    "preempted": re.compile(
-        r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
-        r"total_num_cumulative_preemption=(\d+)"
-    ),
-    "swap": re.compile(
-        r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
-    ),
-    "hybrid_bs": re.compile(r"Setting attention block size to (\d+) tokens"),
-    "mamba_pad": re.compile(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
-    "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
-}
+
+def _pattern(pattern: str, flags: int = 0) -> tuple[str, int]:
+    """A regex of :data:`_RE`, compiled when first used."""
+    return pattern, flags
+
+
+class _LazyPatterns(dict):  # type: ignore[type-arg]
+    """The matcher's regex table: name → compiled pattern, each compiled on first lookup (a
+    log uses a few dozen of them; compiling all ~75 costs a cold start ~40 ms). Iterating it
+    (``items``, ``values``, ``keys``, ``len``, ``in``) compiles it whole, so it reads as a
+    plain table of compiled patterns (the regex-hygiene test walks it)."""
+
+    def __init__(self, sources: dict[str, tuple[str, int]]) -> None:
+        super().__init__()
+        self._sources = sources
+
+    def __missing__(self, key: str) -> re.Pattern[str]:
+        pattern = self[key] = re.compile(*self._sources[key])
+        return pattern
+
+    def _all(self) -> None:
+        for key in self._sources:
+            if not dict.__contains__(self, key):
+                self[key]  # noqa: B018 - compiles it
+
+    def items(self):  # type: ignore[no-untyped-def, override]
+        self._all()
+        return super().items()
+
+    def values(self):  # type: ignore[no-untyped-def, override]
+        self._all()
+        return super().values()
+
+    def keys(self):  # type: ignore[no-untyped-def, override]
+        return self._sources.keys()
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sources
+
+
+_RE: _LazyPatterns = _LazyPatterns(
+    {
+        "api_version": _pattern(r"vLLM API server version (\S+)"),
+        "server_version": _pattern(r"vLLM server version (\S+?),? serving model (\S+)"),
+        "logo_version": _pattern(r"^\s*[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
+        "init_engine": _pattern(
+            r"Initializing (a V1 LLM engine|an LLM engine)(?: \(v?([^)\s]+)\))? with config: (.*)$"
+        ),
+        "non_default": _pattern(r"non-default args: (\{.*\}?)\s*$"),
+        "namespace": _pattern(r"\bargs: Namespace\((.*)\)?\s*$"),
+        "chunked": _pattern(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
+        "max_len_used": _pattern(r"Using max model len (\d+)"),
+        "model_loading": _pattern(
+            r"Model loading took (-?\d+(?:\.\d+)?) ?(GiB|GB)(?: memory)? and (\d+(?:\.\d+)?) ?s(?:ec(?:ond)?s?)?"
+        ),
+        "v0_weights": _pattern(r"Loading model weights took (-?\d+(?:\.\d+)?) ?(GiB|GB)"),
+        "v0_prof_1": _pattern(r"^Memory profiling takes (\d+(?:\.\d+)?) seconds\.?\s*$"),
+        "v0_prof_2": _pattern(
+            r"total_gpu_memory \((\d+(?:\.\d+)?) ?GiB\) x gpu_memory_utilization \((\d+(?:\.\d+)?)\) = (-?\d+(?:\.\d+)?) ?GiB"
+        ),
+        "v0_prof_3": _pattern(
+            r"model weights take (-?\d+(?:\.\d+)?) ?GiB; non_torch_memory takes (-?\d+(?:\.\d+)?) ?GiB; "
+            r"PyTorch activation peak memory takes (-?\d+(?:\.\d+)?) ?GiB; "
+            r"the rest of the memory reserved for KV Cache is (-?\d+(?:\.\d+)?) ?GiB"
+        ),
+        "v06_prof": _pattern(r"(?i)memory profiling results:(.*)$"),
+        "v06_field": _pattern(r"(?<!\w)(\w{1,64})=(-?\d{1,20}(?:\.\d{1,20})?) ?(GiB|GB)?", re.I),
+        "v1_prof": _pattern(r"Memory profiling takes (\d+(?:\.\d+)?) seconds\. ?(.*)$"),
+        "v1_prof_field": _pattern(r"([A-Za-z][\w \-()]{0,100}?): (-?\d{1,20}(?:\.\d{1,20})?) ?GiB"),
+        "mem_request": _pattern(
+            r"Initial free memory: (-?\d+(?:\.\d+)?) ?GiB; Requested memory: (\d+(?:\.\d+)?) \(util\), (-?\d+(?:\.\d+)?) ?GiB"
+        ),
+        "avail_kv": _pattern(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"),
+        "kv_size": _pattern(r"(\w{1,16}) KV cache size: ([\d,]{1,40}) tokens"),
+        "max_conc": _pattern(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
+        "blocks_override": _pattern(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
+        "v0_blocks": _pattern(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
+        "capture_done": _pattern(
+            r"Graph capturing finished in (\d+(?:\.\d+)?) secs?(?:, took (-?\d+(?:\.\d+)?) ?GiB)?"
+        ),
+        "cg_estimate": _pattern(r"Estimated CUDA graph memory: (-?\d+(?:\.\d+)?) ?GiB"),
+        "cg_pool": _pattern(
+            r"CUDA graph pool memory: (-?\d+(?:\.\d+)?) ?GiB \(actual\), (-?\d+(?:\.\d+)?) ?GiB \(estimated\)"
+        ),
+        "cg_enabled": _pattern(
+            r"--gpu-memory-utilization=(\d+(?:\.\d+)?) is equivalent to --gpu-memory-utilization=(\d+(?:\.\d+)?) "
+            r"without CUDA graph memory profiling.*?increase --gpu-memory-utilization to (\d+(?:\.\d+)?)"
+        ),
+        "cg_disabled": _pattern(
+            r"increasing --gpu-memory-utilization from (\d+(?:\.\d+)?) to (\d+(?:\.\d+)?)"
+        ),
+        "summary_head": _pattern(
+            r"Free memory on device (?:\S+ )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup\. "
+            r"Desired GPU memory utilization is \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
+        ),
+        "summary_consumed": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for consumed memory"),
+        "summary_weight": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for weights?\b"),
+        "summary_act": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
+        "summary_nontorch": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
+        "summary_cg": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
+        "summary_kvmem": _pattern(r"--kv-cache-memory=(\d+)"),
+        "summary_inuse": _pattern(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
+        "kv_reserved": _pattern(
+            r"Initial free memory (-?\d+(?:\.\d+)?) ?GiB, reserved (-?\d+(?:\.\d+)?) ?GiB memory for KV Cache"
+        ),
+        "below_util": _pattern(
+            r"Free memory on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
+            r"desired GPU memory utilization \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
+        ),
+        "ext_device": _pattern(r"on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)"),
+        "ext_util": _pattern(r"\((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"),
+        "prof_assert": _pattern(
+            r"Error in memory profiling\. Initial free memory (-?\d+(?:\.\d+)?) ?(GiB)?, current free memory (-?\d+(?:\.\d+)?) ?(GiB)?"
+        ),
+        "max_seq_v1": _pattern(
+            r"To serve at least one request with the models?'s max seq len \((\d+)\), \((-?\d+(?:\.\d+)?) GiB KV cache "
+            r"is needed, which is larger than the available KV cache memory \((-?\d+(?:\.\d+)?) GiB\)\.\s*"
+            r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?"
+        ),
+        "max_seq_v0": _pattern(
+            r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+            r"in KV cache \((-?\d+)\)"
+        ),
+        "autofit_reduced": _pattern(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)"),
+        "autofit_full": _pattern(r"Auto-fit max_model_len: full model context length (\d+) fits"),
+        "user_max_len": _pattern(
+            r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((?:(\w+)=)?(\w+)"
+        ),
+        "prompt_len": _pattern(
+            r"The (?:decoder|encoder) prompt \(length (\d+)\) (?:plus the number of requested output tokens "
+            r"\(at least \d+\) )?is longer than the maximum model length of (\d+)"
+        ),
+        "ctx_len": _pattern(
+            r"This model's maximum context length is (\d+) tokens\. However, (?:your prompt contains (?:at least )?"
+            r"(\d+) input tokens|you requested (\d+) tokens)"
+        ),
+        "input_too_long": _pattern(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
+        "oom_modern": _pattern(
+            r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})\. GPU (\d+) has a total capac(?:i)?ty of ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) "
+            r"of which ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is free\."
+        ),
+        "oom_legacy": _pattern(
+            r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) \(GPU (\d+); ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) total capacity; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) already "
+            r"allocated; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) free; (?:((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed; )?((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) reserved in total by PyTorch"
+        ),
+        "oom_proc": _pattern(
+            r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
+        ),
+        "oom_self": _pattern(
+            r"Including non-PyTorch memory, this process has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
+        ),
+        "oom_allowed": _pattern(r"((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed;"),
+        "oom_alloc": _pattern(
+            r"Of the allocated memory ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is allocated by PyTorch, (?:with ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allocated in "
+            r"private pools \(e\.g\., CUDA Graphs\), )?and ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is reserved by PyTorch but unallocated"
+        ),
+        "oom_requested": _pattern(r"Requested size: ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})"),
+        "sampler_oom": _pattern(
+            r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
+        ),
+        "kv_dtype_pyd": _pattern(r"Invalid kv_cache_dtype: '([^']*)'\. Valid values are: (\[[^\]]*\])"),
+        "kv_dtype_arg": _pattern(
+            r"argument --kv-cache-dtype: invalid choice: '([^']*)' \(choose from (.*?)\)\s*$"
+        ),
+        "stats_engine": _pattern(r"^(?:Engine (\d+)|(\d+) Engines Aggregated):"),
+        "st_prompt": _pattern(r"Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s"),
+        "st_gen": _pattern(r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s"),
+        "st_running": _pattern(r"Running: (\d+) reqs"),
+        "st_waiting": _pattern(r"Waiting: (\d+) reqs"),
+        "st_swapped": _pattern(r"Swapped: (\d+) reqs"),
+        "st_pending": _pattern(r"Pending: (\d+) reqs"),
+        "st_deferred": _pattern(r"Deferred: (\d+) reqs"),
+        "st_preempt": _pattern(r"Preemptions: (\d+)"),
+        "st_kv": _pattern(r"([A-Z]{1,8}) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"),
+        "st_prefix": _pattern(
+            r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"
+        ),
+        "preempted": _pattern(
+            r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
+            r"total_num_cumulative_preemption=(\d+)"
+        ),
+        "swap": _pattern(
+            r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
+        ),
+        "hybrid_bs": _pattern(r"Setting attention block size to (\d+) tokens"),
+        "mamba_pad": _pattern(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
+        "pad_layers": _pattern(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
+    }
+)
 
 #: the words each stats field's regex (``_RE["st_*"]``) starts with.
 _STATS_WORDS = {
