@@ -859,14 +859,11 @@ def load_rule_file(path: str | Path, known_names: set[str] | None = None) -> Rul
 def default_rules_dir() -> Path:
     """The shipped rule catalogue: ``kvdoctor/rules`` inside an installed wheel, else the
     repository's top-level ``rules/`` (editable/dev installs). May not exist or be empty."""
-    from importlib import resources
-
-    try:
-        packaged = Path(str(resources.files("kvdoctor") / "rules"))
-        if packaged.is_dir() and any(packaged.glob("*.yaml")):
-            return packaged
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover - zip imports
-        pass
+    # the package's own directory, as importlib.resources.files("kvdoctor") names it for a
+    # package on disk (importing importlib.resources costs a cold start ~10 ms)
+    packaged = Path(__file__).resolve().parent / "rules"
+    if packaged.is_dir() and any(packaged.glob("*.yaml")):
+        return packaged
     return Path(__file__).resolve().parents[1] / "rules"
 
 
@@ -948,14 +945,19 @@ def _cache_dir() -> Path | None:
 
 
 def _code_fingerprint() -> tuple[Any, ...]:
-    """What else decides the compiled form: this module's file, the cache format, Python's
-    version (the pickled ``ast`` nodes)."""
-    try:
-        st = os.stat(__file__)
-        me: tuple[Any, ...] = (__file__, st.st_size, st.st_mtime_ns)
-    except OSError:
-        me = (__file__,)
-    return (_CACHE_FORMAT, sys.version_info[:3], me)
+    """What else decides the compiled form: the cache format, Python's version (the pickled
+    ``ast`` nodes), kvdoctor's version and the files of the code that parses and validates
+    rules (this module, ``findings``: families and severities)."""
+    from kvdoctor import __version__, findings
+
+    files: list[tuple[Any, ...]] = []
+    for f in (__file__, findings.__file__ or ""):
+        try:
+            st = os.stat(f)
+            files.append((f, st.st_size, st.st_mtime_ns))
+        except OSError:
+            files.append((f,))
+    return (_CACHE_FORMAT, sys.version_info[:3], __version__, tuple(files))
 
 
 def _canonical(value: Any) -> Any:

@@ -1020,32 +1020,61 @@ class _Parser:
             return
         starts: set[int] = set()
         find, rfind = text.find, text.rfind
-        # "prompt_token_ids: [": a request line's prompt length is an event (its count, no
-        # text); "prompt_token_ids: None" gives none, like every other request line.
-        words: tuple[str, ...] = ("\r", "\x1b", "prompt_token_ids: [")
-        if not self._gen_strong:
-            words += ("EngineCore",)  # parse_line would see another message
-        for word in words:
+
+        def lines_with(word: str, into: set[int]) -> None:
             i = find(word, pos)
             while i >= 0:
-                starts.add(rfind("\n", 0, i) + 1)
+                into.add(rfind("\n", 0, i) + 1)
                 nl = find("\n", i)
                 i = find(word, nl) if nl >= 0 else -1
+
+        for word in ("\r", "\x1b") if self._gen_strong else ("\r", "\x1b", "EngineCore"):
+            lines_with(word, starts)  # parse_line would see another message
+        # "prompt_token_ids: [": a request line's prompt length is an event (its count, no
+        # text); "prompt_token_ids: None" gives none, like every other request line.
+        requests: set[int] = set()
+        lines_with("prompt_token_ids: [", requests)
         scan = self._scan.pattern(text, pos)
         if pos:  # text[pos - 1] is the newline before the line at pos
             starts.update(m.start() + 1 for m in scan.finditer(text, pos - 1))
         else:
             starts.update(m.start() for m in scan.finditer("\n" + text))
-        for start in sorted(starts):
+        plain_requests = requests - starts  # plain request-log lines holding a token-id list
+        for start in sorted(starts | requests):
             if start < pos:
                 continue  # already fed while a block was open
             if pos < start:
                 self._skip(text, pos, start)
             line, pos = line_at(start)
-            feed(line)
+            if start in plain_requests and self._serving and not self._blocks:
+                self._feed_request(line)
+            else:
+                feed(line)
         if pos <= end:
             self._skip(text, pos, end + 1)
         self.log.line_count = self.lineno
+
+    def _feed_request(self, raw: str) -> None:
+        """:meth:`feed` for a plain INFO/DEBUG/WARNING request-log line (:data:`_BULK_LINE_RE`)
+        with a ``prompt_token_ids`` list, while serving with no block open: all that line can
+        do is give its ``request`` event (the list's length), so only that is done."""
+        self.lineno += 1
+        self.log.line_count = self.lineno
+        self._new = []
+        pl = parse_line(raw)
+        if pl.process and pl.process.startswith("EngineCore") and not self._gen_strong:
+            self.log.engine_generation = "v1"
+        msg = pl.message
+        if not msg.startswith(("Received request ", "Added request ")):
+            return
+        try:
+            n = request_prompt_tokens(msg)
+        except Exception:
+            self.bad_lines += 1  # as feed() counts a line its matcher failed on
+            return
+        if n is not None:
+            key = (pl.process, pl.pid) if pl.process else None
+            self._emit("request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt")
 
     def _skip(self, text: str, pos: int, stop: int) -> None:
         """Count the lines of ``text`` from ``pos`` to ``stop`` (a line start, or ``len(text) +
@@ -1257,6 +1286,11 @@ class _Parser:
             if n is not None:
                 self._emit("request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt")
                 return
+
+        # --- the periodic stats line in its usual form, before the chain below: its fixed
+        # words hold none of the chain's needles, so it would reach the stats branch anyway
+        if msg[:1] in ("E", "A") and self._match_stats_fast(pl, key, msg):
+            return
 
         # --- version / generation
         if "version" in msg:
@@ -1962,6 +1996,8 @@ class _Parser:
         ev.values["frames"] = log_catalogue2.frame_hints(block.text)
 
     def _match_stats(self, pl: ParsedLine, key: Any, msg: str) -> None:
+        if self._match_stats_fast(pl, key, msg):
+            return
         R = _RE
 
         def num(name: str, conv: Callable[[str], Any] = int) -> Any:
@@ -2019,6 +2055,53 @@ class _Parser:
                 "num_engines": num_engines,
             },
         )
+
+    def _match_stats_fast(self, pl: ParsedLine, key: Any, msg: str) -> bool:
+        """The periodic line of vLLM ≥ 0.12 (vllm-facts §3.4) in its exact usual form
+        (:data:`_STATS_FAST_RE`, every field once, in order): the same event as the field-by-
+        field path, from one match. Its text needs no redaction (fixed words and numbers)."""
+        m = _STATS_FAST_RE.fullmatch(msg)
+        if m is None:
+            return False
+        eng, prompt, gen, running, waiting, device, kv, prefix, pre = m.groups()
+        # conversions in the field-by-field path's order: an error leaves the same state
+        engine = str(int(eng)) if eng is not None else None
+        kv_usage = _frac(kv)
+        if eng is not None and not self._gen_strong:
+            self.log.engine_generation = "v1"
+        self._emit(
+            "stats",
+            pl,
+            key,
+            {
+                "engine": engine,
+                "prompt_throughput": float(prompt),
+                "generation_throughput": float(gen),
+                "running": int(running),
+                "waiting": int(waiting),
+                "swapped": None,
+                "pending": None,
+                "deferred": None,
+                "preemptions": int(pre) if pre is not None else None,
+                "kv_usage": kv_usage,
+                "cpu_kv_usage": None,
+                "prefix_cache_hit_rate": _frac(prefix) if prefix is not None else None,
+                "device": device,
+                "num_engines": None,
+            },
+            text=msg[:4000],
+        )
+        return True
+
+
+#: The usual ≥ 0.12 periodic line, whole: each group is the pattern of its field regex
+#: (``_RE["st_*"]``); the device only GPU or CPU (so the text holds nothing to redact).
+_STATS_FAST_RE = re.compile(
+    r"(?:Engine (\d+): )?Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s, "
+    r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
+    r"(GPU|CPU) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"
+    r"(?:, Prefix cache hit rate: (\d+(?:\.\d+)?)%)?(?:, Preemptions: (\d+))?"
+)
 
 
 # --------------------------------------------------------------------------- public API

@@ -257,3 +257,82 @@ def test_requests_right_after_a_restart_mark_the_run_serving() -> None:
         v for k, _, v, *_ in want if k == "cuda_oom"
     )
     assert _events(vllm_log.parse_log(text).events) == want
+
+
+_STAT_NUMS = st.one_of(
+    st.integers(0, 10**6).map(str), st.floats(0, 1e5).map(lambda f: f"{f:.1f}"), st.just("007")
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.none(), st.sampled_from(["000", "1", "12"])),
+    st.lists(_STAT_NUMS, min_size=7, max_size=7),
+    st.sampled_from(["GPU", "CPU", "XPU"]),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["", ", Preemptions: 3, ", " extra"]),
+)
+def test_fast_stats_path_gives_the_field_by_field_event(
+    eng: str | None, n: list[str], device: str, prefix: bool, pre: bool, tail: str
+) -> None:
+    msg = (
+        (f"Engine {eng}: " if eng is not None else "")
+        + f"Avg prompt throughput: {n[0]} tokens/s, Avg generation throughput: {n[1]} tokens/s, "
+        + f"Running: {n[2].split('.')[0]} reqs, Waiting: {n[3].split('.')[0]} reqs, {device} KV cache usage: {n[4]}%"
+        + (f", Prefix cache hit rate: {n[5]}%" if prefix else "")
+        + (f", Preemptions: {n[6].split('.')[0]}" if pre else "")
+        + (tail if tail != "" else "")
+    )
+    line = f"(APIServer pid=1) INFO 07-01 10:00:00 [loggers.py:1] {msg}"
+    fast = vllm_log._Parser("x")
+    fast.feed(line)
+    # no fast path at all: the line goes through the whole matcher chain to the stats branch
+    slow = vllm_log._Parser("x")
+    slow._match_stats_fast = lambda *a: False  # type: ignore[method-assign]
+    slow.feed(line)
+    assert _events(fast.log.events) == _events(slow.log.events)
+    assert fast.log.engine_generation == slow.log.engine_generation
+    assert len(fast.log.events) == 1
+
+
+_IDS_REFERENCE_RE = re.compile(r"prompt_token_ids: \[(?:<redacted (\d+) tokens>\]|([^\]]*)\]?)")
+
+
+def _ids_reference(message: str) -> int | None:
+    # the regex form request_prompt_tokens had before it counted commas with str methods
+    m = _IDS_REFERENCE_RE.search(message)
+    if not m:
+        return None
+    if m.group(1):
+        return int(m.group(1))
+    body = (m.group(2) or "").strip().rstrip(",")
+    return body.count(",") + 1 if body else 0
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "prompt_token_ids: [",
+                "prompt_token_ids: ",
+                "<redacted ",
+                "12",
+                " tokens>",
+                "]",
+                ",",
+                ", ",
+                " ",
+                "x",
+                "[",
+                "\u0663",
+            ]
+        ),
+        max_size=12,
+    ).map("".join)
+)
+def test_prompt_token_count_matches_the_regex_form(message: str) -> None:
+    from kvdoctor.sources.log_engines import request_prompt_tokens
+
+    assert request_prompt_tokens(message) == _ids_reference(message)
