@@ -995,8 +995,9 @@ def _private_dir(d: Path, create: bool) -> bool:
 
 
 class _RulesUnpickler(pickle.Unpickler):
-    """Unpickles compiled rules only: the rule dataclasses, ``ast`` nodes and plain builtin
-    containers. Any other global (a callable an altered file names) is refused."""
+    """Unpickles compiled rules only: the rule dataclasses, the ``ast`` node types a rule
+    expression may hold and plain builtin containers. Any other global (a callable an altered
+    file names, an ``ast.Attribute``) is refused, so the file is no cache."""
 
     _OWN = frozenset({"Rule", "Expr", "Template", "EvidenceSpec", "_LineDict", "_LineList"})
     _BUILTINS = frozenset({"frozenset", "set", "dict", "list", "tuple", "complex", "bytes", "slice"})
@@ -1005,8 +1006,15 @@ class _RulesUnpickler(pickle.Unpickler):
         if module == __name__ and name in self._OWN:
             return globals()[name]
         if module in ("ast", "_ast"):
+            # only the syntax compile_expr lets a rule file have: no attribute access, lambda,
+            # walrus, …, no operator simpleeval lacks (an altered cache gets no further)
             node = getattr(ast, name, None)
-            if isinstance(node, type) and issubclass(node, ast.AST):
+            if (
+                isinstance(node, type)
+                and issubclass(node, ast.AST)
+                and node not in _FORBIDDEN_NODES
+                and (not issubclass(node, _OPERATOR_BASES) or node in DEFAULT_OPERATORS)
+            ):
                 return node
         if module == "builtins" and name in self._BUILTINS:
             return getattr(builtins, name)

@@ -175,3 +175,19 @@ def test_cache_files_are_bounded(cache: Path, tmp_path: Path, monkeypatch: pytes
         (d / f.name).write_bytes(f.read_bytes())
         _load(d)
     assert len(list(cache.glob("rules-*.pickle"))) == 3
+
+
+def test_a_cache_with_an_expression_no_rule_file_allows_is_ignored(cache: Path, tmp_path: Path) -> None:
+    d = _copy_rules(tmp_path)
+    want = _dump(_load(d))
+    (f,) = cache.glob("rules-*.pickle")
+    key, rules = pickle.loads(f.read_bytes())
+    first = rules[0]
+    # what a rule file cannot contain: attribute access (compile_expr refuses it)
+    bad = RE.Expr(
+        "x.__class__", ast.parse("x.__class__", mode="eval").body, "when", 1, frozenset({"x"}), frozenset()
+    )
+    tampered = (RE.replace(first, when=bad), *rules[1:])
+    f.write_bytes(pickle.dumps((key, tampered)))
+    assert RE._disk_cache_get(RE._rules_key([d], True, variable_catalogue())) is None
+    assert _dump(_load(d)) == want  # parsed again from the files
