@@ -13,8 +13,13 @@ Prints, in one run (the same machine state for all):
 - ``kvdoctor diagnose --log FILE --format json`` in a child process: wall time and the child's
   peak RSS (getrusage), and both ratios to the baseline.
 
+Also the CPU seconds of both (the child's user+sys from getrusage against the iteration's
+process time): on a shared, loaded machine wall times swing with the load, CPU times much less.
+``--ids`` writes request lines with ``prompt_token_ids: [...]`` lists (each one an event) instead
+of vLLM's ``prompt_token_ids: None``.
+
 Budgets (issue 8): diagnose ≤ 10× the baseline, peak RSS ≤ 200 MB.
-usage: .venv/bin/python bench/logsize.py [--mb 200] [--keep PATH]
+usage: .venv/bin/python bench/logsize.py [--mb 200] [--keep PATH] [--log PATH] [--ids]
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STARTUP = ROOT / "tests" / "data" / "vllm_log" / "b17-v1-preemption-thrash-long-prompts.log"
 
 
-def make_log(path: Path, mb: int, seed: int = 8) -> int:
-    """Write a ~``mb`` MB log to ``path``; returns its line count."""
+def make_log(path: Path, mb: int, seed: int = 8, ids: bool = False) -> int:
+    """Write a ~``mb`` MB log to ``path``; returns its line count. ``ids``: request lines carry
+    a token-id list (20-400 ids) instead of ``prompt_token_ids: None``."""
     rng = random.Random(seed)
     startup = [ln for ln in STARTUP.read_text().splitlines() if "Engine 000" not in ln][:120]
     target = mb * 1_000_000
@@ -58,8 +64,15 @@ def make_log(path: Path, mb: int, seed: int = 8) -> int:
             ts = f"07-01 {hh:02d}:{mm:02d}:{ss:02d}"
             for _ in range(rng.randint(2, 4)):
                 rid = f"cmpl-{rng.getrandbits(64):016x}"
+                tok = "None"
+                if ids:
+                    tok = (
+                        "["
+                        + ", ".join(str(rng.randint(1, 128000)) for _ in range(rng.randint(20, 400)))
+                        + "]"
+                    )
                 w(
-                    f"(APIServer pid=1) INFO {ts} [logger.py:43] Received request {rid}: prompt: 'Summarise the following document, focusing on the main claims', params: SamplingParams(n=1, temperature=0.7, max_tokens=512), prompt_token_ids: None, lora_request: None."
+                    f"(APIServer pid=1) INFO {ts} [logger.py:43] Received request {rid}: prompt: 'Summarise the following document, focusing on the main claims', params: SamplingParams(n=1, temperature=0.7, max_tokens=512), prompt_token_ids: {tok}, lora_request: None."
                 )
                 w(f"(APIServer pid=1) INFO {ts} [engine.py:317] Added request {rid}.")
                 w(
@@ -81,44 +94,56 @@ def make_log(path: Path, mb: int, seed: int = 8) -> int:
     return lines
 
 
-def plain_iteration(path: Path) -> float:
-    best = float("inf")
+def plain_iteration(path: Path) -> tuple[float, float]:
+    """Best of 3: (wall seconds, CPU seconds) of ``for line in open(path)``."""
+    best, best_cpu = float("inf"), float("inf")
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with open(path, encoding="utf-8", errors="replace") as fh:
             for _line in fh:
                 pass
         best = min(best, time.perf_counter() - t0)
-    return best
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    return best, best_cpu
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--keep", type=Path, default=None, help="write the log here and keep it")
+    ap.add_argument("--log", type=Path, default=None, help="measure this existing log (made by --keep)")
+    ap.add_argument("--ids", action="store_true", help="request lines with prompt_token_ids lists")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="kvdoctor-bench-")
-    path = args.keep or Path(tmp.name) / "vllm.log"
-    t0 = time.perf_counter()
-    n = make_log(path, args.mb)
-    print(f"log: {path.stat().st_size / 1e6:.0f} MB, {n:,} lines (made in {time.perf_counter() - t0:.1f} s)")
+    if args.log is not None:
+        path = args.log
+        n = sum(1 for _ in open(path, "rb"))
+        print(f"log: {path.stat().st_size / 1e6:.0f} MB, {n:,} lines (given)")
+    else:
+        path = args.keep or Path(tmp.name) / "vllm.log"
+        t0 = time.perf_counter()
+        n = make_log(path, args.mb, ids=args.ids)
+        print(
+            f"log: {path.stat().st_size / 1e6:.0f} MB, {n:,} lines (made in {time.perf_counter() - t0:.1f} s)"
+        )
 
-    base = plain_iteration(path)
-    print(f"plain line iteration:         {base:7.2f} s   (baseline)")
+    base, base_cpu = plain_iteration(path)
+    print(f"plain line iteration:         {base:7.2f} s   (baseline; CPU {base_cpu:.2f} s)")
 
     sys.path.insert(0, str(ROOT))
     from kvdoctor.sources.vllm_log import parse_log_file
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     log = parse_log_file(path, progress=False)
-    parse_s = time.perf_counter() - t0
+    parse_s, parse_cpu = time.perf_counter() - t0, time.process_time() - c0
     print(
-        f"parse_log_file:               {parse_s:7.2f} s   {parse_s / base:5.1f}x   ({len(log.events):,} events kept)"
+        f"parse_log_file:               {parse_s:7.2f} s   {parse_s / base:5.1f}x   "
+        f"(CPU {parse_cpu:.2f} s, {parse_cpu / base_cpu:.1f}x; {len(log.events):,} events kept)"
     )
     del log
 
     kvdoctor = [sys.executable, "-c", "from kvdoctor.cli import main; main()"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(
         [*kvdoctor, "diagnose", "--log", str(path), "--format", "json"],
@@ -127,12 +152,18 @@ def main() -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     wall = time.perf_counter() - t0
-    rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    rss = max(rss_kib, before) / 1024
-    print(f"kvdoctor diagnose --log FILE: {wall:7.2f} s   {wall / base:5.1f}x   exit {r.returncode}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    rss = max(after.ru_maxrss, before.ru_maxrss) / 1024
+    print(
+        f"kvdoctor diagnose --log FILE: {wall:7.2f} s   {wall / base:5.1f}x   "
+        f"(CPU {cpu:.2f} s, {cpu / base_cpu:.1f}x)   exit {r.returncode}"
+    )
     print(f"peak RSS of diagnose:         {rss:7.0f} MB  (budget 200 MB)")
     print(
-        f"budget: diagnose <= 10x baseline: {'met' if wall <= 10 * base else 'NOT met'}; RSS <= 200 MB: {'met' if rss <= 200 else 'NOT met'}"
+        f"budget: diagnose <= 10x baseline: {'met' if wall <= 10 * base else 'NOT met'} "
+        f"(CPU: {'met' if cpu <= 10 * base_cpu else 'NOT met'}); "
+        f"RSS <= 200 MB: {'met' if rss <= 200 else 'NOT met'}"
     )
     if r.returncode not in (0, 1, 2, 3) or r.stderr.strip():
         print("diagnose stderr:", r.stderr.decode(errors="replace").strip().splitlines()[-1:])

@@ -13,10 +13,9 @@ from typing import Any
 import click
 
 from kvdoctor.cli import silence_stdout
-from kvdoctor.commands.common import config_option, load_pipeline, open_feed_or_fail
+from kvdoctor.commands.common import config_option, load_pipeline, open_feed_or_fail, rules_dir_option
 from kvdoctor.commands.common import fail as _fail
 from kvdoctor.inputs import DEMO_CASE, demo_bundle_dir, input_options
-from kvdoctor.rules_cli import rules_dir_option
 
 __all__ = ["DEMO_CASE", "demo_bundle_dir", "diagnose_command"]
 

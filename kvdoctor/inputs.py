@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +30,8 @@ class InputError(Exception):
 
 def demo_bundle_dir() -> Path:
     """Directory of the bundled demo incident shipped inside the package."""
+    from importlib import resources  # the demo only: not imported to start
+
     return Path(str(resources.files("kvdoctor") / "data" / "demo" / DEMO_CASE))
 
 

@@ -6,22 +6,21 @@ The report only lays out what the sources read and the rules found; it computes 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shlex
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
-
-from rich.console import Console, Group, RenderableType
-from rich.padding import Padding
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from kvdoctor.facts import Engine, Snapshot, SourceStatus
 from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, causal_order, depth_of, worst_health
 from kvdoctor.redact import redact_text
+
+if TYPE_CHECKING:  # rich is imported by the text renderer only: JSON/markdown start without it
+    from rich.console import Console
+    from rich.panel import Panel
 
 SCHEMA = "kvdoctor.report/1"
 
@@ -313,6 +312,11 @@ def render_markdown(report: Report) -> str:
 
 
 def _finding_panel(f: Finding) -> Panel:
+    from rich.console import Group, RenderableType
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     parts: list[RenderableType] = []
     if f.caused_by:
         parts.append(
@@ -369,22 +373,32 @@ def make_console(stream: Any = None) -> Console:
     out = stream or sys.stdout
     tty = hasattr(out, "isatty") and out.isatty()
     width = None if tty else int(os.environ.get("COLUMNS", "120"))
-    return _PipeAwareConsole(file=out, width=width, highlight=False)
+    return _pipe_aware_console()(file=out, width=width, highlight=False)
 
 
-class _PipeAwareConsole(Console):
-    """rich's Console exits 1 on a broken pipe (``| head``); kvdoctor's exit code is the
-    diagnosis's, so the error goes back to the face, which keeps its own code."""
+@functools.lru_cache(maxsize=1)
+def _pipe_aware_console() -> type[Console]:
+    """rich's Console, subclassed on first use (rich is imported only by the text renderer)."""
+    from rich.console import Console
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
+    class _PipeAwareConsole(Console):
+        """rich's Console exits 1 on a broken pipe (``| head``); kvdoctor's exit code is the
+        diagnosis's, so the error goes back to the face, which keeps its own code."""
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _PipeAwareConsole
 
 
 def render_text(report: Report, console: Console) -> None:
     """Print the report with rich: a header (health; one line per source: read, missing or
     why it failed), one panel per finding worst first with the fix first, then a line of
     skipped rules. Colour follows the console (none when not a TTY or with NO_COLOR)."""
+    from rich.padding import Padding
+    from rich.text import Text
+
     counts: dict[str, int] = {}
     for f in report.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,36 +21,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kvdoctor.commands.common import ENV_RULES_DIR, resolve_rules_dirs, rules_dir_option  # noqa: F401 - re-exported
 from kvdoctor.findings import FAMILIES
 from kvdoctor.rules_engine import Rule, RuleFileError, load_rules
 
-ENV_RULES_DIR = "KVDOCTOR_RULES_DIR"
 EXIT_INVALID = 3
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def rules_dir_option(fn: F) -> F:
-    """Click decorator adding the hidden, repeatable ``--rules-dir DIR`` option (``rules_dirs``)."""
-    return click.option(
-        "--rules-dir",
-        "rules_dirs",
-        multiple=True,
-        hidden=True,
-        type=click.Path(path_type=Path, file_okay=False),
-        help="Read rules from DIR instead of the shipped catalogue (repeatable).",
-    )(fn)
-
-
-def resolve_rules_dirs(rules_dirs: tuple[Path, ...] | list[Path] | None) -> list[Path] | None:
-    """The directories to load: ``--rules-dir`` values, else ``$KVDOCTOR_RULES_DIR`` entries,
-    else None (the shipped catalogue)."""
-    if rules_dirs:
-        return list(rules_dirs)
-    env = os.environ.get(ENV_RULES_DIR)
-    if env:
-        return [Path(p) for p in env.split(os.pathsep) if p]
-    return None
 
 
 def variable_catalogue() -> set[str] | None:

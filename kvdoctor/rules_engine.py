@@ -44,22 +44,30 @@ long-running face (sidecar, watch) fires the rule, and must be false before it c
 from __future__ import annotations
 
 import ast
-import difflib
+import builtins
+import functools
+import io
 import keyword
 import math
+import os
+import pickle
 import re
+import stat
+import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
 from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes
 
 from kvdoctor.findings import FAMILIES, SEVERITIES, SEVERITY_ORDER, Evidence, Finding, Skipped, sort_findings
 from kvdoctor.fix_validity import valid_fix
 from kvdoctor.units import GiB, MiB, ceil_to, floor_to, fmt_bytes, gib
+
+if TYPE_CHECKING:  # PyYAML is imported when a rule or config file is parsed, not to start
+    import yaml
 
 # --------------------------------------------------------------------------- functions
 
@@ -168,15 +176,16 @@ class _DuplicateKey(Exception):
         self.key = key
 
 
-# libyaml's parser when present: the pure-Python scanner takes ~5 ms per rule file.
-_BaseSafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _close_matches(word: str, candidates: Any, n: int = 1) -> list[str]:
+    """difflib's close matches (imported for an error message only)."""
+    import difflib
 
-
-class _LineLoader(_BaseSafeLoader):  # type: ignore[misc]
-    """SafeLoader whose mappings/sequences carry line numbers and reject duplicate keys."""
+    return difflib.get_close_matches(word, candidates, n=n)
 
 
 def _value_line(node: yaml.Node) -> int:
+    import yaml
+
     line = node.start_mark.line + 1
     # A block scalar ("|", ">") starts at its indicator; its text begins on the next line.
     if isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
@@ -211,8 +220,21 @@ def _construct_seq(loader: yaml.SafeLoader, node: yaml.SequenceNode) -> _LineLis
     return out
 
 
-_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)  # type: ignore[arg-type]
-_LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)  # type: ignore[arg-type]
+@functools.lru_cache(maxsize=1)
+def _line_loader() -> Any:
+    """SafeLoader (libyaml's CSafeLoader when present: the pure-Python scanner takes ~5 ms per
+    rule file) whose mappings/sequences carry line numbers and reject duplicate keys. Built on
+    first use: PyYAML is not imported while the rules come from the cache."""
+    import yaml
+
+    base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class _LineLoader(base):  # type: ignore[misc, valid-type]
+        pass
+
+    _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+    _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+    return _LineLoader
 
 
 def load_yaml_with_lines(path: str | Path, display: str | None = None) -> Any:
@@ -235,8 +257,10 @@ def load_yaml_with_lines(path: str | Path, display: str | None = None) -> Any:
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise RuleFileError(shown, line, "not UTF-8 text") from None
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_line_loader())  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as err:
         raise RuleFileError(shown, err.line, f"duplicate key {err.key!r}") from None
     except yaml.MarkedYAMLError as err:
@@ -534,7 +558,7 @@ def value_line(d: Any, key: Any) -> int | None:
 def _check_keys(d: Any, allowed: set[str], required: Iterable[str], path: str, what: str) -> None:
     for key in d:
         if key not in allowed:
-            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = _close_matches(str(key), sorted(allowed), n=1)
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
             raise RuleFileError(path, key_line(d, key), f"unknown key {key!r} in {what}{extra}")
     for key in required:
@@ -796,7 +820,7 @@ def check_names(rule: Rule, known_names: set[str]) -> None:
 def _check_expr_names(rule: Rule, expr: Expr, allowed: set[str], let_names: list[str]) -> None:
     for call in sorted(expr.calls):
         if call not in FUNCTIONS:
-            hint = difflib.get_close_matches(call, list(FUNCTIONS), n=1)
+            hint = _close_matches(call, list(FUNCTIONS), n=1)
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
             raise RuleFileError(rule.path, expr.line, f"unknown function '{call}' in {expr.where}{extra}")
     for name in sorted(expr.names):
@@ -805,7 +829,7 @@ def _check_expr_names(rule: Rule, expr: Expr, allowed: set[str], let_names: list
         if name in let_names:
             reason = f"let '{name}' is used in {expr.where} before it is defined"
         else:
-            hint = difflib.get_close_matches(name, sorted(allowed - set(FUNCTIONS)), n=1)
+            hint = _close_matches(name, sorted(allowed - set(FUNCTIONS)), n=1)
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
             reason = f"unknown name '{name}' in {expr.where}{extra}"
         raise RuleFileError(rule.path, expr.line, reason)
@@ -835,12 +859,11 @@ def load_rule_file(path: str | Path, known_names: set[str] | None = None) -> Rul
 def default_rules_dir() -> Path:
     """The shipped rule catalogue: ``kvdoctor/rules`` inside an installed wheel, else the
     repository's top-level ``rules/`` (editable/dev installs). May not exist or be empty."""
-    try:
-        packaged = Path(str(resources.files("kvdoctor") / "rules"))
-        if packaged.is_dir() and any(packaged.glob("*.yaml")):
-            return packaged
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover - zip imports
-        pass
+    # the package's own directory, as importlib.resources.files("kvdoctor") names it for a
+    # package on disk (importing importlib.resources costs a cold start ~10 ms)
+    packaged = Path(__file__).resolve().parent / "rules"
+    if packaged.is_dir() and any(packaged.glob("*.yaml")):
+        return packaged
     return Path(__file__).resolve().parents[1] / "rules"
 
 
@@ -850,7 +873,9 @@ def load_rules(dirs: Iterable[str | Path] | None = None, known_names: set[str] |
     A missing default directory gives zero rules; a missing explicit directory, an invalid file
     or an id defined twice raises :class:`RuleFileError` (file:line: reason). Rules are parsed
     and compiled once per process: a cache keyed on the rule files (path, size, mtime) and the
-    known names returns the same (immutable) rules while no file changed.
+    known names returns the same (immutable) rules while no file changed. Across processes the
+    compiled rules are kept in a user cache file under the same key (:func:`_disk_cache_get`),
+    so a command's cold start reads neither YAML nor expression source.
     """
     explicit = dirs is not None
     paths = [Path(d) for d in dirs] if dirs is not None else [default_rules_dir()]
@@ -858,7 +883,13 @@ def load_rules(dirs: Iterable[str | Path] | None = None, known_names: set[str] |
     cached = _RULES_CACHE.get(key) if key is not None else None
     if cached is not None:
         return list(cached)
-    result = _load_rules_uncached(paths, explicit, known_names)
+    from_disk = _disk_cache_get(key) if key is not None else None
+    if from_disk is not None:
+        result = list(from_disk)
+    else:
+        result = _load_rules_uncached(paths, explicit, known_names)
+        if key is not None:
+            _disk_cache_put(key, tuple(result))
     if key is not None:
         if len(_RULES_CACHE) > 16:
             _RULES_CACHE.clear()
@@ -870,8 +901,8 @@ _RULES_CACHE: dict[Any, tuple[Rule, ...]] = {}
 
 
 def _rules_key(paths: list[Path], explicit: bool, known_names: set[str] | None) -> Any:
-    """(dirs, every rule file's path/size/mtime, known names), or None when a file cannot be
-    stat'ed (then nothing is cached)."""
+    """(dirs, every rule file's path/size/mtime, known names, the functions rules may call),
+    or None when a file cannot be stat'ed (then nothing is cached)."""
     files: list[tuple[str, int, int]] = []
     try:
         for d in paths:
@@ -884,7 +915,175 @@ def _rules_key(paths: list[Path], explicit: bool, known_names: set[str] | None) 
     except OSError:
         return None
     names = frozenset(known_names) if known_names is not None else None
-    return (explicit, tuple(str(p) for p in paths), tuple(files), names)
+    # registered functions decide which calls validate (check_names)
+    return (explicit, tuple(str(p) for p in paths), tuple(files), names, frozenset(FUNCTIONS))
+
+
+# --------------------------------------------------------------------------- the disk cache
+
+#: Set to a directory to keep the compiled-rules cache there, or to "" to keep none.
+ENV_CACHE_DIR = "KVDOCTOR_CACHE_DIR"
+#: bump when what a cache file holds changes shape
+_CACHE_FORMAT = 1
+_CACHE_MAX_BYTES = 16 * 1024 * 1024
+_CACHE_MAX_FILES = 32
+
+
+def _cache_dir() -> Path | None:
+    """``$KVDOCTOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvdoctor``, else ``~/.cache/kvdoctor``;
+    None when caching is off (the variable set to "") or there is no home."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env is not None:
+        return Path(env) if env else None
+    base = os.environ.get("XDG_CACHE_HOME")
+    if base:
+        return Path(base) / "kvdoctor"
+    try:
+        return Path.home() / ".cache" / "kvdoctor"
+    except (RuntimeError, KeyError, OSError):
+        return None
+
+
+def _code_fingerprint() -> tuple[Any, ...]:
+    """What else decides the compiled form: the cache format, Python's version (the pickled
+    ``ast`` nodes), kvdoctor's version and the files of the code that parses and validates
+    rules (this module, ``findings``: families and severities)."""
+    from kvdoctor import __version__, findings
+
+    files: list[tuple[Any, ...]] = []
+    for f in (__file__, findings.__file__ or ""):
+        try:
+            st = os.stat(f)
+            files.append((f, st.st_size, st.st_mtime_ns))
+        except OSError:
+            files.append((f,))
+    return (_CACHE_FORMAT, sys.version_info[:3], __version__, tuple(files))
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every set as a sorted tuple: a set's repr follows string hashing, which
+    differs per process (PYTHONHASHSEED), and the cache key must not."""
+    if isinstance(value, (set, frozenset)):
+        return ("<set>", *sorted((_canonical(v) for v in value), key=repr))
+    if isinstance(value, tuple):
+        return tuple(_canonical(v) for v in value)
+    return value
+
+
+def _cache_file(key: Any) -> tuple[Path, str] | None:
+    d = _cache_dir()
+    if d is None:
+        return None
+    full = repr(_canonical((_code_fingerprint(), key)))
+    # a name, not a check (the file holds the full key, compared on read): crc32 is enough
+    # and costs no hashlib import
+    raw = full.encode("utf-8", "replace")
+    return d / f"rules-{zlib.crc32(raw):08x}{len(raw):06x}.pickle", full
+
+
+def _private_dir(d: Path, create: bool) -> bool:
+    """True when ``d`` is a directory of this user that nobody else can write (made 0700 when
+    ``create``); a cache anyone else could write is never read."""
+    try:
+        if create:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(d)
+    except OSError:
+        return False
+    owner_ok = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+    return stat.S_ISDIR(st.st_mode) and owner_ok and not st.st_mode & 0o022
+
+
+class _RulesUnpickler(pickle.Unpickler):
+    """Unpickles compiled rules only: the rule dataclasses, the ``ast`` node types a rule
+    expression may hold and plain builtin containers. Any other global (a callable an altered
+    file names, an ``ast.Attribute``) is refused, so the file is no cache."""
+
+    _OWN = frozenset({"Rule", "Expr", "Template", "EvidenceSpec", "_LineDict", "_LineList"})
+    _BUILTINS = frozenset({"frozenset", "set", "dict", "list", "tuple", "complex", "bytes", "slice"})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name in self._OWN:
+            return globals()[name]
+        if module in ("ast", "_ast"):
+            # only the syntax compile_expr lets a rule file have: no attribute access, lambda,
+            # walrus, …, no operator simpleeval lacks (an altered cache gets no further)
+            node = getattr(ast, name, None)
+            if (
+                isinstance(node, type)
+                and issubclass(node, ast.AST)
+                and node not in _FORBIDDEN_NODES
+                and (not issubclass(node, _OPERATOR_BASES) or node in DEFAULT_OPERATORS)
+            ):
+                return node
+        if module == "builtins" and name in self._BUILTINS:
+            return getattr(builtins, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a rules cache")
+
+
+def _disk_cache_get(key: Any) -> tuple[Rule, ...] | None:
+    """The compiled rules a previous process stored under ``key``, or None: no file, another
+    key (a hash collision or another kvdoctor), a file not this user's own or writable by
+    others, too large, or not a valid cache (all silently ignored: the rules are then parsed)."""
+    where = _cache_file(key)
+    if where is None:
+        return None
+    path, full = where
+    if not _private_dir(path.parent, create=False):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o022 or st.st_size > _CACHE_MAX_BYTES:
+                return None
+            if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+                return None
+            data = fh.read(_CACHE_MAX_BYTES + 1)
+        stored_key, rules = _RulesUnpickler(io.BytesIO(data)).load()
+    except Exception:  # a truncated, corrupt or foreign file is no cache
+        return None
+    if stored_key != full or not isinstance(rules, tuple) or not all(isinstance(r, Rule) for r in rules):
+        return None
+    return rules
+
+
+def _disk_cache_put(key: Any, rules: tuple[Rule, ...]) -> None:
+    """Store ``rules`` under ``key`` (atomically: a temporary file renamed into place, mode
+    0600), keeping at most :data:`_CACHE_MAX_FILES` files. Never raises: an unwritable cache
+    only means the next process parses the rules again."""
+    where = _cache_file(key)
+    if where is None:
+        return
+    path, full = where
+    if not _private_dir(path.parent, create=True):
+        return
+    import tempfile
+
+    tmp = None
+    try:
+        data = pickle.dumps((full, rules), protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > _CACHE_MAX_BYTES:
+            return
+        fd, tmp = tempfile.mkstemp(prefix=".rules-", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+        tmp = None
+        old = sorted(path.parent.glob("rules-*.pickle"), key=lambda p: p.stat().st_mtime_ns)
+        for stale in old[: max(0, len(old) - _CACHE_MAX_FILES)]:
+            stale.unlink(missing_ok=True)
+    except Exception:  # pickling, disk full, a race with another process: no cache this time
+        pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _load_rules_uncached(paths: list[Path], explicit: bool, known_names: set[str] | None) -> list[Rule]:
@@ -914,7 +1113,7 @@ def check_explains(rules: Iterable[Rule]) -> None:
     for r in by_id.values():
         for target in r.explains:
             if target not in by_id:
-                hint = difflib.get_close_matches(target, sorted(by_id), n=1)
+                hint = _close_matches(target, sorted(by_id), n=1)
                 extra = f" (did you mean '{hint[0]}'?)" if hint else ""
                 raise RuleFileError(r.path, r.explains_line, f"explains unknown rule '{target}'{extra}")
     # A cycle would leave every finding in it a consequence of another: no root to read first.

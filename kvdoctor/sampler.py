@@ -25,8 +25,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,6 +40,8 @@ from kvdoctor.facts import (
 )
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from kvdoctor.pipeline import Pipeline
     from kvdoctor.report import Report
 
@@ -330,6 +330,8 @@ class Sampler:
         self.opts = opts
         self._rng = rng or random.Random()
         self._clock = clock
+        from concurrent.futures import ThreadPoolExecutor  # live sampling only: not to start
+
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kvdoctor-source")
         self._states: dict[str, _State] = {}
         self._fixed_urls = list(opts.metrics_urls)
@@ -402,6 +404,8 @@ class Sampler:
         if fut is None or key in statuses:
             return
         remaining = st.started + st.source.timeout_s - self._clock()
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         try:
             reading, duration = fut.result(timeout=max(0.0, remaining))
         except FutureTimeout:

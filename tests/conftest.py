@@ -81,3 +81,21 @@ def fake_metrics_server() -> Iterator[FakeMetricsServer]:
         yield srv
     finally:
         srv.close()
+
+
+# --------------------------------------------------------------------------- compiled-rules disk cache (s2-perf)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_rules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The test run keeps its compiled-rules cache (kvdoctor.rules_engine) in a temporary
+    directory, never in the user's ~/.cache; CLI subprocesses inherit it through the env."""
+    import os
+
+    old = os.environ.get("KVDOCTOR_CACHE_DIR")
+    os.environ["KVDOCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvdoctor-cache"))
+    yield
+    if old is None:
+        os.environ.pop("KVDOCTOR_CACHE_DIR", None)
+    else:
+        os.environ["KVDOCTOR_CACHE_DIR"] = old

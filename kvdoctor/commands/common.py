@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -12,6 +13,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: spec/report.md: nothing could be read, or the command line / a rule file / the config is invalid.
 EXIT_UNKNOWN = 3
+#: ``os.pathsep``-separated rule directories read instead of the shipped catalogue.
+ENV_RULES_DIR = "KVDOCTOR_RULES_DIR"
 
 
 def fail(message: str) -> NoReturn:
@@ -32,11 +35,36 @@ def config_option(fn: F) -> F:
     )(fn)
 
 
+def rules_dir_option(fn: F) -> F:
+    """Click decorator adding the hidden, repeatable ``--rules-dir DIR`` option (``rules_dirs``).
+
+    Here, not in ``kvdoctor.rules_cli``, so that ``diagnose`` does not import the rule
+    catalogue's Rich tables to start (cold start, issue 8)."""
+    return click.option(
+        "--rules-dir",
+        "rules_dirs",
+        multiple=True,
+        hidden=True,
+        type=click.Path(path_type=Path, file_okay=False),
+        help="Read rules from DIR instead of the shipped catalogue (repeatable).",
+    )(fn)
+
+
+def resolve_rules_dirs(rules_dirs: tuple[Path, ...] | list[Path] | None) -> list[Path] | None:
+    """The directories to load: ``--rules-dir`` values, else ``$KVDOCTOR_RULES_DIR`` entries,
+    else None (the shipped catalogue)."""
+    if rules_dirs:
+        return list(rules_dirs)
+    env = os.environ.get(ENV_RULES_DIR)
+    if env:
+        return [Path(p) for p in env.split(os.pathsep) if p]
+    return None
+
+
 def load_pipeline(rules_dirs: Any, config_path: Path | None) -> Any:
     """The :class:`~kvdoctor.pipeline.Pipeline` of the shipped (or ``--rules-dir``) rules and the
     user config; an invalid rule file or config is one line on stderr and exit 3."""
     from kvdoctor.pipeline import Pipeline, PipelineError
-    from kvdoctor.rules_cli import resolve_rules_dirs
 
     try:
         return Pipeline.load(resolve_rules_dirs(rules_dirs), config_path)

@@ -14,7 +14,6 @@ import json
 import re
 import signal
 import stat
-import tarfile
 import tempfile
 import threading
 import zlib
@@ -526,6 +525,8 @@ def _extract_tar(path: Path, dest: Path) -> tuple[Path, list[tuple[str, str]]]:
     seen: set[str] = set()
     total = 0
     count = 0
+    import tarfile  # only for an archive bundle: not imported to start
+
     try:
         with tarfile.open(path, "r:*") as tar:
             while True:

@@ -32,8 +32,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kvdoctor.facts import EngineConfig, SourceError
 from kvdoctor.redact import redact_argv, redact_env
 from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, MAX_ENGINES, MAX_TEXT_BYTES, guarded, read_bytes
@@ -331,6 +329,8 @@ def _load_config_file(
         if base_dir is None:
             return {}, f"{path_text}: relative path and no base directory to resolve it"
         path = base_dir / path
+    import yaml  # only for a --config file: not imported to start
+
     try:
         raw = read_bytes(path, _MAX_CONFIG_BYTES)
         data = yaml.safe_load(raw.decode("utf-8"))

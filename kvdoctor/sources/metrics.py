@@ -28,13 +28,12 @@ import functools
 import math
 import os
 import re
+import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
 from kvdoctor.sources.limits import MAX_ENGINES, MAX_HTTP_BYTES, guarded, read_text
@@ -50,6 +49,41 @@ __all__ = [
     "probe_endpoints",
     "scrape",
 ]
+
+
+@functools.lru_cache(maxsize=1)
+def _text_parser() -> Callable[[str], Iterable[Any]]:
+    """prometheus_client's ``text_string_to_metric_families``, imported on first use.
+
+    The package's ``__init__`` imports the whole client — the HTTP exposition server, ssl,
+    wsgiref: most of a diagnose's cold start — while the parser needs three small modules of
+    it. So, when the package is not imported yet, ``prometheus_client.parser`` is loaded under
+    a stand-in package that is removed again with the modules loaded under it (a later
+    ``import prometheus_client`` loads the real package as usual). Any failure falls back to
+    the plain import."""
+    if "prometheus_client" not in sys.modules:
+        import importlib
+        import importlib.util
+        import types
+
+        before = set(sys.modules)
+        try:
+            spec = importlib.util.find_spec("prometheus_client")
+            if spec is not None and spec.submodule_search_locations:
+                stand_in = types.ModuleType("prometheus_client")
+                stand_in.__path__ = list(spec.submodule_search_locations)
+                sys.modules["prometheus_client"] = stand_in
+                return importlib.import_module("prometheus_client.parser").text_string_to_metric_families  # type: ignore[no-any-return]
+        except Exception:  # noqa: S110 - an unusual install: the plain import below
+            pass
+        finally:
+            for name in set(sys.modules) - before:
+                if name == "prometheus_client" or name.startswith("prometheus_client."):
+                    del sys.modules[name]
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return text_string_to_metric_families
+
 
 #: Histograms kvdoctor reads by default (vllm-facts.md §1.2): request lengths for the
 #: long-request and concurrency rules (spec/rules.md), iteration tokens for prefill bursts.
@@ -144,7 +178,7 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None
     bad_line, reason = None, ""
     if todo:
         try:
-            fams = list(text_string_to_metric_families("\n".join(todo)))
+            fams = list(_text_parser()("\n".join(todo)))
             if len(fams) != len(todo):
                 raise ValueError("line/sample mismatch")
             for ln, fam in zip(todo, fams, strict=True):
@@ -153,7 +187,7 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None
         except Exception:  # noqa: BLE001 - the library raises ValueError, IndexError, …
             for ln in todo:
                 try:
-                    fam = next(iter(text_string_to_metric_families(ln)))
+                    fam = next(iter(_text_parser()(ln)))
                     smp = fam.samples[0]
                     got[ln] = (smp.name, smp.labels, float(smp.value))
                 except Exception as exc:  # noqa: BLE001

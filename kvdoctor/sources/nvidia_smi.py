@@ -20,15 +20,18 @@ from __future__ import annotations
 import csv
 import re
 import textwrap
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdoctor.devices import normalize_bus_id
 from kvdoctor.facts import Gpu, GpuProcess, SourceError
 from kvdoctor.sources.limits import MAX_TEXT_BYTES, guarded, read_bytes
 from kvdoctor.units import MiB, parse_size
+
+if TYPE_CHECKING:
+    import xml.etree.ElementTree as ET
 
 __all__ = [
     "CLOCK_EVENT_REASON_BITS",
@@ -813,6 +816,8 @@ def parse_nvidia_smi_xml(text: str, origin: str = "") -> list[Gpu]:
     """
     what = "nvidia-smi -q -x XML"
     text = _check_text(text, origin, what)
+    import xml.etree.ElementTree as ET  # only for -q -x XML: not imported to start
+
     try:
         # ET (expat) ignores the DOCTYPE and never fetches external entities.
         root = ET.fromstring(text)

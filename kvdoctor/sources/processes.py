@@ -23,16 +23,37 @@ import re
 import shlex
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-import psutil
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvdoctor.facts import HostProcess, SourceError
 from kvdoctor.redact import redact_argv
 from kvdoctor.sources.limits import guarded
 
+if TYPE_CHECKING:
+    import psutil
+
 _T = TypeVar("_T")
-_PSUTIL_ERRORS = (psutil.Error, OSError)
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """psutil's errors and OSError (psutil is imported by the live functions only: a bundle's
+    ``ps.txt`` is read without it)."""
+    import psutil
+
+    return (psutil.Error, OSError)
+
+
+def __getattr__(name: str) -> Any:
+    # ``processes.psutil`` / ``processes._PSUTIL_ERRORS`` for callers and tests that patch them
+    if name == "psutil":
+        import psutil
+
+        return psutil
+    if name == "_PSUTIL_ERRORS":
+        return _errors()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Process objects kept between calls so cpu_percent() measures since the previous call.
 _SEEN: dict[tuple[int, float | None], psutil.Process] = {}
 
@@ -141,10 +162,12 @@ def _mark_spawn_children(procs: list[HostProcess]) -> None:
 
 def _listen_ports(proc: psutil.Process) -> list[int]:
     """TCP ports in LISTEN state (psutil ``net_connections(kind="tcp")``); [] when unreadable."""
+    import psutil
+
     try:
         getter = getattr(proc, "net_connections", None) or proc.connections
         conns = getter(kind="tcp")
-    except _PSUTIL_ERRORS:
+    except _errors():
         return []
     ports = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
     return sorted(ports)
@@ -154,7 +177,7 @@ def _safe(call: Callable[[], _T]) -> _T | None:
     """``call()``, or None when psutil says the process is gone or hidden."""
     try:
         return call()
-    except _PSUTIL_ERRORS:
+    except _errors():
         return None
 
 
@@ -199,11 +222,13 @@ def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> l
     Any psutil error for one process leaves that field None; a process that vanished mid-read
     is skipped. Never raises for psutil errors.
     """
+    import psutil
+
     wanted: list[tuple[psutil.Process, dict[str, Any], str | None]] = []
     for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time"], ad_value=None):
         try:
             info = dict(proc.info)
-        except _PSUTIL_ERRORS:
+        except _errors():
             continue
         cmdline = [str(a) for a in (info.get("cmdline") or [])]
         info["cmdline"] = cmdline
@@ -236,9 +261,11 @@ def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> l
 def process_table() -> set[int]:
     """Pids of every live process on the host (``psutil.pids()``): a GPU process whose pid is
     absent is dead (orphaned GPU memory). Returns an empty set if psutil cannot list them."""
+    import psutil
+
     try:
         return set(psutil.pids())
-    except _PSUTIL_ERRORS:
+    except _errors():
         return set()
 
 

@@ -110,6 +110,7 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import json
 import os
@@ -223,8 +224,9 @@ _TOKEN_NAME_RE = re.compile(r"token(?!s)")
 
 def _maybe_secret(text: str) -> bool:
     low = text.lower()
-    if any(n in low for n in _SECRET_NEEDLES):
-        return True
+    for n in _SECRET_NEEDLES:  # a loop, not any(genexpr): this runs on every event's text
+        if n in low:
+            return True
     return "token" in low and _TOKEN_NAME_RE.search(low) is not None
 
 
@@ -238,6 +240,7 @@ def redact(text: str) -> str:
     """
     if "prompt" in text:
         text = _redact_prompt(text)
+    if "prompt_token_ids" in text:  # the regex's own words: most lines never run it
         text = _PROMPT_IDS_RE.sub(
             lambda m: (
                 f"{m.group(1)}[<redacted {len([t for t in m.group(2).split(',') if t.strip()])} tokens>]"
@@ -463,148 +466,213 @@ def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- regexes
 
-_RE = {
-    "api_version": re.compile(r"vLLM API server version (\S+)"),
-    "server_version": re.compile(r"vLLM server version (\S+?),? serving model (\S+)"),
-    "logo_version": re.compile(r"^\s*[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
-    "init_engine": re.compile(
-        r"Initializing (a V1 LLM engine|an LLM engine)(?: \(v?([^)\s]+)\))? with config: (.*)$"
-    ),
-    "non_default": re.compile(r"non-default args: (\{.*\}?)\s*$"),
-    "namespace": re.compile(r"\bargs: Namespace\((.*)\)?\s*$"),
-    "chunked": re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
-    "max_len_used": re.compile(r"Using max model len (\d+)"),
-    "model_loading": re.compile(
-        r"Model loading took (-?\d+(?:\.\d+)?) ?(GiB|GB)(?: memory)? and (\d+(?:\.\d+)?) ?s(?:ec(?:ond)?s?)?"
-    ),
-    "v0_weights": re.compile(r"Loading model weights took (-?\d+(?:\.\d+)?) ?(GiB|GB)"),
-    "v0_prof_1": re.compile(r"^Memory profiling takes (\d+(?:\.\d+)?) seconds\.?\s*$"),
-    "v0_prof_2": re.compile(
-        r"total_gpu_memory \((\d+(?:\.\d+)?) ?GiB\) x gpu_memory_utilization \((\d+(?:\.\d+)?)\) = (-?\d+(?:\.\d+)?) ?GiB"
-    ),
-    "v0_prof_3": re.compile(
-        r"model weights take (-?\d+(?:\.\d+)?) ?GiB; non_torch_memory takes (-?\d+(?:\.\d+)?) ?GiB; "
-        r"PyTorch activation peak memory takes (-?\d+(?:\.\d+)?) ?GiB; "
-        r"the rest of the memory reserved for KV Cache is (-?\d+(?:\.\d+)?) ?GiB"
-    ),
-    "v06_prof": re.compile(r"(?i)memory profiling results:(.*)$"),
-    "v06_field": re.compile(r"(?<!\w)(\w{1,64})=(-?\d{1,20}(?:\.\d{1,20})?) ?(GiB|GB)?", re.I),
-    "v1_prof": re.compile(r"Memory profiling takes (\d+(?:\.\d+)?) seconds\. ?(.*)$"),
-    "v1_prof_field": re.compile(r"([A-Za-z][\w \-()]{0,100}?): (-?\d{1,20}(?:\.\d{1,20})?) ?GiB"),
-    "mem_request": re.compile(
-        r"Initial free memory: (-?\d+(?:\.\d+)?) ?GiB; Requested memory: (\d+(?:\.\d+)?) \(util\), (-?\d+(?:\.\d+)?) ?GiB"
-    ),
-    "avail_kv": re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"),
-    "kv_size": re.compile(r"(\w{1,16}) KV cache size: ([\d,]{1,40}) tokens"),
-    "max_conc": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
-    "blocks_override": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
-    "v0_blocks": re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
-    "capture_done": re.compile(
-        r"Graph capturing finished in (\d+(?:\.\d+)?) secs?(?:, took (-?\d+(?:\.\d+)?) ?GiB)?"
-    ),
-    "cg_estimate": re.compile(r"Estimated CUDA graph memory: (-?\d+(?:\.\d+)?) ?GiB"),
-    "cg_pool": re.compile(
-        r"CUDA graph pool memory: (-?\d+(?:\.\d+)?) ?GiB \(actual\), (-?\d+(?:\.\d+)?) ?GiB \(estimated\)"
-    ),
-    "cg_enabled": re.compile(
-        r"--gpu-memory-utilization=(\d+(?:\.\d+)?) is equivalent to --gpu-memory-utilization=(\d+(?:\.\d+)?) "
-        r"without CUDA graph memory profiling.*?increase --gpu-memory-utilization to (\d+(?:\.\d+)?)"
-    ),
-    "cg_disabled": re.compile(r"increasing --gpu-memory-utilization from (\d+(?:\.\d+)?) to (\d+(?:\.\d+)?)"),
-    "summary_head": re.compile(
-        r"Free memory on device (?:\S+ )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup\. "
-        r"Desired GPU memory utilization is \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
-    ),
-    "summary_consumed": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for consumed memory"),
-    "summary_weight": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for weights?\b"),
-    "summary_act": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
-    "summary_nontorch": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
-    "summary_cg": re.compile(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
-    "summary_kvmem": re.compile(r"--kv-cache-memory=(\d+)"),
-    "summary_inuse": re.compile(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
-    "kv_reserved": re.compile(
-        r"Initial free memory (-?\d+(?:\.\d+)?) ?GiB, reserved (-?\d+(?:\.\d+)?) ?GiB memory for KV Cache"
-    ),
-    "below_util": re.compile(
-        r"Free memory on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
-        r"desired GPU memory utilization \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
-    ),
-    "ext_device": re.compile(r"on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)"),
-    "ext_util": re.compile(r"\((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"),
-    "prof_assert": re.compile(
-        r"Error in memory profiling\. Initial free memory (-?\d+(?:\.\d+)?) ?(GiB)?, current free memory (-?\d+(?:\.\d+)?) ?(GiB)?"
-    ),
-    "max_seq_v1": re.compile(
-        r"To serve at least one request with the models?'s max seq len \((\d+)\), \((-?\d+(?:\.\d+)?) GiB KV cache "
-        r"is needed, which is larger than the available KV cache memory \((-?\d+(?:\.\d+)?) GiB\)\.\s*"
-        r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?"
-    ),
-    "max_seq_v0": re.compile(
-        r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
-        r"in KV cache \((-?\d+)\)"
-    ),
-    "autofit_reduced": re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)"),
-    "autofit_full": re.compile(r"Auto-fit max_model_len: full model context length (\d+) fits"),
-    "user_max_len": re.compile(
-        r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((?:(\w+)=)?(\w+)"
-    ),
-    "prompt_len": re.compile(
-        r"The (?:decoder|encoder) prompt \(length (\d+)\) (?:plus the number of requested output tokens "
-        r"\(at least \d+\) )?is longer than the maximum model length of (\d+)"
-    ),
-    "ctx_len": re.compile(
-        r"This model's maximum context length is (\d+) tokens\. However, (?:your prompt contains (?:at least )?"
-        r"(\d+) input tokens|you requested (\d+) tokens)"
-    ),
-    "input_too_long": re.compile(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
-    "oom_modern": re.compile(
-        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})\. GPU (\d+) has a total capac(?:i)?ty of ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) "
-        r"of which ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is free\."
-    ),
-    "oom_legacy": re.compile(
-        r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) \(GPU (\d+); ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) total capacity; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) already "
-        r"allocated; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) free; (?:((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed; )?((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) reserved in total by PyTorch"
-    ),
-    "oom_proc": re.compile(
-        r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
-    ),
-    "oom_self": re.compile(
-        r"Including non-PyTorch memory, this process has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
-    ),
-    "oom_allowed": re.compile(r"((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed;"),
-    "oom_alloc": re.compile(
-        r"Of the allocated memory ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is allocated by PyTorch, (?:with ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allocated in "
-        r"private pools \(e\.g\., CUDA Graphs\), )?and ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is reserved by PyTorch but unallocated"
-    ),
-    "oom_requested": re.compile(r"Requested size: ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})"),
-    "sampler_oom": re.compile(
-        r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
-    ),
-    "kv_dtype_pyd": re.compile(r"Invalid kv_cache_dtype: '([^']*)'\. Valid values are: (\[[^\]]*\])"),
-    "kv_dtype_arg": re.compile(
-        r"argument --kv-cache-dtype: invalid choice: '([^']*)' \(choose from (.*?)\)\s*$"
-    ),
-    "stats_engine": re.compile(r"^(?:Engine (\d+)|(\d+) Engines Aggregated):"),
-    "st_prompt": re.compile(r"Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s"),
-    "st_gen": re.compile(r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s"),
-    "st_running": re.compile(r"Running: (\d+) reqs"),
-    "st_waiting": re.compile(r"Waiting: (\d+) reqs"),
-    "st_swapped": re.compile(r"Swapped: (\d+) reqs"),
-    "st_pending": re.compile(r"Pending: (\d+) reqs"),
-    "st_deferred": re.compile(r"Deferred: (\d+) reqs"),
-    "st_preempt": re.compile(r"Preemptions: (\d+)"),
-    "st_kv": re.compile(r"([A-Z]{1,8}) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"),
-    "st_prefix": re.compile(r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"),
-    "preempted": re.compile(
-        r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
-        r"total_num_cumulative_preemption=(\d+)"
-    ),
-    "swap": re.compile(
-        r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
-    ),
-    "hybrid_bs": re.compile(r"Setting attention block size to (\d+) tokens"),
-    "mamba_pad": re.compile(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
-    "pad_layers": re.compile(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
+
+def _pattern(pattern: str, flags: int = 0) -> tuple[str, int]:
+    """A regex of :data:`_RE`, compiled when first used."""
+    return pattern, flags
+
+
+class _LazyPatterns(dict):  # type: ignore[type-arg]
+    """The matcher's regex table: name → compiled pattern, each compiled on first lookup (a
+    log uses a few dozen of them; compiling all ~75 costs a cold start ~40 ms). Iterating it
+    (``items``, ``values``, ``keys``, ``len``, ``in``) compiles it whole, so it reads as a
+    plain table of compiled patterns (the regex-hygiene test walks it)."""
+
+    def __init__(self, sources: dict[str, tuple[str, int]]) -> None:
+        super().__init__()
+        self._sources = sources
+
+    def __missing__(self, key: str) -> re.Pattern[str]:
+        pattern = self[key] = re.compile(*self._sources[key])
+        return pattern
+
+    def _all(self) -> None:
+        for key in self._sources:
+            if not dict.__contains__(self, key):
+                self[key]  # noqa: B018 - compiles it
+
+    def items(self):  # type: ignore[no-untyped-def, override]
+        self._all()
+        return super().items()
+
+    def values(self):  # type: ignore[no-untyped-def, override]
+        self._all()
+        return super().values()
+
+    def keys(self):  # type: ignore[no-untyped-def, override]
+        return self._sources.keys()
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sources
+
+
+_RE: _LazyPatterns = _LazyPatterns(
+    {
+        "api_version": _pattern(r"vLLM API server version (\S+)"),
+        "server_version": _pattern(r"vLLM server version (\S+?),? serving model (\S+)"),
+        "logo_version": _pattern(r"^\s*[\u2580-\u259f].*\bversion\s+(\S+)\s*$"),
+        "init_engine": _pattern(
+            r"Initializing (a V1 LLM engine|an LLM engine)(?: \(v?([^)\s]+)\))? with config: (.*)$"
+        ),
+        "non_default": _pattern(r"non-default args: (\{.*\}?)\s*$"),
+        "namespace": _pattern(r"\bargs: Namespace\((.*)\)?\s*$"),
+        "chunked": _pattern(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
+        "max_len_used": _pattern(r"Using max model len (\d+)"),
+        "model_loading": _pattern(
+            r"Model loading took (-?\d+(?:\.\d+)?) ?(GiB|GB)(?: memory)? and (\d+(?:\.\d+)?) ?s(?:ec(?:ond)?s?)?"
+        ),
+        "v0_weights": _pattern(r"Loading model weights took (-?\d+(?:\.\d+)?) ?(GiB|GB)"),
+        "v0_prof_1": _pattern(r"^Memory profiling takes (\d+(?:\.\d+)?) seconds\.?\s*$"),
+        "v0_prof_2": _pattern(
+            r"total_gpu_memory \((\d+(?:\.\d+)?) ?GiB\) x gpu_memory_utilization \((\d+(?:\.\d+)?)\) = (-?\d+(?:\.\d+)?) ?GiB"
+        ),
+        "v0_prof_3": _pattern(
+            r"model weights take (-?\d+(?:\.\d+)?) ?GiB; non_torch_memory takes (-?\d+(?:\.\d+)?) ?GiB; "
+            r"PyTorch activation peak memory takes (-?\d+(?:\.\d+)?) ?GiB; "
+            r"the rest of the memory reserved for KV Cache is (-?\d+(?:\.\d+)?) ?GiB"
+        ),
+        "v06_prof": _pattern(r"(?i)memory profiling results:(.*)$"),
+        "v06_field": _pattern(r"(?<!\w)(\w{1,64})=(-?\d{1,20}(?:\.\d{1,20})?) ?(GiB|GB)?", re.I),
+        "v1_prof": _pattern(r"Memory profiling takes (\d+(?:\.\d+)?) seconds\. ?(.*)$"),
+        "v1_prof_field": _pattern(r"([A-Za-z][\w \-()]{0,100}?): (-?\d{1,20}(?:\.\d{1,20})?) ?GiB"),
+        "mem_request": _pattern(
+            r"Initial free memory: (-?\d+(?:\.\d+)?) ?GiB; Requested memory: (\d+(?:\.\d+)?) \(util\), (-?\d+(?:\.\d+)?) ?GiB"
+        ),
+        "avail_kv": _pattern(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"),
+        "kv_size": _pattern(r"(\w{1,16}) KV cache size: ([\d,]{1,40}) tokens"),
+        "max_conc": _pattern(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x"),
+        "blocks_override": _pattern(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
+        "v0_blocks": _pattern(r"# (\w+) blocks: (\d+), # CPU blocks: (\d+)"),
+        "capture_done": _pattern(
+            r"Graph capturing finished in (\d+(?:\.\d+)?) secs?(?:, took (-?\d+(?:\.\d+)?) ?GiB)?"
+        ),
+        "cg_estimate": _pattern(r"Estimated CUDA graph memory: (-?\d+(?:\.\d+)?) ?GiB"),
+        "cg_pool": _pattern(
+            r"CUDA graph pool memory: (-?\d+(?:\.\d+)?) ?GiB \(actual\), (-?\d+(?:\.\d+)?) ?GiB \(estimated\)"
+        ),
+        "cg_enabled": _pattern(
+            r"--gpu-memory-utilization=(\d+(?:\.\d+)?) is equivalent to --gpu-memory-utilization=(\d+(?:\.\d+)?) "
+            r"without CUDA graph memory profiling.*?increase --gpu-memory-utilization to (\d+(?:\.\d+)?)"
+        ),
+        "cg_disabled": _pattern(
+            r"increasing --gpu-memory-utilization from (\d+(?:\.\d+)?) to (\d+(?:\.\d+)?)"
+        ),
+        "summary_head": _pattern(
+            r"Free memory on device (?:\S+ )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup\. "
+            r"Desired GPU memory utilization is \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
+        ),
+        "summary_consumed": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for consumed memory"),
+        "summary_weight": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for weights?\b"),
+        "summary_act": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
+        "summary_nontorch": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
+        "summary_cg": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
+        "summary_kvmem": _pattern(r"--kv-cache-memory=(\d+)"),
+        "summary_inuse": _pattern(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
+        "kv_reserved": _pattern(
+            r"Initial free memory (-?\d+(?:\.\d+)?) ?GiB, reserved (-?\d+(?:\.\d+)?) ?GiB memory for KV Cache"
+        ),
+        "below_util": _pattern(
+            r"Free memory on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
+            r"desired GPU memory utilization \((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"
+        ),
+        "ext_device": _pattern(r"on device (?:(\S+) )?\((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)"),
+        "ext_util": _pattern(r"\((\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?) GiB\)"),
+        "prof_assert": _pattern(
+            r"Error in memory profiling\. Initial free memory (-?\d+(?:\.\d+)?) ?(GiB)?, current free memory (-?\d+(?:\.\d+)?) ?(GiB)?"
+        ),
+        "max_seq_v1": _pattern(
+            r"To serve at least one request with the models?'s max seq len \((\d+)\), \((-?\d+(?:\.\d+)?) GiB KV cache "
+            r"is needed, which is larger than the available KV cache memory \((-?\d+(?:\.\d+)?) GiB\)\.\s*"
+            r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?"
+        ),
+        "max_seq_v0": _pattern(
+            r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+            r"in KV cache \((-?\d+)\)"
+        ),
+        "autofit_reduced": _pattern(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)"),
+        "autofit_full": _pattern(r"Auto-fit max_model_len: full model context length (\d+) fits"),
+        "user_max_len": _pattern(
+            r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((?:(\w+)=)?(\w+)"
+        ),
+        "prompt_len": _pattern(
+            r"The (?:decoder|encoder) prompt \(length (\d+)\) (?:plus the number of requested output tokens "
+            r"\(at least \d+\) )?is longer than the maximum model length of (\d+)"
+        ),
+        "ctx_len": _pattern(
+            r"This model's maximum context length is (\d+) tokens\. However, (?:your prompt contains (?:at least )?"
+            r"(\d+) input tokens|you requested (\d+) tokens)"
+        ),
+        "input_too_long": _pattern(r"Input prompt \((\d+) tokens\) is too long and exceeds limit of (\d+)"),
+        "oom_modern": _pattern(
+            r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})\. GPU (\d+) has a total capac(?:i)?ty of ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) "
+            r"of which ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is free\."
+        ),
+        "oom_legacy": _pattern(
+            r"Tried to allocate ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) \(GPU (\d+); ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) total capacity; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) already "
+            r"allocated; ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) free; (?:((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed; )?((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) reserved in total by PyTorch"
+        ),
+        "oom_proc": _pattern(
+            r"Process (\d+) has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
+        ),
+        "oom_self": _pattern(
+            r"Including non-PyTorch memory, this process has ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) memory in use"
+        ),
+        "oom_allowed": _pattern(r"((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allowed;"),
+        "oom_alloc": _pattern(
+            r"Of the allocated memory ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is allocated by PyTorch, (?:with ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) allocated in "
+            r"private pools \(e\.g\., CUDA Graphs\), )?and ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8}) is reserved by PyTorch but unallocated"
+        ),
+        "oom_requested": _pattern(r"Requested size: ((?<![\d.])\d{1,20}(?:\.\d{1,20})? ?[A-Za-z]{1,8})"),
+        "sampler_oom": _pattern(
+            r"CUDA out of memory occurred when warming up (?:sampler|pooler) with (\d+) dummy"
+        ),
+        "kv_dtype_pyd": _pattern(r"Invalid kv_cache_dtype: '([^']*)'\. Valid values are: (\[[^\]]*\])"),
+        "kv_dtype_arg": _pattern(
+            r"argument --kv-cache-dtype: invalid choice: '([^']*)' \(choose from (.*?)\)\s*$"
+        ),
+        "stats_engine": _pattern(r"^(?:Engine (\d+)|(\d+) Engines Aggregated):"),
+        "st_prompt": _pattern(r"Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s"),
+        "st_gen": _pattern(r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s"),
+        "st_running": _pattern(r"Running: (\d+) reqs"),
+        "st_waiting": _pattern(r"Waiting: (\d+) reqs"),
+        "st_swapped": _pattern(r"Swapped: (\d+) reqs"),
+        "st_pending": _pattern(r"Pending: (\d+) reqs"),
+        "st_deferred": _pattern(r"Deferred: (\d+) reqs"),
+        "st_preempt": _pattern(r"Preemptions: (\d+)"),
+        "st_kv": _pattern(r"([A-Z]{1,8}) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"),
+        "st_prefix": _pattern(
+            r"(?<!External )(?<!external )Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"
+        ),
+        "preempted": _pattern(
+            r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space.*?"
+            r"total_num_cumulative_preemption=(\d+)"
+        ),
+        "swap": _pattern(
+            r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
+        ),
+        "hybrid_bs": _pattern(r"Setting attention block size to (\d+) tokens"),
+        "mamba_pad": _pattern(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
+        "pad_layers": _pattern(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
+    }
+)
+
+#: the words each stats field's regex (``_RE["st_*"]``) starts with.
+_STATS_WORDS = {
+    "st_prompt": "Avg prompt throughput: ",
+    "st_gen": "Avg generation throughput: ",
+    "st_running": "Running: ",
+    "st_waiting": "Waiting: ",
+    "st_swapped": "Swapped: ",
+    "st_pending": "Pending: ",
+    "st_deferred": "Deferred: ",
+    "st_preempt": "Preemptions: ",
+    "st_prefix": "Prefix cache hit rate: ",
 }
 
 _ERROR_KINDS = frozenset(
@@ -654,15 +722,85 @@ _SERVING_NEEDLES = (
 #: carry no event (a prompt's text must never become one), so only the serving marker is read.
 _REQUEST_PREFIXES = ("Received request ", "Added request ", "Finished request ", "Aborted request ")
 _ACCESS_RE = re.compile(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
+# A plain INFO/DEBUG/WARNING request-log or access-log line (vllm-facts §3.1 header, then one of
+# the messages above), in pieces: the chunk scanner puts a file's own literal process prefixes
+# and file tags in front of the general pieces (_scan_re).
+_BULK_PROC = r"\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?"
+_BULK_TAG = r"\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]"
+_BULK_MSG = (
+    r'(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - ")'
+)
+_BULK_LEVEL_TIME = r"(?:DEBUG|INFO|WARNING|WARN) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+_BULK_BODY = rf"(?:{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?:{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
 #: A line that is NOT a plain INFO/DEBUG/WARNING request-log or access-log line, found after
 #: its newline: anything else goes through the full parser. One pass at C speed (the literal
 #: "\n" first), so a 200 MB log of request lines is read at a few times line iteration.
-_NOT_REQUEST_LINE_RE = re.compile(
-    r"\n(?!(?:\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?)?"
-    r"(?:(?:DEBUG|INFO|WARNING|WARN) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
-    r"(?:\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]) |(?:DEBUG|INFO|WARNING):\s+)"
-    r"(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - \"))"
+_NOT_REQUEST_LINE_RE = re.compile(rf"\n(?!{_BULK_BODY})")
+#: The same line from its start, the process prefix and the file tag captured (what the chunk
+#: scanner learns a file's literal prefixes from).
+_BULK_LINE_RE = re.compile(
+    rf"(?P<proc>{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?P<tag>{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
 )
+# The literal fast path's own pieces: each a subset of the general piece it stands before.
+_FAST_TIME = r"[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)? "
+_FAST_MSG = (
+    r'(?:Received request |Added request |Finished request |Aborted request |[0-9.]{7,15}:[0-9]{1,5} - ")'
+)
+_SCAN_MAX_PROCS = 8
+_SCAN_MAX_TAGS = 16
+_SCAN_SAMPLES = 16
+
+
+@functools.lru_cache(maxsize=32)
+def _scan_re(procs: tuple[str, ...], tags: tuple[str, ...]) -> re.Pattern[str]:
+    """:data:`_NOT_REQUEST_LINE_RE` with a fast path in front: a file's own process prefixes
+    (``procs``, "" for none) and file tags (``tags``) as literals, tried before the general
+    pieces. The fast alternatives are subsets of the general body, so the set of lines found is
+    exactly the general pattern's; only the time to reject a bulk line changes (literals and
+    ``[0-9]`` instead of ``\\w``/``\\d`` classes: a few times faster in ``re``)."""
+    if not procs:
+        return _NOT_REQUEST_LINE_RE
+    p = "|".join(re.escape(x) for x in procs)
+    fast = [f"(?:{p})INFO: +{_FAST_MSG}"]
+    if tags:
+        t = "|".join(re.escape(x) for x in tags)
+        fast.insert(0, f"(?:{p})(?:INFO|DEBUG|WARNING) {_FAST_TIME}(?:{t}) {_FAST_MSG}")
+    return re.compile(rf"\n(?!{'|'.join(fast)}|{_BULK_BODY})")
+
+
+class _BulkScan:
+    """The process prefixes and file tags of one file's bulk lines, learnt from a few sampled
+    lines per chunk (bounded: :data:`_SCAN_MAX_PROCS`, :data:`_SCAN_MAX_TAGS`), and the scan
+    regex built from them (:func:`_scan_re`)."""
+
+    __slots__ = ("procs", "tags")
+
+    def __init__(self) -> None:
+        self.procs: tuple[str, ...] = ()
+        self.tags: tuple[str, ...] = ()
+
+    def pattern(self, text: str, pos: int) -> re.Pattern[str]:
+        """The scan regex for ``text[pos:]`` after sampling :data:`_SCAN_SAMPLES` of its lines."""
+        end = len(text)
+        step = max(1, (end - pos) // _SCAN_SAMPLES)
+        match = _BULK_LINE_RE.match
+        for k in range(_SCAN_SAMPLES):
+            at = pos + k * step
+            if at > end:
+                break
+            start = max(pos, text.rfind("\n", 0, at) + 1)
+            m = match(text, start)
+            if m is None:
+                continue
+            proc = m.group("proc") or ""
+            if proc not in self.procs and len(self.procs) < _SCAN_MAX_PROCS:
+                self.procs += (proc,)
+            tag = m.group("tag")
+            if tag is not None and tag not in self.tags and len(self.tags) < _SCAN_MAX_TAGS:
+                self.tags += (tag,)
+        return _scan_re(self.procs, self.tags)
+
+
 # traceback frames of CUDA graph capture (V0 capture_model/graph_runner.capture, V1 _capture_cudagraphs)
 _CAPTURE_HINTS = (
     "profile_cudagraph_memory",  # ≥ 0.18: graph memory profiled in determine_available_memory
@@ -771,6 +909,24 @@ _MAX_BLOCKS = 64
 _MAX_PROCESS_KEYS = 4096
 
 
+_NO_PAREN_RE = re.compile(r"\n[^(]")
+
+
+def _next_closer(text: str, pos: int, stop: int, key: Any) -> int:
+    """The first line start in ``text[pos:stop]`` whose process key may be ``key`` (``(NAME,
+    pid)`` → the line starts with "(NAME pid="; None → it starts with no "("), else ``stop``."""
+    if key is None:
+        if pos < len(text) and text[pos] != "(":
+            return pos
+        m = _NO_PAREN_RE.search(text, pos, stop)
+        return m.start() + 1 if m else stop
+    needle = f"({key[0]} pid="
+    if text.startswith(needle, pos):
+        return pos
+    i = text.find("\n" + needle, pos, stop)
+    return i + 1 if i >= 0 else stop
+
+
 class _Parser:
     """Stateful line-by-line parser shared by :func:`parse_log` and :class:`LogFollower`.
 
@@ -799,6 +955,7 @@ class _Parser:
         self._block_seq = 0
         self._seen_errors: dict[tuple[Any, ...], list[tuple[Any, str | None, int, int]]] = {}
         self._new: list[LogEvent] = []
+        self._scan = _BulkScan()
         #: lines whose text made a matcher fail (skipped, no event)
         self.bad_lines = 0
 
@@ -845,13 +1002,14 @@ class _Parser:
         """Parse a chunk of whole lines ("\\n"-joined), the same as :meth:`feed` on each line,
         at C speed for the lines that cannot matter.
 
-        A line can matter when it holds a gate word (:data:`_GATE_WORDS`: a piece of every
-        message text :meth:`_match` looks for), is not a plain INFO/DEBUG/WARNING line (errors and
-        unprefixed lines make traceback blocks), or while state depends on every line (an open
-        traceback block; before the server serves; before the engine generation is known).
-        Those go through :meth:`feed`; the rest only count. Gate words and odd lines are found
-        with ``str.find`` and one regex over the whole chunk, so a 200 MB log of request lines
-        is read at a few times the speed Python iterates its lines.
+        Only a plain INFO/DEBUG/WARNING request-log or access-log line (:data:`_BULK_LINE_RE`)
+        can be skipped, and only while the server serves, no traceback block is open, and the
+        line holds none of "\\r", "\\x1b", "prompt_token_ids: [" (a prompt length is an event)
+        or, before the engine generation is known, "EngineCore": :meth:`feed` on such a line
+        changes nothing but the line count. Everything else goes through :meth:`feed`. Skipped
+        lines are found by ``str.find`` and one regex pass over the chunk with the file's own
+        prefixes as literals (:class:`_BulkScan`), so a 200 MB log of request lines is read at
+        a few times the speed Python iterates its lines.
         """
         end = len(text)
         pos = 0  # start of the next line not yet fed or counted
@@ -870,36 +1028,96 @@ class _Parser:
             return
         starts: set[int] = set()
         find, rfind = text.find, text.rfind
-        # "prompt_token_ids": a request line's prompt length is an event (its count, no text).
-        if not self._gen_strong:
-            words: tuple[str, ...] = ("\r", "\x1b", "EngineCore", "prompt_token_ids")
-        else:
-            words = ("\r", "\x1b", "prompt_token_ids")  # parse_line would see another message
-        for word in words:
+
+        def lines_with(word: str, into: set[int]) -> None:
             i = find(word, pos)
             while i >= 0:
-                starts.add(rfind("\n", 0, i) + 1)
+                into.add(rfind("\n", 0, i) + 1)
                 nl = find("\n", i)
                 i = find(word, nl) if nl >= 0 else -1
-        for m in _NOT_REQUEST_LINE_RE.finditer("\n" + text[pos:]):
-            starts.add(pos + m.start())
-        count = text.count
-        for start in sorted(starts):
+
+        for word in ("\r", "\x1b") if self._gen_strong else ("\r", "\x1b", "EngineCore"):
+            lines_with(word, starts)  # parse_line would see another message
+        # "prompt_token_ids: [": a request line's prompt length is an event (its count, no
+        # text); "prompt_token_ids: None" gives none, like every other request line.
+        requests: set[int] = set()
+        lines_with("prompt_token_ids: [", requests)
+        scan = self._scan.pattern(text, pos)
+        if pos:  # text[pos - 1] is the newline before the line at pos
+            starts.update(m.start() + 1 for m in scan.finditer(text, pos - 1))
+        else:
+            starts.update(m.start() for m in scan.finditer("\n" + text))
+        plain_requests = requests - starts  # plain request-log lines holding a token-id list
+        for start in sorted(starts | requests):
             if start < pos:
                 continue  # already fed while a block was open
-            while self._blocks and pos < start:  # an open block: the next lines may close it
-                line, pos = line_at(pos)
-                feed(line)
             if pos < start:
-                self.lineno += count("\n", pos, start)
+                self._skip(text, pos, start)
             line, pos = line_at(start)
-            feed(line)
-        while self._blocks and pos <= end:
-            line, pos = line_at(pos)
-            feed(line)
+            if start in plain_requests and self._serving and not self._blocks:
+                self._feed_request(line)
+            else:
+                feed(line)
         if pos <= end:
-            self.lineno += count("\n", pos, end) + 1
+            self._skip(text, pos, end + 1)
         self.log.line_count = self.lineno
+
+    def _feed_request(self, raw: str) -> None:
+        """:meth:`feed` for a plain INFO/DEBUG/WARNING request-log line (:data:`_BULK_LINE_RE`)
+        with a ``prompt_token_ids`` list, while serving with no block open: all that line can
+        do is give its ``request`` event (the list's length), so only that is done."""
+        self.lineno += 1
+        self.log.line_count = self.lineno
+        self._new = []
+        pl = parse_line(raw)
+        if pl.process and pl.process.startswith("EngineCore") and not self._gen_strong:
+            self.log.engine_generation = "v1"
+        msg = pl.message
+        if not msg.startswith(("Received request ", "Added request ")):
+            return
+        try:
+            n = request_prompt_tokens(msg)
+        except Exception:
+            self.bad_lines += 1  # as feed() counts a line its matcher failed on
+            return
+        if n is not None:
+            key = (pl.process, pl.pid) if pl.process else None
+            self._emit("request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt")
+
+    def _skip(self, text: str, pos: int, stop: int) -> None:
+        """Count the lines of ``text`` from ``pos`` to ``stop`` (a line start, or ``len(text) +
+        1`` for the rest), all plain request/access lines, feeding the few that can still change
+        state: every line while the server does not serve (after a restart), and a line that
+        may close an open traceback block (its process prefix, or none for a block of
+        unprefixed lines). Such lines open no block, so the open set only shrinks here."""
+        end = len(text)
+        nxt_of: dict[Any, int] = {}  # block key -> next line start that may close it
+        while pos < stop:
+            if not self._serving:
+                stop_at = text.find("\n", pos)
+                if stop_at < 0:
+                    stop_at = end
+                self.feed(text[pos:stop_at])
+                pos = stop_at + 1
+                continue
+            nxt = stop
+            for key in self._blocks:
+                at = nxt_of.get(key, -1)
+                if at < pos:
+                    at = nxt_of[key] = _next_closer(text, pos, stop, key)
+                nxt = min(nxt, at)
+            if nxt > pos:
+                if nxt > end:
+                    self.lineno += text.count("\n", pos, end) + 1
+                else:
+                    self.lineno += text.count("\n", pos, nxt)
+                pos = nxt
+                continue
+            stop_at = text.find("\n", pos)
+            if stop_at < 0:
+                stop_at = end
+            self.feed(text[pos:stop_at])
+            pos = stop_at + 1
 
     def finish(self) -> None:
         """Close open traceback blocks (final phase of pending cuda_oom events)."""
@@ -911,13 +1129,20 @@ class _Parser:
     # ------------------------------------------------------------------ helpers
 
     def _emit(
-        self, kind: str, pl: ParsedLine, key: Any, values: dict[str, Any], line: int | None = None
+        self,
+        kind: str,
+        pl: ParsedLine,
+        key: Any,
+        values: dict[str, Any],
+        line: int | None = None,
+        text: str | None = None,
     ) -> LogEvent | None:
         ev = LogEvent(
             kind=kind,
             line=line if line is not None else self.lineno,
             values=values,
-            text=redact(pl.message)[:4000],
+            # ``text``: the event's own wording, for lines whose text must not be kept at all
+            text=text if text is not None else redact(pl.message)[:4000],
             process=pl.process,
             pid=pl.pid,
             level=pl.level,
@@ -1048,9 +1273,9 @@ class _Parser:
                 if "prompt_token_ids" in msg and msg.startswith(("Received request ", "Added request ")):
                     n = request_prompt_tokens(msg)
                     if n is not None:
-                        ev = self._emit("request", pl, key, {"prompt_tokens": n})
-                        if ev is not None:
-                            ev.text = f"request with a {n}-token prompt"
+                        self._emit(
+                            "request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt"
+                        )
                 return
 
         # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
@@ -1073,10 +1298,13 @@ class _Parser:
         if "prompt_token_ids" in msg and ("Received request" in msg or "Added request" in msg):
             n = request_prompt_tokens(msg)
             if n is not None:
-                ev = self._emit("request", pl, key, {"prompt_tokens": n})
-                if ev is not None:
-                    ev.text = f"request with a {n}-token prompt"
+                self._emit("request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt")
                 return
+
+        # --- the periodic stats line in its usual form, before the chain below: its fixed
+        # words hold none of the chain's needles, so it would reach the stats branch anyway
+        if msg[:1] in ("E", "A") and self._match_stats_fast(pl, key, msg):
+            return
 
         # --- version / generation
         if "version" in msg:
@@ -1782,10 +2010,18 @@ class _Parser:
         ev.values["frames"] = log_catalogue2.frame_hints(block.text)
 
     def _match_stats(self, pl: ParsedLine, key: Any, msg: str) -> None:
+        if self._match_stats_fast(pl, key, msg):
+            return
         R = _RE
 
         def num(name: str, conv: Callable[[str], Any] = int) -> Any:
-            mm = R[name].search(msg)
+            # the field's own words first: an absent field costs a substring test, not a search
+            at = msg.find(_STATS_WORDS[name])
+            if at < 0:
+                return None
+            # from its words on (9 characters before for st_prefix's "External " lookbehind):
+            # no match starts earlier
+            mm = R[name].search(msg, max(0, at - 9))
             return conv(mm.group(1)) if mm else None
 
         engine: str | None = None
@@ -1797,7 +2033,10 @@ class _Parser:
             else:
                 engine = "aggregated"
                 num_engines = int(me.group(2))
-        kv = R["st_kv"].findall(msg)
+        # "[A-Z]{1,8} KV cache usage" has no literal start: search from 8 characters before
+        # its first " KV cache usage: " (no match can start earlier), none when it is absent
+        at = msg.find(" KV cache usage: ")
+        kv = R["st_kv"].findall(msg, max(0, at - 8)) if at >= 0 else []
         device = kv[0][0] if kv else None
         kv_usage = _frac(kv[0][1]) if kv else None
         cpu_kv = None
@@ -1830,6 +2069,53 @@ class _Parser:
                 "num_engines": num_engines,
             },
         )
+
+    def _match_stats_fast(self, pl: ParsedLine, key: Any, msg: str) -> bool:
+        """The periodic line of vLLM ≥ 0.12 (vllm-facts §3.4) in its exact usual form
+        (:data:`_STATS_FAST_RE`, every field once, in order): the same event as the field-by-
+        field path, from one match. Its text needs no redaction (fixed words and numbers)."""
+        m = _STATS_FAST_RE.fullmatch(msg)
+        if m is None:
+            return False
+        eng, prompt, gen, running, waiting, device, kv, prefix, pre = m.groups()
+        # conversions in the field-by-field path's order: an error leaves the same state
+        engine = str(int(eng)) if eng is not None else None
+        kv_usage = _frac(kv)
+        if eng is not None and not self._gen_strong:
+            self.log.engine_generation = "v1"
+        self._emit(
+            "stats",
+            pl,
+            key,
+            {
+                "engine": engine,
+                "prompt_throughput": float(prompt),
+                "generation_throughput": float(gen),
+                "running": int(running),
+                "waiting": int(waiting),
+                "swapped": None,
+                "pending": None,
+                "deferred": None,
+                "preemptions": int(pre) if pre is not None else None,
+                "kv_usage": kv_usage,
+                "cpu_kv_usage": None,
+                "prefix_cache_hit_rate": _frac(prefix) if prefix is not None else None,
+                "device": device,
+                "num_engines": None,
+            },
+            text=msg[:4000],
+        )
+        return True
+
+
+#: The usual ≥ 0.12 periodic line, whole: each group is the pattern of its field regex
+#: (``_RE["st_*"]``); the device only GPU or CPU (so the text holds nothing to redact).
+_STATS_FAST_RE = re.compile(
+    r"(?:Engine (\d+): )?Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s, "
+    r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
+    r"(GPU|CPU) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"
+    r"(?:, Prefix cache hit rate: (\d+(?:\.\d+)?)%)?(?:, Preemptions: (\d+))?"
+)
 
 
 # --------------------------------------------------------------------------- public API
