@@ -1,0 +1,76 @@
+"""Issue 7 items 5-7, second pass: device facts (XIDs, throttling cost, GPU names, compute
+capability), pooling models, and fixes that are always valid. Bundles for each kind live under
+``tests/data/bundles/k5-…`` / ``k7-…`` and run through ``tests/test_cases.py``; the tests here pin
+the mechanism on facts built in-process."""
+
+from __future__ import annotations
+
+from kvdoctor.facts import EngineConfig, EngineMetrics, Gpu, Snapshot
+from kvdoctor.units import GiB
+from tests.test_rules_catalogue import fired
+
+# --------------------------------------------------------------------------- throttling cost
+
+
+def _busy(ts: float, gen: float, running: float = 30.0) -> EngineMetrics:
+    return EngineMetrics(
+        timestamp=ts,
+        engine="0",
+        model_name="m",
+        kv_cache_usage=0.4,
+        num_requests_running=running,
+        num_requests_waiting=0,
+        num_preemptions_total=0,
+        prompt_tokens_total=3 * gen,
+        generation_tokens_total=gen,
+        request_success_total=gen / 300,
+    )
+
+
+def _gpu(reasons: list[str], util: float = 0.88) -> Gpu:
+    return Gpu(
+        index=0,
+        name="NVIDIA H100 80GB HBM3",
+        memory_total_bytes=80 * GiB,
+        memory_used_bytes=74 * GiB,
+        utilization_gpu=util,
+        clock_event_reasons=reasons,
+    )
+
+
+def _throttle_series(hot_rate: float, reason: str, hot_running: float = 30.0) -> dict[str, dict]:
+    """Live snapshots every 15 s: 3,000 tokens/s unthrottled, then ``hot_rate`` with ``reason``."""
+    snaps: list[Snapshot] = []
+    gen = 1e6
+    for i in range(12):
+        hot = i >= 6
+        if i:
+            gen += 15 * (hot_rate if hot else 3000.0)
+        running = hot_running if hot else 30.0
+        snaps.append(Snapshot(timestamp=1000.0 + 15 * i, metrics=[_busy(1000.0 + 15 * i, gen, running)],
+                              gpus=[_gpu([reason] if hot else [])]))  # fmt: skip
+    return fired(snaps[-1], EngineConfig(model="m"), extra=snaps[:-1])
+
+
+def test_throttling_that_costs_throughput_is_a_warning() -> None:
+    got = _throttle_series(2100.0, "hw_thermal_slowdown")["gpu-clock-throttled"]
+    assert got["severity"] == "warning"
+    assert "30% lost" in got["summary"] and "2,100 tokens/s" in got["summary"]
+
+
+def test_a_power_cap_that_costs_nothing_is_info() -> None:
+    got = _throttle_series(2990.0, "sw_power_cap")["gpu-clock-throttled"]
+    assert got["severity"] == "info" and "nothing to fix" in got["summary"]
+
+
+def test_throughput_is_compared_only_at_comparable_load() -> None:
+    # Throttled readings at 8 running requests have no unthrottled reading near that load: the
+    # lower throughput is the lighter load, not the clocks; no cost can be shown → info.
+    got = _throttle_series(800.0, "hw_thermal_slowdown", hot_running=8.0)["gpu-clock-throttled"]
+    assert got["severity"] == "info" and "no unthrottled readings at comparable load" in got["summary"]
+
+
+def test_an_idle_throttled_gpu_costs_nothing() -> None:
+    # A single reading, no traffic, GPU-Util 0: a power cap on an idle card is no warning.
+    got = fired(Snapshot(gpus=[_gpu(["sw_power_cap"], util=0.0)]))["gpu-clock-throttled"]
+    assert got["severity"] == "info"
