@@ -5,6 +5,9 @@ the mechanism on facts built in-process."""
 
 from __future__ import annotations
 
+import pytest
+
+from kvdoctor.derive.config import _pooling_architecture
 from kvdoctor.facts import EngineConfig, EngineMetrics, Gpu, Snapshot
 from kvdoctor.units import GiB
 from tests.test_rules_catalogue import fired
@@ -74,3 +77,57 @@ def test_an_idle_throttled_gpu_costs_nothing() -> None:
     # A single reading, no traffic, GPU-Util 0: a power cap on an idle card is no warning.
     got = fired(Snapshot(gpus=[_gpu(["sw_power_cap"], util=0.0)]))["gpu-clock-throttled"]
     assert got["severity"] == "info"
+
+
+# --------------------------------------------------------------------------- pooling models
+
+
+@pytest.mark.parametrize(
+    ("archs", "pooling"),
+    [
+        (["BertModel"], True),
+        (["XLMRobertaModel"], True),  # BAAI/bge-m3
+        (["MistralModel"], True),  # intfloat/e5-mistral-7b-instruct
+        (["Qwen2ForRewardModel"], True),
+        (["Qwen3ForSequenceClassification"], True),
+        (["JinaVLForRanking"], False),  # unknown suffix: no claim
+        (["LlamaForCausalLM"], False),
+        (["Qwen3ForCausalLM"], False),  # Qwen3-Embedding ships this: only --task/--runner says so
+        (["Gemma3ForConditionalGeneration"], False),
+        (["InternVLChatModel"], False),  # a registered generating model named …Model
+        (["ChatGLMModel"], False),
+        ([], False),
+    ],
+)
+def test_pooling_from_the_architecture(archs: list[str], pooling: bool) -> None:
+    assert _pooling_architecture(archs) is pooling
+
+
+def _v0_page(ts: float, gen: float, swapped: float = 0) -> EngineMetrics:
+    return EngineMetrics(timestamp=ts, engine=None, model_name="m", kv_cache_usage=1.0, num_requests_running=12,
+                         num_requests_waiting=5, num_requests_swapped=swapped, num_preemptions_total=0,
+                         prompt_tokens_total=1e8 + 1e5 * ts, generation_tokens_total=gen, request_success_total=1e4 + 100 * ts)  # fmt: skip
+
+
+def _saturated(gen0: float, gen1: float, swapped: float = 0) -> dict[str, dict]:
+    snaps = [Snapshot(timestamp=t, metrics=[_v0_page(t, g, swapped)]) for t, g in ((0.0, gen0), (30.0, gen1))]
+    snaps[-1].gpus = [_gpu([], util=0.31)]
+    return fired(snaps[-1], EngineConfig(model="m"), extra=snaps[:-1])
+
+
+def test_pooling_traffic_makes_the_kv_gauge_a_placeholder() -> None:
+    # Prompt tokens and finished requests, not one generated token in the engine's life: pooling.
+    assert "low-util-kv-saturated" not in _saturated(0.0, 0.0)
+    # The same page from an engine that generates: the full cache with a queue is real.
+    assert "low-util-kv-saturated" in _saturated(1e6, 1e6 + 9e4)
+    # A stalled generating engine (generated before, now flat) is not taken for pooling.
+    assert "low-util-kv-saturated" in _saturated(1e6, 1e6)
+    # Swapped requests only happen on a generating engine.
+    assert "low-util-kv-saturated" in _saturated(0.0, 0.0, swapped=3)
+
+
+def test_an_explicit_generate_task_is_not_overridden() -> None:
+    snaps = [Snapshot(timestamp=t, metrics=[_v0_page(t, 0.0)]) for t in (0.0, 30.0)]
+    snaps[-1].gpus = [_gpu([], util=0.31)]
+    cfg = EngineConfig(model="m", task="generate", explicit={"task"})
+    assert "low-util-kv-saturated" in fired(snaps[-1], cfg, extra=snaps[:-1])
