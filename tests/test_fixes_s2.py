@@ -131,3 +131,59 @@ def test_an_explicit_generate_task_is_not_overridden() -> None:
     snaps[-1].gpus = [_gpu([], util=0.31)]
     cfg = EngineConfig(model="m", task="generate", explicit={"task"})
     assert "low-util-kv-saturated" in fired(snaps[-1], cfg, extra=snaps[:-1])
+
+
+# --------------------------------------------------------------------------- GPU names, capability
+
+
+@pytest.mark.parametrize(
+    ("name", "canon", "sm"),
+    [
+        ("NVIDIA H100 PCIe", "H100-80GB", "9.0"),
+        ("NVIDIA H100 NVL 94GB", "H100-NVL", "9.0"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "H100-80GB", "9.0"),  # a MIG profile after the name
+        ("NVIDIA B200 SXM 180GB HBM3e", "B200", "10.0"),
+        ("NVIDIA DGX Station GB300", "GB300", "10.3"),
+        ("NVIDIA DGX Display", "DGX Display", "7.5"),  # DGX Station A100's display card
+        ("NVIDIA A800 80GB PCIe", "A800-80GB", "8.0"),
+        ("NVIDIA GeForce RTX 5090 D", "RTX 5090", "12.0"),  # China-market board
+        ("NVIDIA GeForce RTX 4060 Laptop GPU", "RTX 4060", "8.9"),
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "RTX PRO 6000 Blackwell", "12.0"),
+        ("NVIDIA L40S OEM", "L40S", "8.9"),
+        ("Tesla V100S-PCIE-32GB", "V100S-32GB", "7.0"),
+        ("NVIDIA GeForce RTX 5070 Ti", "RTX 5070 Ti", "12.0"),  # Ti is a card, not a variant word
+    ],
+)
+def test_gpu_names_by_family_and_board_variant(name: str, canon: str, sm: str) -> None:
+    from kvdoctor import catalog
+
+    spec = catalog.gpu(name)
+    assert (spec.name, spec.sm) == (canon, sm)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA GH200 144G HBM3e", "NVIDIA h1000", "NVIDIA Graphics Device"])
+def test_a_name_the_catalogue_cannot_place_is_unknown_not_a_wrong_card(name: str) -> None:
+    from kvdoctor import catalog
+
+    with pytest.raises(KeyError):
+        catalog.gpu(name)  # "144G" contradicts the 96 GB GH200: unknown beats wrong
+
+
+def test_compute_capability_from_the_log_decides_fp8() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    dtype_error = (
+        "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+        "Your Tesla V100-SXM2-32GB GPU has compute capability 7.0. You can use float16 instead."
+    )
+    cfg = EngineConfig(model="m", kv_cache_dtype="fp8", explicit={"kv_cache_dtype"})
+    got = fired(Snapshot(log=parse_log(dtype_error)), cfg)["invalid-kv-cache-dtype"]
+    assert got["flags"] == {"--kv-cache-dtype": "auto"} and "compute capability 7.0" in got["summary"]
+    torch_warning = (
+        "UserWarning: NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the "
+        "current PyTorch installation."
+    )
+    assert "invalid-kv-cache-dtype" not in fired(Snapshot(log=parse_log(torch_warning)), cfg)
+    # The log's capability wins over a catalogue name that says otherwise.
+    snap = Snapshot(log=parse_log(torch_warning), gpus=[Gpu(index=0, name="Tesla V100-SXM2-16GB")])
+    assert "invalid-kv-cache-dtype" not in fired(snap, cfg)
