@@ -5,6 +5,8 @@ the mechanism on facts built in-process."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvdoctor.derive.config import _pooling_architecture
@@ -187,3 +189,34 @@ def test_compute_capability_from_the_log_decides_fp8() -> None:
     # The log's capability wins over a catalogue name that says otherwise.
     snap = Snapshot(log=parse_log(torch_warning), gpus=[Gpu(index=0, name="Tesla V100-SXM2-16GB")])
     assert "invalid-kv-cache-dtype" not in fired(snap, cfg)
+
+
+# --------------------------------------------------------------------------- prefill burst inferred
+
+BURST = Path(__file__).parent / "data" / "bundles" / "k6-prefill-burst-inferred-no-batch-logged"
+
+
+def _burst_rules(keep_requests: int, frames_mlp: bool = True) -> dict[str, dict]:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    lines = (BURST / "vllm.log").read_text().splitlines()
+    reqs = [i for i, line in enumerate(lines) if "Received request" in line]
+    drop = set(reqs[: len(reqs) - keep_requests])
+    if not frames_mlp:
+        drop |= {
+            i for i, line in enumerate(lines) if "mlp" in line or "act_fn" in line or "activation.py" in line
+        }
+    text = "\n".join(line for i, line in enumerate(lines) if i not in drop)
+    cfg = EngineConfig(
+        model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=16384, explicit={"max_model_len"}
+    )
+    return fired(Snapshot(log=parse_log(text)), cfg)
+
+
+def test_prefill_burst_is_inferred_from_requests_admitted_before_a_forward_pass_oom() -> None:
+    got = _burst_rules(6)["prefill-burst-oom"]
+    assert got["flags"]["--max-num-batched-tokens"] == "4096"
+    assert "6 requests" in got["summary"] and "13,312 tokens" in got["summary"]
+    # Two requests are no burst; an OOM outside the model's forward pass is no prefill.
+    assert "prefill-burst-oom" not in _burst_rules(2)
+    assert "prefill-burst-oom" not in _burst_rules(6, frames_mlp=False)
