@@ -33,7 +33,14 @@ WRITES: dict[str, str] = {
     "step_token_cap": "tokens; what one engine step may hold with chunked prefill off: max(max_model_len, max_num_batched_tokens)",
 }
 READS: frozenset[str] = frozenset(
-    {"chunked_prefill_on", "max_model_len", "max_num_batched_tokens", "vllm_version", "arch", "oom_requested_bytes"}
+    {
+        "chunked_prefill_on",
+        "max_model_len",
+        "max_num_batched_tokens",
+        "vllm_version",
+        "arch",
+        "oom_requested_bytes",
+    }
 )
 
 

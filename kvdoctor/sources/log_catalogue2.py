@@ -80,7 +80,15 @@ FRAME_HINTS: dict[str, tuple[str, ...]] = {
     "attention": ("attention/backends/", "/mla/", "indexer", "flash_attn", "attention.py"),
     "wake_up": ("wake_up", "create_and_map"),
     # the model's MLP in the forward pass (prefill-burst-oom's inference, spec/rules.md)
-    "mlp": ("self.mlp(", "mlp.py", "act_fn(", "silu_and_mul", "gate_up_proj", "down_proj", "layers/activation.py"),
+    "mlp": (
+        "self.mlp(",
+        "mlp.py",
+        "act_fn(",
+        "silu_and_mul",
+        "gate_up_proj",
+        "down_proj",
+        "layers/activation.py",
+    ),
 }
 
 
