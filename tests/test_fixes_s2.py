@@ -220,3 +220,70 @@ def test_prefill_burst_is_inferred_from_requests_admitted_before_a_forward_pass_
     # Two requests are no burst; an OOM outside the model's forward pass is no prefill.
     assert "prefill-burst-oom" not in _burst_rules(2)
     assert "prefill-burst-oom" not in _burst_rules(6, frames_mlp=False)
+
+
+# --------------------------------------------------------------------------- fixes always valid
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "names", "ok"),
+    [
+        # 8 KV heads: TP 4 divides them, TP 16 replicates them (a multiple), TP 6 does neither.
+        ("--tensor-parallel-size", "4", {"num_attention_heads": 32, "num_kv_heads": 8}, True),
+        ("--tensor-parallel-size", "16", {"num_attention_heads": 64, "num_kv_heads": 8}, True),
+        ("--tensor-parallel-size", "6", {"num_attention_heads": 48, "num_kv_heads": 8}, False),
+        ("--tensor-parallel-size", "8", {"num_attention_heads": 32, "gpu_count": 4}, False),
+        ("--tensor-parallel-size", "2", {"num_attention_heads": 32, "gpu_count": 4, "pp": 2}, True),
+        ("--kv-cache-memory-bytes", "3274912563", {"vllm_version": "0.33.0"}, True),
+        ("--kv-cache-memory-bytes", "3274912563", {"vllm_version": "0.9.2"}, False),
+        ("--kv-cache-memory-bytes", "0", {}, False),
+    ],
+)
+def test_fix_validity_second_pass(flag: str, value: str, names: dict, ok: bool) -> None:
+    from kvdoctor.fix_validity import valid_fix
+
+    assert (valid_fix(flag, value, names) is None) is ok
+
+
+def test_every_flag_a_remediation_names_is_suggested() -> None:
+    """A flag spelled in a rule's summary is a key of its ``fix`` (spec: every flag a remediation
+    names is emitted), except flags the summary quotes as context, not as the fix."""
+    import re
+
+    import yaml
+
+    context_only = {
+        "cpu-offload-not-applied": {"--cpu-offload-gb"},  # the flag that was given and ignored
+        "dp-engine-load-skew": {"--data-parallel-external-lb", "--data-parallel-rank"},  # the router's
+    }
+    rules = Path(__file__).resolve().parents[1] / "rules"
+    missing = {}
+    for path in sorted(rules.glob("*.yaml")):
+        rule = yaml.safe_load(path.read_text())
+        named = set(re.findall(r"--[a-z][a-z0-9-]+", rule["summary"]))
+        fix = set((rule.get("fix") or {}).keys())
+        gap = named - fix - context_only.get(rule["id"], set())
+        if gap:
+            missing[rule["id"]] = sorted(gap)
+    assert missing == {}
+
+
+def test_external_weights_raise_gmu_and_budget_refusal_lowers_it() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    exceed = (
+        "ValueError: Externally held weights on device cuda:0 (20.00/79.19 GiB) exceed the desired GPU memory "
+        "utilization (0.2, 15.84 GiB)."
+    )
+    cfg = EngineConfig(model="m", gpu_memory_utilization=0.2, explicit={"gpu_memory_utilization"})
+    got = fired(Snapshot(log=parse_log(exceed)), cfg)["gpu-shared-with-foreign-process"]
+    assert got["flags"] == {"--gpu-memory-utilization": "0.28"} and "Raise" in got["summary"]
+    # Free 30 GiB < the budget after 10 GiB of external weights (0.6 × 79.19 − 10 = 37.51 GiB):
+    # requested = gmu × total must fit free + external, less the margin → (30 + 10 − 0.5)/79.19.
+    below = (
+        "ValueError: Free memory on device cuda:0 (30.00/79.19 GiB) on startup is less than the engine's budget "
+        "after excluding external process's weights (0.6, 37.51 GiB)."
+    )
+    cfg = EngineConfig(model="m", gpu_memory_utilization=0.6, explicit={"gpu_memory_utilization"})
+    got = fired(Snapshot(log=parse_log(below)), cfg)["gpu-shared-with-foreign-process"]
+    assert got["flags"] == {"--gpu-memory-utilization": "0.49"}

@@ -206,8 +206,13 @@ def test_multimodal_profile_oom() -> None:
         "--limit-mm-per-prompt": '{"image":1}',
         "--mm-processor-kwargs": '{"max_pixels":802816}',
         "--max-num-seqs": "8",
+        "--enforce-eager": "",  # a switch: no value
     }
     assert "max_pixels" in f["summary"] and "--enforce-eager" in f["summary"]
+    # Already eager: the switch is not suggested again.
+    eager = EngineConfig(model="Qwen/Qwen2-VL-7B-Instruct", enforce_eager=True, explicit={"enforce_eager"})
+    got_eager = fired(Snapshot(log=parse_log(_oom_log(MM_FRAMES, before=LOADED))), eager)
+    assert "--enforce-eager" not in got_eager["multimodal-profile-oom"]["flags"]
     assert "kv-budget-exhausted" not in got and "prefill-burst-oom" not in got
     # The warning alone on a running engine: a warning, not critical.
     warn = fired(Snapshot(log=parse_log(TOO_SHORT)), cfg)["multimodal-profile-oom"]
