@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvdoctor import kvmath
+from kvdoctor.vllm_flags import default_max_num_batched_tokens, default_max_num_seqs
 
 
 def _none_safe(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -319,4 +320,6 @@ RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "pair_desc": pair_desc,
     "count_at_least": count_at_least,
     "format": fmt,
+    "device_default_max_num_seqs": default_max_num_seqs,
+    "device_default_max_num_batched_tokens": default_max_num_batched_tokens,
 }

@@ -38,6 +38,7 @@ WRITES: dict[str, str] = {
     "vllm_kv_memory_line": "int; the summary's log line",
     "startup_refusal_variant": "str; which startup refusal vLLM logged: 'util' (free < gmu × total), 'external_weights_exceed' ('Externally held weights on device … exceed the desired GPU memory utilization'), 'below_budget_excluding_external'",
     "external_weights_bytes": "bytes; weights held by another process (a `vllm preload` daemon) on the device: 'Externally held weights on device … (X/T GiB)', else gmu × total − the budget 'after excluding external process's weights'",
+    "usable_device_bytes": "bytes; the memory the engine's device really has: on a MIG instance the total CUDA reports inside it (the torch OOM's 'total capacity', the post-warm-up summary, the startup refusal; never the parent card's nvidia-smi total), under NoPermission the catalogue's memory for the card's name, else nvidia-smi / NVML memory.total; None when unknown",
     "external_weights_gmu": "fraction; the gmu at which the engine's budget holds the external weights plus 1 GiB of KV and 0.5 GiB of margin (rounded up to 0.01), None above 0.95",
 }
 READS: frozenset[str] = frozenset(
@@ -53,6 +54,8 @@ READS: frozenset[str] = frozenset(
         "oom_total_bytes",
         "oom_gpu",
         "expandable_segments_on",
+        "gpu_mig",
+        "gpu_no_permission",
     }
 )
 
@@ -103,6 +106,17 @@ def derive(s: Scope, v: Vars) -> None:
     v["summary_cudagraph_bytes"] = sv.get("cudagraph_bytes")
     total = v["gpu_total_bytes"] or v["oom_total_bytes"] or sv.get("total_bytes")
     v["device_total_bytes"] = total
+    if v["gpu_mig"]:
+        # nvidia-smi's memory.total of a MIG-enabled card is the parent's; CUDA inside the
+        # instance reports the slice (what vLLM's profiler and torch's OOM message see).
+        fbu = log.last("free_memory_below_util") if log is not None else None
+        v["usable_device_bytes"] = (
+            v["oom_total_bytes"]
+            or sv.get("total_bytes")
+            or (fbu.values.get("total_bytes") if fbu is not None else None)
+        )
+    else:
+        v["usable_device_bytes"] = v["gpu_total_bytes"]
     v["vllm_kv_memory_fit_bytes"] = sv.get("kv_cache_memory_fit_bytes")
     v["vllm_kv_memory_full_bytes"] = sv.get("kv_cache_memory_full_bytes")
     v["vllm_kv_in_use_bytes"] = sv.get("kv_in_use_bytes")
