@@ -287,3 +287,31 @@ def test_external_weights_raise_gmu_and_budget_refusal_lowers_it() -> None:
     cfg = EngineConfig(model="m", gpu_memory_utilization=0.6, explicit={"gpu_memory_utilization"})
     got = fired(Snapshot(log=parse_log(below)), cfg)["gpu-shared-with-foreign-process"]
     assert got["flags"] == {"--gpu-memory-utilization": "0.49"}
+
+
+def test_mixed_cards_get_pipeline_stages_proportional_to_card_sizes() -> None:
+    from tests.test_rules_catalogue import _gpu as card
+
+    cfg = EngineConfig(
+        model="meta-llama/Llama-3.1-8B-Instruct", tensor_parallel_size=2, explicit={"tensor_parallel_size"}
+    )
+    got = fired(Snapshot(gpus=[card(0, 40, total_gib=80), card(1, 40, total_gib=48)]), cfg)[
+        "mixed-gpus-in-parallel-group"
+    ]
+    # 32 layers in proportion 80 : 48 → 20 and 12; every flag the summary names is suggested.
+    assert got["flags"] == {
+        "--tensor-parallel-size": "1",
+        "--pipeline-parallel-size": "2",
+        "VLLM_PP_LAYER_PARTITION": "20,12",
+    }
+    assert "VLLM_PP_LAYER_PARTITION=20,12" in got["summary"]
+    # Already one stage per card (TP 1 × PP 2): only the partition changes something.
+    cfg = EngineConfig(
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        pipeline_parallel_size=2,
+        explicit={"pipeline_parallel_size"},
+    )
+    got = fired(Snapshot(gpus=[card(0, 40, total_gib=80), card(1, 40, total_gib=48)]), cfg)[
+        "mixed-gpus-in-parallel-group"
+    ]
+    assert got["flags"] == {"VLLM_PP_LAYER_PARTITION": "20,12"}
