@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvdoctor.kvmath import derived_max_model_len
 from kvdoctor.vllm_flags import valid_kv_cache_dtypes, version_tuple
 
 __all__ = ["valid_fix"]
@@ -60,7 +61,13 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
         current = _num(str(get("max_model_len")))
         if current is not None and n >= current:
             return "not below the max model length in effect"
-        limit = getattr(arch, "max_position_embeddings", None)
+        # The model's maximum as vLLM derives it (rope scaling included), else max_position_embeddings.
+        try:
+            limit = derived_max_model_len(arch) if arch is not None else None
+        except (TypeError, ValueError, AttributeError):
+            limit = None
+        if not limit:
+            limit = getattr(arch, "max_position_embeddings", None)
         if isinstance(limit, int) and limit > 0 and n > limit:
             return "above the model's maximum"
     elif flag == "--gpu-memory-utilization":

@@ -680,9 +680,11 @@ def nearest_valid_kv_cache_dtype(value: str, version: str | None) -> str:
 
     A valid value is returned as is. ``"int8"`` → ``"int8_per_token_head"`` from 0.20, ``"fp8"``
     before; ``"fp16"`` → ``"float16"`` from 0.18, ``"auto"`` before; ``"fp8e4m3"`` →
-    ``"fp8_e4m3"``; otherwise the closest spelling (difflib) or ``"auto"``.
+    ``"fp8_e4m3"``; otherwise the closest spelling (difflib) or ``"auto"``. An unknown
+    ``version`` (None) gets a value every version accepts (``"int8"`` → ``"fp8"``): a suggestion
+    must not be one an older vLLM rejects.
     """
-    valid = valid_kv_cache_dtypes(version)
+    valid = valid_kv_cache_dtypes(version if version else "0.0")
     norm = str(value).strip().lower().replace("-", "_")
     if norm in valid:
         return norm

@@ -315,3 +315,24 @@ def test_mixed_cards_get_pipeline_stages_proportional_to_card_sizes() -> None:
         "mixed-gpus-in-parallel-group"
     ]
     assert got["flags"] == {"VLLM_PP_LAYER_PARTITION": "20,12"}
+
+
+def test_max_model_len_bound_is_the_derived_maximum() -> None:
+    from kvdoctor.fix_validity import valid_fix
+    from kvdoctor.sources.model_config import parse_model_config
+
+    arch = parse_model_config(
+        {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 1000, "max_position_embeddings": 32768,
+         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    )  # fmt: skip
+    names = {"arch": arch, "max_model_len": 262144}
+    assert valid_fix("--max-model-len", "100000", names) is None  # YaRN ×4: 131,072 allowed
+    assert valid_fix("--max-model-len", "200000", names) == "above the model's maximum"
+    assert valid_fix("--max-model-len", "262144", names) == "not below the max model length in effect"
+
+
+def test_unknown_version_suggests_a_kv_dtype_every_version_accepts() -> None:
+    cfg = EngineConfig(model="m", kv_cache_dtype="int8", explicit={"kv_cache_dtype"})
+    got = fired(Snapshot(), cfg)["invalid-kv-cache-dtype"]
+    assert got["flags"] == {"--kv-cache-dtype": "fp8"}
