@@ -336,3 +336,21 @@ def test_unknown_version_suggests_a_kv_dtype_every_version_accepts() -> None:
     cfg = EngineConfig(model="m", kv_cache_dtype="int8", explicit={"kv_cache_dtype"})
     got = fired(Snapshot(), cfg)["invalid-kv-cache-dtype"]
     assert got["flags"] == {"--kv-cache-dtype": "fp8"}
+
+
+def test_long_request_cap_falls_back_to_the_usual_traffic_p99() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    k6 = Path(__file__).parent / "data" / "bundles" / "k6-oom-while-long-prompt-prefilled" / "vllm.log"
+    cfg = EngineConfig(
+        model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=32768, explicit={"max_model_len"}
+    )
+    got = fired(Snapshot(log=parse_log(k6.read_text())), cfg)["long-request-spike"]
+    # 2,227 blocks × 16 = 35,632 tokens: a quarter (8,896) is above every usual prompt.
+    assert got["flags"]["--max-model-len"] == "8896"
+    # 200 blocks = 3,200 tokens: a quarter (800) would cut the usual traffic (p99 of the prompts
+    # under 4 × the 912-token median: 1,210), so the cap is that p99 rounded up to a block.
+    small = k6.read_text().replace("# GPU blocks: 2227", "# GPU blocks: 200")
+    got = fired(Snapshot(log=parse_log(small)), cfg)["long-request-spike"]
+    assert got["flags"]["--max-model-len"] == "1216" and "p99 of the usual traffic" in got["summary"]
+    assert got["flags"]["--max-num-batched-tokens"] == "2048"

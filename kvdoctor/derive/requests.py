@@ -11,8 +11,9 @@ import statistics
 from datetime import datetime
 
 from kvdoctor import kvmath
+from kvdoctor import timeline as tl
 from kvdoctor.derive.base import Family, Scope, Vars
-from kvdoctor.facts import LogEvent
+from kvdoctor.facts import HistogramData, LogEvent
 from kvdoctor.vllm_flags import version_tuple
 
 #: request lines before an OOM whose prompts may still be in prefill when it happens.
@@ -31,6 +32,7 @@ WRITES: dict[str, str] = {
     "oom_step_tokens_estimate": "tokens; the failed allocation ÷ (intermediate_size × dtype bytes): the step's tokens if an MLP activation failed (spec/rules.md prefill-burst-oom)",
     "chunked_prefill_off": "bool; chunked prefill is off (--enable-chunked-prefill False, or a V0 < 0.8 engine with max_model_len ≤ 32K that did not log it on)",
     "step_token_cap": "tokens; what one engine step may hold with chunked prefill off: max(max_model_len, max_num_batched_tokens)",
+    "prompt_p99_body": "tokens; p99 prompt length of the traffic outside the tail (prompts < 4 × the median): vllm:request_prompt_tokens buckets up to 4 × p50 (window deltas, else lifetime), else the log's request lines",
 }
 READS: frozenset[str] = frozenset(
     {
@@ -40,6 +42,7 @@ READS: frozenset[str] = frozenset(
         "vllm_version",
         "arch",
         "oom_requested_bytes",
+        "prompt_p50",
     }
 )
 
@@ -59,6 +62,8 @@ def derive(s: Scope, v: Vars) -> None:
     """Median prompt length of the run's requests, the longest just before the last OOM, and
     the prefill burst around it."""
     _burst(s, v)
+    if v["prompt_p50"]:
+        v["prompt_p99_body"] = _body_p99_hist(s, float(v["prompt_p50"]))
     log = s.log
     if log is None:
         return
@@ -67,6 +72,11 @@ def derive(s: Scope, v: Vars) -> None:
     if not reqs:
         return
     v["log_prompt_tokens_median"] = statistics.median(e.values["prompt_tokens"] for e in reqs)
+    if v["prompt_p99_body"] is None:
+        bound = TAIL_RATIO * v["log_prompt_tokens_median"]
+        body = sorted(e.values["prompt_tokens"] for e in reqs if e.values["prompt_tokens"] < bound)
+        if body:
+            v["prompt_p99_body"] = body[min(len(body) - 1, int(0.99 * len(body)))]
     runtime = [e for e in log.of("cuda_oom") if e.values.get("phase") == "runtime"]
     if runtime:
         before = [e for e in reqs if e.line < runtime[-1].line][-IN_FLIGHT:]
@@ -74,6 +84,25 @@ def derive(s: Scope, v: Vars) -> None:
             top = max(before, key=lambda e: e.values["prompt_tokens"])
             v["oom_prompt_tokens"] = top.values["prompt_tokens"]
             v["oom_prompt_line"] = top.line
+
+
+#: the tail begins at this multiple of the median prompt (spec/rules.md long-request-spike).
+TAIL_RATIO = 4
+
+
+def _body_p99_hist(s: Scope, p50: float) -> float | None:
+    """p99 of the prompt-length histogram's observations at or below TAIL_RATIO × p50 (the
+    buckets up to that bound, as a histogram of their own)."""
+    hist = tl.histogram_delta(s.series, "vllm:request_prompt_tokens", s.window_s) if s.series else None
+    if hist is None or hist.count <= 0:
+        hist = tl.histogram_latest(s.series, "vllm:request_prompt_tokens") if s.series else None
+    if hist is None or hist.count <= 0:
+        return None
+    bound = TAIL_RATIO * p50
+    body = [(le, c) for le, c in sorted(hist.buckets) if le <= bound]
+    if not body or body[-1][1] <= 0:
+        return None
+    return tl.histogram_quantile(HistogramData(buckets=body, count=body[-1][1]), 0.99)
 
 
 def _burst(s: Scope, v: Vars) -> None:
