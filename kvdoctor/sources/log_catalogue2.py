@@ -116,7 +116,8 @@ _RE = {
     "gdn_failed": re.compile(r"GDN prefill kernel warmup \(T=(\d{1,12})\) failed for layer (\S{1,200})"),
     "gdn_fi": re.compile(r"Using FlashInfer GDN prefill kernel on CUDA compute capability (\d{2,3})"),
     "cc_dtype": re.compile(r"Your (.{1,80}?) GPU has compute capability (\d{1,2})\.(\d)"),
-    "cc_torch_sm": re.compile(r"(?:Warning: )?(\S.{0,80}?) with CUDA capability sm_(\d{1,2})(\d)\b"),
+    # anchored on the literal; the GPU name is the text before it (no leading wildcard to backtrack)
+    "cc_torch_sm": re.compile(r" with CUDA capability sm_(\d{1,2})(\d)\b"),
     "cc_torch_found": re.compile(r"Found GPU\d{1,3} (.{1,80}?) which is of cuda capability (\d{1,2})\.(\d)"),
     "spec_cfg": re.compile(
         r"SpeculativeConfig\(method='?([\w-]{1,40})'?, model=[^,)]{0,300}, num_spec_tokens=(\d{1,3})\)"
@@ -220,10 +221,10 @@ def match(msg: str) -> list[tuple[str, dict[str, Any]]]:  # noqa: C901
     if "apability" in msg and (
         "compute capability" in msg or "CUDA capability" in msg or "cuda capability" in msg
     ):
-        for key in ("cc_dtype", "cc_torch_sm", "cc_torch_found"):
+        for key in ("cc_dtype", "cc_torch_found"):
             m = R[key].search(msg)
             if m:
-                name = m.group(1).rsplit("Warning: ", 1)[-1].strip().strip("'\"")
+                name = m.group(1).strip().strip("'\"")
                 out.append(
                     (
                         "compute_capability",
@@ -231,6 +232,16 @@ def match(msg: str) -> list[tuple[str, dict[str, Any]]]:  # noqa: C901
                     )
                 )
                 return out
+        m = R["cc_torch_sm"].search(msg)
+        if m:
+            name = msg[: m.start()].rsplit("Warning: ", 1)[-1].strip().strip("'\"")[-80:]
+            out.append(
+                (
+                    "compute_capability",
+                    {"major": int(m.group(1)), "minor": int(m.group(2)), "gpu_name": name or None},
+                )
+            )
+            return out
     if "does not have native support for FP8 computation" in msg:
         out.append(("fp8_not_native", {}))
         return out
