@@ -88,6 +88,18 @@ _GPUS: dict[str, GpuSpec] = {
     "V100-16GB": _g("V100-16GB", 16160, "7.0"),
     "V100-32GB": _g("V100-32GB", 32768, "7.0"),
     "T4": _g("T4", 15360, "7.5"),
+    # Workstation and older data-centre boards people still serve on (datasheet capacity in
+    # MiB; compute capability from developer.nvidia.com/cuda-gpus).
+    "V100S-32GB": _g("V100S-32GB", 32768, "7.0"),
+    "RTX 3090 Ti": _g("RTX 3090 Ti", 24564, "8.6"),
+    "RTX 3080": _g("RTX 3080", 10240, "8.6"),
+    "RTX A5000": _g("RTX A5000", 24564, "8.6"),
+    "RTX A4000": _g("RTX A4000", 16376, "8.6"),
+    "RTX 5000 Ada": _g("RTX 5000 Ada", 32760, "8.9"),
+    "RTX 4000 Ada": _g("RTX 4000 Ada", 20475, "8.9"),
+    "Quadro RTX 8000": _g("Quadro RTX 8000", 49152, "7.5"),
+    # DGX Station A100's display card ("NVIDIA DGX Display", 4 GB Turing): never an engine GPU.
+    "DGX Display": _g("DGX Display", 4096, "7.5"),
     # ROCm reports 192 GiB HBM3 as 196288 MiB usable.
     "MI300X": GpuSpec("MI300X", 196288 * MiB, True, "gfx942"),
 }
@@ -164,6 +176,24 @@ _ALIASES: dict[str, str] = {
     "v100sxm232gb": "V100-32GB",
     "v100pcie32gb": "V100-32GB",
     "t4": "T4",
+    "v100s": "V100S-32GB",
+    "v100spcie32gb": "V100S-32GB",
+    "rtx3090ti": "RTX 3090 Ti",
+    "rtx3080": "RTX 3080",
+    "rtxa5000": "RTX A5000",
+    "rtxa4000": "RTX A4000",
+    "rtx5000ada": "RTX 5000 Ada",
+    "rtx5000adageneration": "RTX 5000 Ada",
+    "rtx4000ada": "RTX 4000 Ada",
+    "rtx4000adageneration": "RTX 4000 Ada",
+    "quadrortx8000": "Quadro RTX 8000",
+    "dgxdisplay": "DGX Display",
+    # China-market "D" boards: same memory and capability as the base card.
+    "rtx4090d": "RTX 4090",
+    "rtx5090d": "RTX 5090",
+    "a800pcie80gb": "A800-80GB",
+    "a80080gbpcie": "A800-80GB",
+    "h800pcie": "H800",
     "mi300x": "MI300X",
     "amdinstinctmi300x": "MI300X",
 }
@@ -174,6 +204,46 @@ def _norm(name: str) -> str:
     s = re.sub(r"\b(nvidia|tesla|geforce|amd|instinct)\b", " ", s)
     s = s.replace("…", "").replace("...", "")
     return re.sub(r"[^a-z0-9]", "", s)
+
+
+#: words of a board variant or form factor that do not change the GPU family's compute
+#: capability: "H100 PCIe", "A100-SXM4-80GB", "H200 NVL", "RTX PRO 6000 Blackwell Max-Q
+#: Workstation Edition", "RTX 4060 Laptop GPU", OEM suffixes ("HBM3", "AC"). Stripped from the end
+#: of a name word by word until the catalogue knows the rest.
+_VARIANT_WORDS = frozenset(
+    "pcie sxm sxm2 sxm3 sxm4 sxm5 sxm6 nvl hbm hbm2 hbm2e hbm3 hbm3e ac oem gpu laptop mobile maxq max q "
+    "workstation server edition generation graphics device module".split()
+)
+_MEM_WORD = re.compile(r"^(\d{1,4})g(?:b)?$")
+
+
+def _by_family(name: str, memory_bytes: int | None) -> str | None:
+    """The catalogue key of a name with board-variant words (:data:`_VARIANT_WORDS`), a MIG
+    profile ("… MIG 1g.10gb") or a memory size ("94GB") after the family, word by word from the
+    end; None when no prefix of the name is catalogued. A memory word must agree with the card
+    (within 8 %, decimal GB as boards are named) unless ``memory_bytes`` is given: "GH200 144G"
+    is not the 96 GB GH200."""
+    low = re.sub(r"\b(nvidia|tesla|geforce|amd|instinct)\b", " ", name.lower())
+    low = low.split(" mig ", 1)[0]
+    words = re.findall(r"[a-z0-9]+", low)
+    mem_gb = None
+    while words:
+        key = _ALIASES.get("".join(words))
+        if key is None:
+            key = next((c for c in _GPUS if _norm(c) == "".join(words)), None)
+        if key is not None:
+            if mem_gb is not None and memory_bytes is None:
+                have = _GPUS[key].memory_bytes / 1e9
+                if abs(have - mem_gb) > 0.08 * have:
+                    return None
+            return key
+        last = words.pop()
+        m = _MEM_WORD.match(last)
+        if m:
+            mem_gb = float(m.group(1))
+        elif last not in _VARIANT_WORDS:
+            return None
+    return None
 
 
 def gpu_names() -> list[str]:
@@ -210,6 +280,8 @@ def gpu(name: str, memory_bytes: int | None = None) -> GpuSpec:
             cands = close or cands
         if cands:
             key = _ALIASES[max(cands, key=len)]
+    if key is None:
+        key = _by_family(name, memory_bytes)
     if key is None:
         raise KeyError(f"unknown GPU {name!r}; known: {', '.join(_GPUS)} (or give --gpu-memory)")
     spec = _GPUS[key]

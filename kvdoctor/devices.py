@@ -1,5 +1,6 @@
 """Device knowledge shared by sources and derive (no I/O): which GPU indices
-``CUDA_VISIBLE_DEVICES`` makes visible, and the canonical spelling of a PCI bus id.
+``CUDA_VISIBLE_DEVICES`` makes visible, the canonical spelling of a PCI bus id, and which NVIDIA
+XIDs mean a failing device and which the application (spec/rules.md ``gpu-hardware-errors``).
 
 ``kvdoctor.sources.env`` and ``kvdoctor.sources.nvidia_smi`` re-export these, so existing
 imports keep working; derive imports them from here (derive calls no source module).
@@ -8,6 +9,41 @@ imports keep working; derive imports them from here (derive calls no source modu
 from __future__ import annotations
 
 import re
+
+#: XIDs that point at the GPU, its memory or its links rather than at the program: the node
+#: should be drained and the GPU reset or replaced. rules.md's list (48, 63, 64, 74, 79, 92, 94,
+#: 95, 119, 120, 123, 154) plus the other device faults of NVIDIA's XID catalogue (61, 62, 121,
+#: 140). Source: docs.nvidia.com/deploy/xid-errors.
+HARDWARE_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint/warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement / row remapping recorded (a reset is pending)",
+    64: "ECC page retirement / row remapping failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    121: "C2C link error",
+    123: "SPI PMU RPC failure (GPU firmware)",
+    140: "unrecovered ECC error",
+    # Blackwell drivers log the recovery action alone ("GPU recovery action changed from 0x0
+    # (None) to 0x1 (GPU Reset Required)"), also after a GSP firmware heartbeat loss.
+    154: "GPU recovery action changed (GPU Reset Required)",
+}
+
+#: XIDs the application causes (rules.md): 13 graphics engine exception, 31 MMU fault (an
+#: illegal address: a kernel or CUDA-graph bug), 43 GPU stopped processing (a killed or faulting
+#: process), 45 preemptive cleanup (a process ended while it ran). Info, with the process named.
+APPLICATION_XIDS: dict[int, str] = {
+    13: "graphics engine exception (a kernel bug)",
+    31: "GPU memory page fault (illegal address in a kernel or CUDA graph)",
+    43: "GPU stopped processing (the process faulted or was killed)",
+    45: "preemptive cleanup (a process ended while it ran)",
+}
 
 _BUS_RE = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])")
 

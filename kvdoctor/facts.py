@@ -431,7 +431,7 @@ class Snapshot:
     process_table_known: bool = False
     #: NVIDIA XID errors from the kernel log (a bundle's ``dmesg.txt``, ``--dmesg FILE``), file
     #: order; each {"xid": int, "bus_id": "00000000:07:00.0" | None, "pid": int | None,
-    #: "name": str | None, "message": str, "line": int, "hardware": bool} (see
+    #: "name": str | None, "message": str, "line": int, "hardware": bool, "application": bool} (see
     #: ``kvdoctor.sources.dmesg``).
     xid_events: list[dict[str, Any]] = field(default_factory=list)
     #: GPU readings over time (nvidia-smi ``-l`` loops: a ``--query-gpu`` CSV with a timestamp

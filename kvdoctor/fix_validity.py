@@ -10,10 +10,14 @@ changes nothing"):
 - ``--gpu-memory-utilization`` outside (0, 1], or equal (±0.005) to the gmu in effect;
 - ``--max-num-seqs`` / ``--max-num-batched-tokens`` below 1 or equal to the value in effect
   (set on the command line or logged);
-- ``--tensor-parallel-size`` that does not divide the attention heads, or equals the TP in effect;
+- ``--tensor-parallel-size`` that does not divide the attention heads, nor the KV heads (or, with
+  fewer KV heads than ranks, is not a multiple of them: vLLM replicates them only that way), needs
+  more GPUs than are visible, or equals the TP in effect;
   ``--pipeline-parallel-size`` above the layer count or equal to the PP in effect;
 - ``--kv-cache-dtype`` not accepted by that vLLM version (unknown version → the values every
   version accepts, vllm_flags ``valid_kv_cache_dtypes("0.0")``) or already in effect;
+- ``--kv-cache-memory-bytes`` not positive, before vLLM 0.10.2 (the flag did not exist), or equal
+  to the value in effect;
 - ``--enforce-eager`` when eager mode is on; ``PYTORCH_CUDA_ALLOC_CONF`` expandable segments when
   already set.
 
@@ -25,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvdoctor.vllm_flags import valid_kv_cache_dtypes
+from kvdoctor.kvmath import derived_max_model_len
+from kvdoctor.vllm_flags import valid_kv_cache_dtypes, version_tuple
 
 __all__ = ["valid_fix"]
 
@@ -56,7 +61,13 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
         current = _num(str(get("max_model_len")))
         if current is not None and n >= current:
             return "not below the max model length in effect"
-        limit = getattr(arch, "max_position_embeddings", None)
+        # The model's maximum as vLLM derives it (rope scaling included), else max_position_embeddings.
+        try:
+            limit = derived_max_model_len(arch) if arch is not None else None
+        except (TypeError, ValueError, AttributeError):
+            limit = None
+        if not limit:
+            limit = getattr(arch, "max_position_embeddings", None)
         if isinstance(limit, int) and limit > 0 and n > limit:
             return "above the model's maximum"
     elif flag == "--gpu-memory-utilization":
@@ -77,6 +88,16 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
         heads = get("num_attention_heads")
         if isinstance(heads, int) and heads > 0 and heads % int(n):
             return "does not divide the attention heads"
+        kv = get("num_kv_heads")
+        if isinstance(kv, int) and kv > 0 and (kv % int(n) if kv >= n else int(n) % kv):
+            return "does not divide the KV heads (nor is a multiple of them)"
+        gpus, pp = get("gpu_count"), get("pp")
+        if (
+            isinstance(gpus, int)
+            and gpus > 0
+            and int(n) * (pp if isinstance(pp, int) and pp > 0 else 1) > gpus
+        ):
+            return "needs more GPUs than are visible"
         if _same(get("tp"), n):
             return "already in effect"
     elif flag == "--pipeline-parallel-size":
@@ -93,6 +114,14 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
         if value not in valid:
             return "not a kv-cache dtype this vLLM version accepts"
         if value == get("kv_cache_dtype"):
+            return "already in effect"
+    elif flag == "--kv-cache-memory-bytes":
+        if n is None or n <= 0:
+            return "not a positive byte count"
+        vt = version_tuple(get("vllm_version")) if get("vllm_version") else None
+        if vt and vt < (0, 10, 2):
+            return "the flag does not exist before vLLM 0.10.2"
+        if _same(get("kv_cache_memory_bytes"), n):
             return "already in effect"
     elif flag == "--enforce-eager":
         if get("enforce_eager") is True:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvdoctor import kvmath
+from kvdoctor.vllm_flags import default_max_num_batched_tokens, default_max_num_seqs
 
 
 def _none_safe(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -298,6 +299,31 @@ def pp_layer_partition(
     return ",".join(str(x) for x in split)
 
 
+def proportional_layer_partition(arch: Any, gpus: list[int], totals: dict[int, int]) -> str | None:
+    """``VLLM_PP_LAYER_PARTITION`` with one pipeline stage per GPU of ``gpus`` (in that order: the
+    order of the engine's visible devices, which is how vLLM places PP ranks on one node) and
+    layers proportional to each card's total memory (``totals``: index → bytes, nvidia-smi
+    memory.total), largest remainders first, at least one layer per stage: "20,12" for 32 layers
+    on an 80 GB and a 48 GB card. None when an input is missing, fewer layers than stages, or
+    all cards are the same size (the even split vLLM makes by itself)."""
+    layers = int(getattr(arch, "num_hidden_layers", 0) or 0)
+    sizes = [int(totals.get(i) or 0) for i in gpus or []]
+    if layers <= 0 or len(sizes) < 2 or min(sizes) <= 0 or layers < len(sizes) or len(set(sizes)) == 1:
+        return None
+    whole = sum(sizes)
+    exact = [layers * x / whole for x in sizes]
+    split = [max(1, int(e)) for e in exact]
+    order = sorted(range(len(sizes)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    k = 0
+    while sum(split) < layers:
+        split[order[k % len(order)]] += 1
+        k += 1
+    while sum(split) > layers:
+        i = max(range(len(split)), key=lambda j: split[j] - exact[j])
+        split[i] -= 1
+    return ",".join(str(x) for x in split)
+
+
 RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "spec_sampler_bytes": spec_sampler_bytes,
     "spec_max_num_seqs_fit": spec_max_num_seqs_fit,
@@ -307,6 +333,7 @@ RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "dp_absorb": dp_absorb,
     "dp_desc": dp_desc,
     "pp_layer_partition": _none_safe(pp_layer_partition),
+    "proportional_layer_partition": _none_safe(proportional_layer_partition),
     "smallest_tensor_parallel_size": _none_safe(kvmath.smallest_tensor_parallel_size),
     "max_model_len_for_tokens": _none_safe(kvmath.max_model_len_for_tokens),
     "max_num_seqs_for": _none_safe(kvmath.max_num_seqs_for),
@@ -319,4 +346,6 @@ RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "pair_desc": pair_desc,
     "count_at_least": count_at_least,
     "format": fmt,
+    "device_default_max_num_seqs": default_max_num_seqs,
+    "device_default_max_num_batched_tokens": default_max_num_batched_tokens,
 }

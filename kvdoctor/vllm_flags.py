@@ -504,6 +504,26 @@ def default_max_num_seqs(
     return 1024 if (big_class or huge) else 256
 
 
+def default_max_num_batched_tokens(
+    version: str | None, gpu_total_bytes: int | None, gpu_name: str | None = None, server: bool = True
+) -> int:
+    """vLLM's device default for ``--max-num-batched-tokens`` with chunked prefill on (vllm-facts
+    §4.2): on a ≥160 GiB device (≥0.28) 16384; on an H100/H200-class one (≥70 GiB, not
+    A100/GB10) 8192 for ``vllm serve`` (16384 for ``LLM``); otherwise 2048 (8192 for ``LLM``).
+    The same tier as :func:`default_max_num_seqs`; 2048 / 8192 before 0.10 and on an unknown
+    device (memory read as 0: the small tier)."""
+    small = 2048 if server else 8192
+    if not _at_least(parse_version(version), "0.10") or not gpu_total_bytes:
+        return small
+    gib = 2**30
+    name = (gpu_name or "").upper()
+    if gpu_total_bytes >= 160 * gib and _at_least(parse_version(version), "0.28"):
+        return 16384
+    if gpu_total_bytes >= 70 * gib and "A100" not in name and "GB10" not in name:
+        return 8192 if server else 16384
+    return small
+
+
 def version_tuple(version: str | None, width: int = 3) -> tuple[int, ...] | None:
     """:func:`parse_version` padded/cut to ``width`` parts (``"0.9"`` → (0, 9, 0)); None when
     unparseable. The one version parser: kvmath, derive and the log source use it."""
@@ -660,9 +680,11 @@ def nearest_valid_kv_cache_dtype(value: str, version: str | None) -> str:
 
     A valid value is returned as is. ``"int8"`` → ``"int8_per_token_head"`` from 0.20, ``"fp8"``
     before; ``"fp16"`` → ``"float16"`` from 0.18, ``"auto"`` before; ``"fp8e4m3"`` →
-    ``"fp8_e4m3"``; otherwise the closest spelling (difflib) or ``"auto"``.
+    ``"fp8_e4m3"``; otherwise the closest spelling (difflib) or ``"auto"``. An unknown
+    ``version`` (None) gets a value every version accepts (``"int8"`` → ``"fp8"``): a suggestion
+    must not be one an older vLLM rejects.
     """
-    valid = valid_kv_cache_dtypes(version)
+    valid = valid_kv_cache_dtypes(version if version else "0.0")
     norm = str(value).strip().lower().replace("-", "_")
     if norm in valid:
         return norm

@@ -206,8 +206,13 @@ def test_multimodal_profile_oom() -> None:
         "--limit-mm-per-prompt": '{"image":1}',
         "--mm-processor-kwargs": '{"max_pixels":802816}',
         "--max-num-seqs": "8",
+        "--enforce-eager": "",  # a switch: no value
     }
     assert "max_pixels" in f["summary"] and "--enforce-eager" in f["summary"]
+    # Already eager: the switch is not suggested again.
+    eager = EngineConfig(model="Qwen/Qwen2-VL-7B-Instruct", enforce_eager=True, explicit={"enforce_eager"})
+    got_eager = fired(Snapshot(log=parse_log(_oom_log(MM_FRAMES, before=LOADED))), eager)
+    assert "--enforce-eager" not in got_eager["multimodal-profile-oom"]["flags"]
     assert "kv-budget-exhausted" not in got and "prefill-burst-oom" not in got
     # The warning alone on a running engine: a warning, not critical.
     warn = fired(Snapshot(log=parse_log(TOO_SHORT)), cfg)["multimodal-profile-oom"]
@@ -255,14 +260,45 @@ def test_gpu_hardware_errors_from_xids_and_ecc() -> None:
     got = fired(Snapshot(gpus=gpus, xid_events=parse_dmesg(DMESG)))["gpu-hardware-errors"]
     assert got["severity"] == "critical" and got["flags"] == {}
     assert "GPU 1" in got["summary"] and "Drain the node" in got["summary"]
-    # Only an application XID (13): nothing.
+    # Only an application XID (13): the program's fault, info naming the process the driver names.
     app = parse_dmesg(DMESG.splitlines()[1])
-    assert "gpu-hardware-errors" not in fired(Snapshot(gpus=gpus, xid_events=app))
+    got = fired(Snapshot(gpus=gpus, xid_events=app))["gpu-hardware-errors"]
+    assert got["severity"] == "info" and "pid 4121 python3" in got["summary"]
+    assert "Drain the node" not in got["summary"]
     # Uncorrectable ECC on GPU 0, no kernel log.
     bad = [_bus_gpu(0, "00000000:86:00.0", ecc=3), _bus_gpu(1, "00000000:07:00.0")]
     got = fired(Snapshot(gpus=bad))["gpu-hardware-errors"]
     assert "GPU 0: 3 uncorrectable ECC" in got["summary"]
     assert "gpu-hardware-errors" not in fired(Snapshot(gpus=gpus))
+
+
+@pytest.mark.parametrize(
+    ("line", "hardware", "application"),
+    [
+        # Blackwell logs the recovery action alone (rules.md): hardware, and it asks for a reset.
+        ("NVRM: Xid (PCI:0000:07:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", True, False),
+        ("NVRM: Xid (PCI:0000:07:00): 123, pid=0, name=<unknown>, SPI PMU RPC read fail", True, False),
+        ("NVRM: Xid (PCI:0000:07:00): 120, pid=1, name=x, GSP task timeout", True, False),
+        ("NVRM: Xid (PCI:0000:07:00): 31, pid=4121, name=python3, Ch 00000008, intr 00000000. MMU Fault", False, True),
+        ("NVRM: Xid (PCI:0000:07:00): 43, pid=4121, name=python3, Ch 00000008", False, True),
+        ("NVRM: Xid (PCI:0000:07:00): 45, pid=4121, name=python3, Ch 00000008", False, True),
+        # Neither list: no finding either way.
+        ("NVRM: Xid (PCI:0000:07:00): 8, pid=4121, name=python3, timeout", False, False),
+    ],
+)  # fmt: skip
+def test_xid_lists_as_rules_md(line: str, hardware: bool, application: bool) -> None:
+    from kvdoctor.sources.dmesg import parse_dmesg
+
+    xids = parse_dmesg(line)
+    assert (xids[0]["hardware"], xids[0]["application"]) == (hardware, application)
+    got = fired(Snapshot(gpus=[_bus_gpu(0, "00000000:07:00.0")], xid_events=xids)).get("gpu-hardware-errors")
+    if hardware:
+        assert got is not None and got["severity"] == "critical" and "GPU 0" in got["summary"]
+        assert ("asks for a GPU reset" in got["summary"]) == ("154" in line)
+    elif application:
+        assert got is not None and got["severity"] == "info" and "pid 4121 python3" in got["summary"]
+    else:
+        assert got is None
 
 
 # --------------------------------------------------------------------------- gpu-memory-growth

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from kvdoctor.derive.base import Family, Scope, Vars
+from kvdoctor.units import GiB
 from kvdoctor.vllm_flags import version_tuple
 
 WRITES: dict[str, str] = {
@@ -31,6 +32,14 @@ WRITES: dict[str, str] = {
     "idle_headroom_bytes": "bytes; H_idle = T − NVML used, on the engine's fullest GPU, in the snapshot read (the last sample)",
     "engine_env": "dict[str, str]; the engine's environment: env.txt / live env, then the launch command's VAR=value prefix (which wins)",
     "alloc_conf_expandable": "bool; expandable_segments:True in PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF",
+    "vllm_kv_memory_fit_bytes": "bytes per GPU; vLLM's own suggestion '--kv-cache-memory=B1' to fit into requested memory (post-warm-up summary, vllm-facts §3.3 item 10: requested − consumed − peak activation − CUDA graphs − 150 MiB)",
+    "vllm_kv_memory_full_bytes": "bytes per GPU; its '--kv-cache-memory=B2' to fully use the GPU (initial free − the same)",
+    "vllm_kv_in_use_bytes": "bytes per GPU; 'Current kv cache memory in use is X' of that summary",
+    "vllm_kv_memory_line": "int; the summary's log line",
+    "startup_refusal_variant": "str; which startup refusal vLLM logged: 'util' (free < gmu × total), 'external_weights_exceed' ('Externally held weights on device … exceed the desired GPU memory utilization'), 'below_budget_excluding_external'",
+    "external_weights_bytes": "bytes; weights held by another process (a `vllm preload` daemon) on the device: 'Externally held weights on device … (X/T GiB)', else gmu × total − the budget 'after excluding external process's weights'",
+    "usable_device_bytes": "bytes; the memory the engine's device really has: on a MIG instance the total CUDA reports inside it (the torch OOM's 'total capacity', the post-warm-up summary, the startup refusal; never the parent card's nvidia-smi total), under NoPermission the catalogue's memory for the card's name, else nvidia-smi / NVML memory.total; None when unknown",
+    "external_weights_gmu": "fraction; the gmu at which the engine's budget holds the external weights plus 1 GiB of KV and 0.5 GiB of margin (rounded up to 0.01), None above 0.95",
 }
 READS: frozenset[str] = frozenset(
     {
@@ -45,6 +54,8 @@ READS: frozenset[str] = frozenset(
         "oom_total_bytes",
         "oom_gpu",
         "expandable_segments_on",
+        "gpu_mig",
+        "gpu_no_permission",
     }
 )
 
@@ -95,10 +106,52 @@ def derive(s: Scope, v: Vars) -> None:
     v["summary_cudagraph_bytes"] = sv.get("cudagraph_bytes")
     total = v["gpu_total_bytes"] or v["oom_total_bytes"] or sv.get("total_bytes")
     v["device_total_bytes"] = total
+    if v["gpu_mig"]:
+        # nvidia-smi's memory.total of a MIG-enabled card is the parent's; CUDA inside the
+        # instance reports the slice (what vLLM's profiler and torch's OOM message see).
+        fbu = log.last("free_memory_below_util") if log is not None else None
+        v["usable_device_bytes"] = (
+            v["oom_total_bytes"]
+            or sv.get("total_bytes")
+            or (fbu.values.get("total_bytes") if fbu is not None else None)
+        )
+    else:
+        v["usable_device_bytes"] = v["gpu_total_bytes"]
+    v["vllm_kv_memory_fit_bytes"] = sv.get("kv_cache_memory_fit_bytes")
+    v["vllm_kv_memory_full_bytes"] = sv.get("kv_cache_memory_full_bytes")
+    v["vllm_kv_in_use_bytes"] = sv.get("kv_in_use_bytes")
+    v["vllm_kv_memory_line"] = summary.line if summary is not None else None
+    _external(s, v)
     _budget(s, v, sv)
     _oom(s, v)
     if total and v["gpu_used_bytes"] is not None:
         v["idle_headroom_bytes"] = max(0, total - v["gpu_used_bytes"])
+
+
+def _external(s: Scope, v: Vars) -> None:
+    """Externally held weights (vLLM ≥ 0.32, a ``vllm preload`` daemon): the refusal's variant,
+    the external bytes and the gmu that holds them (vllm-facts §2.1 and §3.5)."""
+    log = s.log
+    ev = log.last("free_memory_below_util") if log is not None else None
+    if ev is None:
+        return
+    fv = ev.values
+    variant = fv.get("variant") or "util"
+    v["startup_refusal_variant"] = variant
+    total = fv.get("total_bytes")
+    ext: int | None = None
+    if variant == "external_weights_exceed":
+        ext = fv.get("free_bytes")  # that message's "(X/T GiB)" is the external weights
+    elif (
+        variant == "below_budget_excluding_external" and total and fv.get("gmu") and fv.get("requested_bytes")
+    ):
+        # "the engine's budget after excluding external process's weights (gmu, B GiB)"
+        ext = max(0, math.ceil(fv["gmu"] * total) - int(fv["requested_bytes"]))
+    v["external_weights_bytes"] = ext
+    if variant == "external_weights_exceed" and ext and total:
+        need = (ext + GiB + GiB // 2) / total
+        gmu = math.ceil(need * 100 - 1e-9) / 100
+        v["external_weights_gmu"] = gmu if gmu <= 0.95 else None
 
 
 def _budget(s: Scope, v: Vars, sv: dict[str, int | None]) -> None:

@@ -1,23 +1,142 @@
 """Family hardware: uncorrectable ECC (nvidia-smi / NVML) and NVIDIA XIDs from the kernel log
-(``kvdoctor.sources.dmesg``), by GPU."""
+(``kvdoctor.sources.dmesg``), by GPU; and what clock throttling costs in generation throughput
+over the whole series given (spec/rules.md ``gpu-clock-throttled``)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from statistics import median
 from typing import Any
 
 from kvdoctor.derive.base import Family, Scope, Vars
-from kvdoctor.devices import normalize_bus_id
+from kvdoctor.derive.engines import MAX_HISTORY_POINTS, engine_series
+from kvdoctor.devices import APPLICATION_XIDS, HARDWARE_XIDS, normalize_bus_id
+from kvdoctor.facts import Gpu
 
 WRITES: dict[str, str] = {
-    "xid_hw_count": "count; hardware XID errors (48, 63, 64, 74, 79, 92, 94, 95, 119, …) in dmesg.txt / --dmesg",
-    "xid_app_count": "count; XIDs usually caused by the application (13, 31, 43, 45, …)",
+    "xid_hw_count": "count; hardware XID errors (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 154, …; kvdoctor.devices.HARDWARE_XIDS) in dmesg.txt / --dmesg",
+    "xid_app_count": "count; application XIDs (13, 31, 43, 45: kvdoctor.devices.APPLICATION_XIDS)",
     "xid_desc": "str; 'Xid 79 on GPU 1 (00000000:07:00.0, dmesg line 3): GPU has fallen off the bus, …'",
     "ecc_gpus": "list[int]; GPUs with uncorrectable ECC errors (nvidia-smi 'Volatile Uncorr. ECC' / NVML)",
     "ecc_desc": "str; 'GPU 0: 2 uncorrectable ECC errors, …'",
     "hw_error_gpus": "list[int]; GPUs with hardware XIDs or uncorrectable ECC errors",
     "hw_error_bus_ids": "list[str]; their PCI bus ids (XIDs whose bus id matches no listed GPU included)",
+    "xid_app_desc": "str; application XIDs (13, 31, 43, 45) with the process the driver names: 'Xid 13 on GPU 0 (pid 4242 python3), dmesg line 7: …'",
+    "xid_app_gpus": "list[int]; GPUs named by application XIDs",
+    "throttle_tput_loss": "fraction; 1 − median(throttled ÷ unthrottled generation tokens/s at comparable running requests) over the whole series (NVML clock event reasons × rate(vllm:generation_tokens_total)); None when no comparable pair",
+    "throttle_tput_throttled": "tokens/s; median generation throughput while throttled, at loads an unthrottled reading matches",
+    "throttle_tput_unthrottled": "tokens/s; median generation throughput unthrottled at those loads",
+    "throttle_compared": "count; throttled readings that had an unthrottled reading at comparable load",
+    "throttle_since_s": "seconds; how long the engine's GPUs have been throttled, up to the newest reading (the series' last unbroken throttled stretch)",
+    "throttle_readings": "count; readings (snapshots with GPU clock reasons) the throttle judgement saw",
 }
-READS: frozenset[str] = frozenset()
+READS: frozenset[str] = frozenset({"engine_gpus"})
+
+#: clock event reasons that slow the GPU (NVML nvmlClocksEventReasons names); gpu_idle and
+#: applications_clocks_setting are not a slowdown.
+_SLOW = ("thermal", "power", "hw_slowdown", "slowdown")
+#: readings at comparable load: running requests within this fraction of each other (at least 1).
+_LOAD_TOLERANCE = 0.25
+
+
+def _slow(gpus: list[Gpu], wanted: set[int]) -> bool | None:
+    """Whether the engine's GPUs (``wanted`` indices; every GPU when empty) show a slowdown
+    reason in one reading; None when the reading has none of them."""
+    mine = [g for g in gpus if not wanted or g.index in wanted]
+    if not mine:
+        return None
+    return any(any(k in r for k in _SLOW) for g in mine for r in g.clock_event_reasons)
+
+
+def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, bool]]:
+    """(time, throttled) per reading of the engine's GPUs, oldest first: the nvidia-smi ``-l``
+    loop's moments (``Snapshot.gpu_series``, bounded) when the snapshot has them, else the
+    bounded history of snapshots that read GPUs."""
+    out: list[tuple[float | None, bool]] = []
+    moments = s.snapshot.gpu_series
+    if moments:
+        n = len(moments)
+        if n > MAX_HISTORY_POINTS:
+            step = (n - 1) / (MAX_HISTORY_POINTS - 1)
+            moments = [moments[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
+        for gpus in moments:
+            t = _slow(gpus, wanted)
+            if t is not None:
+                times = [g.timestamp for g in gpus if g.timestamp is not None]
+                out.append((times[0] if times else None, t))
+        return out
+    for snap in s.history or [s.snapshot]:
+        t = _slow(snap.gpus, wanted)
+        if t is not None:
+            out.append((snap.timestamp, t))
+    if not out:
+        t = _slow(s.snapshot.gpus, wanted)
+        if t is not None:
+            out.append((s.snapshot.timestamp, t))
+    return out
+
+
+def _throttle_cost(s: Scope, v: Vars) -> None:
+    """Generation throughput throttled vs unthrottled at comparable load, over the whole series
+    (the bounded history, not only the window): consecutive scrapes give a rate of
+    ``vllm:generation_tokens_total`` and the running requests (``vllm:num_requests_running``) at
+    the later one; each rate is throttled or not by the GPU reading nearest in time (NVML clock
+    event reasons). A counter reset, an untimed pair or a rate with no reading near it is skipped."""
+    wanted = set(v["engine_gpus"] or [])
+    readings = _throttle_readings(s, wanted)
+    v["throttle_readings"] = len(readings)
+    if readings and readings[-1][1]:
+        start = len(readings) - 1
+        while start > 0 and readings[start - 1][1]:
+            start -= 1
+        t0, t1 = readings[start][0], readings[-1][0]
+        if t0 is not None and t1 is not None:
+            v["throttle_since_s"] = max(0.0, t1 - t0)
+    timed: list[tuple[float, bool]] = sorted((t, thr) for t, thr in readings if t is not None)
+    if not timed:
+        return
+    series = engine_series(s.history or [s.snapshot], s.dp_label)
+    points: list[tuple[float, float, bool]] = []  # (running, tokens/s, throttled)
+    for prev, cur in zip(series, series[1:], strict=False):
+        if prev.timestamp is None or cur.timestamp is None or cur.timestamp <= prev.timestamp:
+            continue
+        if prev.generation_tokens_total is None or cur.generation_tokens_total is None:
+            continue
+        if cur.generation_tokens_total < prev.generation_tokens_total:
+            continue  # counter reset (restart)
+        running = cur.num_requests_running or 0.0
+        if running <= 0:
+            continue
+        now = cur.timestamp
+        span = now - prev.timestamp
+        i = bisect_left(timed, (now, False))
+        near = [timed[j] for j in (i - 1, i) if 0 <= j < len(timed)]
+        best = min(near, key=lambda r: abs(r[0] - now))
+        if abs(best[0] - now) > max(60.0, span):
+            continue
+        rate = (cur.generation_tokens_total - prev.generation_tokens_total) / span
+        points.append((running, rate, best[1]))
+    hot = [p for p in points if p[2]]
+    cool = [p for p in points if not p[2]]
+    ratios: list[float] = []
+    thr_rates: list[float] = []
+    ref_rates: list[float] = []
+    for load, rate, _ in hot:
+        tol = max(1.0, _LOAD_TOLERANCE * load)
+        comparable = [r for lo, r, _ in cool if abs(lo - load) <= tol]
+        if not comparable:
+            continue
+        ref = median(comparable)
+        if ref <= 0:
+            continue
+        ratios.append(rate / ref)
+        thr_rates.append(rate)
+        ref_rates.append(ref)
+    v["throttle_compared"] = len(ratios)
+    if ratios:
+        v["throttle_tput_loss"] = max(0.0, 1.0 - median(ratios))
+        v["throttle_tput_throttled"] = median(thr_rates)
+        v["throttle_tput_unthrottled"] = median(ref_rates)
 
 
 def derive(s: Scope, v: Vars) -> None:
@@ -26,18 +145,30 @@ def derive(s: Scope, v: Vars) -> None:
     # Keyed by (node, bus id): identical machines have the same bus ids (nodes/<host>/ dmesg.txt
     # tags its XIDs with the node; a top-level one matches a bus id only one node has).
     by_bus = {(g.node, normalize_bus_id(g.bus_id)): g for g in snapshot.gpus if g.bus_id}
-    hw = [x for x in snapshot.xid_events if x.get("hardware")]
+    # Classified by number here too, so a recording made before a list grew reads the same.
+    hw = [x for x in snapshot.xid_events if x.get("hardware") or x.get("xid") in HARDWARE_XIDS]
+    hw_ids = {id(x) for x in hw}
+    app = [
+        x
+        for x in snapshot.xid_events
+        if id(x) not in hw_ids and (x.get("application") or x.get("xid") in APPLICATION_XIDS)
+    ]
     v["xid_hw_count"] = len(hw)
-    v["xid_app_count"] = len(snapshot.xid_events) - len(hw)
+    v["xid_app_count"] = len(app)
     gpus: set[int] = set()
     buses: list[str] = []
     parts: list[str] = []
     seen: set[tuple[Any, Any, Any]] = set()
-    for x in hw:
+
+    def gpu_of(x: dict[str, Any]) -> Any:
         g = by_bus.get((x.get("node"), x.get("bus_id")))
         if g is None and x.get("node") is None:
             same = [gg for (_n, b), gg in by_bus.items() if b == x.get("bus_id")]
             g = same[0] if len(same) == 1 else None
+        return g
+
+    for x in hw:
+        g = gpu_of(x)
         if g is not None:
             gpus.add(g.index)
         if x.get("bus_id") and x["bus_id"] not in buses:
@@ -68,6 +199,24 @@ def derive(s: Scope, v: Vars) -> None:
             buses.append(bid)
     v["hw_error_gpus"] = sorted(gpus)
     v["hw_error_bus_ids"] = buses
+    # Application XIDs (13, 31, 43, 45): the program's fault, not the device's (rules.md family P).
+    app_parts: list[str] = []
+    app_gpus: set[int] = set()
+    for x in app[:8]:
+        g = gpu_of(x)
+        if g is not None:
+            app_gpus.add(g.index)
+        where = f"GPU {g.index}" if g is not None else f"PCI {x.get('bus_id') or '?'}"
+        proc = f"pid {x['pid']}" if x.get("pid") is not None else "no pid named"
+        if x.get("name"):
+            proc += f" {x['name']}"
+        app_parts.append(
+            f"Xid {x.get('xid')} on {where} ({proc}), dmesg line {x.get('line')}: "
+            f"{str(x.get('message') or '').rstrip('.')}"
+        )
+    v["xid_app_desc"] = "; ".join(app_parts) if app_parts else None
+    v["xid_app_gpus"] = sorted(app_gpus)
+    _throttle_cost(s, v)
 
 
 FAMILY = Family("hardware", WRITES, READS, derive)

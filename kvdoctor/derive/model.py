@@ -18,7 +18,9 @@ WRITES: dict[str, str] = {
     "weights_logged_bytes": "bytes; per-worker 'Model loading took X GiB' (V0 'Loading model weights took X GB')",
     "kv_bytes_per_token": "bytes per token; KV per token per GPU rank at the configured kv_cache_dtype (kvmath)",
     "kv_bytes_per_token_fp8": "bytes per token; KV per token per GPU rank with fp8 KV (kvmath)",
-    "fp8_supported": "bool; the GPU supports fp8 KV (catalogue; None when unknown)",
+    "fp8_supported": "bool; the GPU supports fp8 KV: compute capability ≥ 8.9 as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → False), else the GPU catalogue by name; None when unknown",
+    "log_compute_capability": "str; the compute capability the log states ('7.0', '12.0'): vLLM's 'Your … GPU has compute capability X.Y', PyTorch's 'with CUDA capability sm_NN', 'Using FlashInfer GDN prefill kernel on CUDA compute capability NN'",
+    "log_gpu_name": "str; the GPU name the log's capability line gives ('Tesla V100-SXM2-32GB'), for the catalogue when nvidia-smi is missing",
     "invalid_kv_dtype": "bool; 'Invalid kv_cache_dtype' logged, or --kv-cache-dtype not valid for the version",
     "invalid_kv_dtype_value": "str; the rejected value",
     "invalid_kv_dtype_line": "int; log line (None when from the launch command)",
@@ -65,6 +67,28 @@ def _sizes(s: Scope, v: Vars) -> None:
         pass
 
 
+def _log_capability(s: Scope, v: Vars) -> tuple[int, int] | None:
+    """(major, minor) compute capability from the log's latest capability line, setting
+    ``log_compute_capability`` / ``log_gpu_name``; None without one."""
+    log = s.log
+    if log is None:
+        return None
+    ev = log.last("compute_capability")
+    cc: tuple[int, int] | None = None
+    if ev is not None:
+        cc = (int(ev.values.get("major") or 0), int(ev.values.get("minor") or 0))
+        v["log_gpu_name"] = ev.values.get("gpu_name")
+    else:
+        gfi = log.last("gdn_flashinfer_prefill")
+        n = int(gfi.values.get("compute_capability") or 0) if gfi is not None else 0
+        if n:
+            cc = (n // 10, n % 10)
+    if cc is None or cc[0] <= 0:
+        return None
+    v["log_compute_capability"] = f"{cc[0]}.{cc[1]}"
+    return cc
+
+
 def _kv_dtype(s: Scope, v: Vars) -> None:
     """Launch-time validity of --kv-cache-dtype: the log's 'Invalid kv_cache_dtype', else the
     version's accepted values, else fp8 on a GPU without fp8."""
@@ -78,11 +102,20 @@ def _kv_dtype(s: Scope, v: Vars) -> None:
         v["invalid_kv_dtype"] = dtype not in valid_kv_cache_dtypes(v["vllm_version"])
         if v["invalid_kv_dtype"]:
             v["invalid_kv_dtype_value"] = dtype
+    # The compute capability vLLM (or PyTorch) logs is the device's own word: it wins over the
+    # catalogue's by name (an OEM or truncated name may match the wrong card, or none).
+    cc = _log_capability(s, v)
+    name = v["gpu_name"] or v["log_gpu_name"]
     try:
-        spec = catalog.gpu(v["gpu_name"]) if v["gpu_name"] else None
+        spec = catalog.gpu(name) if name else None
     except (KeyError, ValueError):
         spec = None
-    v["fp8_supported"] = spec.fp8 if spec is not None else None
+    if cc is not None:
+        v["fp8_supported"] = cc >= (8, 9)
+    elif s.log is not None and s.log.last("fp8_not_native") is not None:
+        v["fp8_supported"] = False
+    else:
+        v["fp8_supported"] = spec.fp8 if spec is not None else None
     if not v["invalid_kv_dtype"] and dtype.startswith("fp8") and v["fp8_supported"] is False:
         v["invalid_kv_dtype"], v["invalid_kv_dtype_value"] = True, dtype
         v["suggested_kv_dtype"] = "auto"

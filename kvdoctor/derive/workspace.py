@@ -43,10 +43,18 @@ WRITES: dict[str, str] = {
     "gdn_warmup_failed": "bool; 'GDN prefill kernel warmup (T=N) failed for layer L' warning (≥0.18)",
     "gdn_warmup_failed_line": "int; its log line",
     "gdn_model": "bool; config.json architectures has a gated-delta-net model (Qwen3-Next, Qwen3.5)",
-    "gpu_compute_capability": "str; the engine GPU's compute capability ('9.0'), from the log's GDN kernel line or the GPU catalogue",
+    "gpu_compute_capability": "str; the engine GPU's compute capability ('9.0'): the one the log states (model family's log_compute_capability), else the GPU catalogue",
 }
 READS: frozenset[str] = frozenset(
-    {"vllm_release", "engine_env", "max_num_batched_tokens", "tp", "arch", "gpu_name"}
+    {
+        "vllm_release",
+        "engine_env",
+        "max_num_batched_tokens",
+        "tp",
+        "arch",
+        "gpu_name",
+        "log_compute_capability",
+    }
 )
 
 
@@ -61,12 +69,7 @@ def derive(s: Scope, v: Vars) -> None:
     v["attention_backend"] = backend
     arch = v["arch"]
     v["gdn_model"] = bool(arch is not None and GDN_ARCHITECTURES & set(arch.architectures or []))
-    cc = None
-    if log is not None:
-        gfi = log.last("gdn_flashinfer_prefill")
-        if gfi is not None:
-            n = int(gfi.values.get("compute_capability") or 0)
-            cc = f"{n // 10}.{n % 10}" if n else None
+    cc = v["log_compute_capability"]
     if cc is None and v["gpu_name"]:
         try:
             spec = catalog.gpu(v["gpu_name"])

@@ -10,8 +10,9 @@ GPU has fallen off the bus.`` (older drivers omit ``pid=``/``name=``, some print
 - ``pid``/``name``: the process the driver names (None for ``'<unknown>'``);
 - ``message``: the driver's text after the numbers;
 - ``line``: 1-based line in the file;
-- ``hardware``: True for the XIDs that mean the device itself is failing (:data:`HARDWARE_XIDS`),
-  False for those usually caused by the application (13, 31, 43, 45, …).
+- ``hardware``: True for the XIDs that mean the device itself is failing (:data:`HARDWARE_XIDS`,
+  kept in ``kvdoctor.devices``), False otherwise;
+- ``application``: True for the XIDs the application causes (13, 31, 43, 45: :data:`APPLICATION_XIDS`).
 """
 
 from __future__ import annotations
@@ -20,30 +21,12 @@ import os
 import re
 from typing import Any
 
+from kvdoctor.devices import APPLICATION_XIDS, HARDWARE_XIDS
 from kvdoctor.facts import SourceError
 from kvdoctor.sources.limits import guarded, read_bytes
 from kvdoctor.sources.nvidia_smi import normalize_bus_id
 
-__all__ = ["HARDWARE_XIDS", "parse_dmesg", "parse_dmesg_file"]
-
-#: XIDs that point at the GPU, its memory or its links rather than at the program (NVIDIA's XID
-#: catalogue): the node should be drained and the GPU reset or replaced.
-HARDWARE_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint/warning",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement / row remapping recorded (a reset is pending)",
-    64: "ECC page retirement / row remapping failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    121: "C2C link error",
-    140: "unrecovered ECC error",
-}
+__all__ = ["APPLICATION_XIDS", "HARDWARE_XIDS", "parse_dmesg", "parse_dmesg_file"]
 
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.(?P<fn>[0-7]))?\):"
@@ -94,9 +77,10 @@ def parse_dmesg(text: str, origin: str = "") -> list[dict[str, Any]]:
                 "bus_id": normalize_bus_id(f"{m.group('bus')}.{m.group('fn') or '0'}"),
                 "pid": pid,
                 "name": name,
-                "message": rest.strip() or HARDWARE_XIDS.get(xid, ""),
+                "message": rest.strip() or HARDWARE_XIDS.get(xid) or APPLICATION_XIDS.get(xid, ""),
                 "line": lineno,
                 "hardware": xid in HARDWARE_XIDS,
+                "application": xid in APPLICATION_XIDS,
             }
         )
     return events

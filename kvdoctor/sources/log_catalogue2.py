@@ -31,6 +31,13 @@ Event kinds (``LogEvent.kind`` → ``values``); "§" cites reference/vllm-facts.
   First inference may OOM due to autotuner." (WARNING, ≥0.18).
 - ``gdn_flashinfer_prefill`` {compute_capability}: "Using FlashInfer GDN prefill kernel on CUDA
   compute capability 90" (0.17 on Hopper: the Triton autotune path is not used).
+- ``compute_capability`` {major, minor, gpu_name}: the GPU's compute capability as the log states
+  it — vLLM's dtype check "Your Tesla V100-SXM2-32GB GPU has compute capability 7.0" (ValueError
+  of ``check_if_supports_dtype``), PyTorch's "NVIDIA GeForce RTX 5090 with CUDA capability sm_120
+  is not compatible with the current PyTorch installation" and "Found GPU0 … which is of cuda
+  capability 3.7"; ``gpu_name`` None when the line names no GPU.
+- ``fp8_not_native`` {}: "Your GPU does not have native support for FP8 computation" (vLLM's fp8
+  quantization warning: compute capability below 8.9).
 - ``speculative_config`` {method, num_spec_tokens}: the engine-config line's
   ``speculative_config=SpeculativeConfig(method='eagle', model=…, num_spec_tokens=4)``.
 - ``spec_decode_metrics`` {mean_acceptance_length}: "SpecDecoding metrics: Mean acceptance
@@ -72,6 +79,16 @@ FRAME_HINTS: dict[str, tuple[str, ...]] = {
     "fla_ops": ("layers/fla/ops/", "solve_tril", "chunk_gated_delta_rule", "gdn_linear_attn"),
     "attention": ("attention/backends/", "/mla/", "indexer", "flash_attn", "attention.py"),
     "wake_up": ("wake_up", "create_and_map"),
+    # the model's MLP in the forward pass (prefill-burst-oom's inference, spec/rules.md)
+    "mlp": (
+        "self.mlp(",
+        "mlp.py",
+        "act_fn(",
+        "silu_and_mul",
+        "gate_up_proj",
+        "down_proj",
+        "layers/activation.py",
+    ),
 }
 
 
@@ -98,6 +115,10 @@ _RE = {
     "backend_user": re.compile(r"^Using ([A-Z][A-Z0-9_]{1,40}) backend\.?$"),
     "gdn_failed": re.compile(r"GDN prefill kernel warmup \(T=(\d{1,12})\) failed for layer (\S{1,200})"),
     "gdn_fi": re.compile(r"Using FlashInfer GDN prefill kernel on CUDA compute capability (\d{2,3})"),
+    "cc_dtype": re.compile(r"Your (.{1,80}?) GPU has compute capability (\d{1,2})\.(\d)"),
+    # anchored on the literal; the GPU name is the text before it (no leading wildcard to backtrack)
+    "cc_torch_sm": re.compile(r" with CUDA capability sm_(\d{1,2})(\d)\b"),
+    "cc_torch_found": re.compile(r"Found GPU\d{1,3} (.{1,80}?) which is of cuda capability (\d{1,2})\.(\d)"),
     "spec_cfg": re.compile(
         r"SpeculativeConfig\(method='?([\w-]{1,40})'?, model=[^,)]{0,300}, num_spec_tokens=(\d{1,3})\)"
     ),
@@ -196,6 +217,33 @@ def match(msg: str) -> list[tuple[str, dict[str, Any]]]:  # noqa: C901
         return out
     if "Triton Error [CUDA]: out of memory" in msg:
         out.append(("triton_oom", {}))
+        return out
+    if "apability" in msg and (
+        "compute capability" in msg or "CUDA capability" in msg or "cuda capability" in msg
+    ):
+        for key in ("cc_dtype", "cc_torch_found"):
+            m = R[key].search(msg)
+            if m:
+                name = m.group(1).strip().strip("'\"")
+                out.append(
+                    (
+                        "compute_capability",
+                        {"major": int(m.group(2)), "minor": int(m.group(3)), "gpu_name": name or None},
+                    )
+                )
+                return out
+        m = R["cc_torch_sm"].search(msg)
+        if m:
+            name = msg[: m.start()].rsplit("Warning: ", 1)[-1].strip().strip("'\"")[-80:]
+            out.append(
+                (
+                    "compute_capability",
+                    {"major": int(m.group(1)), "minor": int(m.group(2)), "gpu_name": name or None},
+                )
+            )
+            return out
+    if "does not have native support for FP8 computation" in msg:
+        out.append(("fp8_not_native", {}))
         return out
     if "GDN prefill kernel" in msg:
         m = R["gdn_fi"].search(msg)

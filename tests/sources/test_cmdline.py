@@ -550,6 +550,8 @@ def test_valid_kv_cache_dtypes_by_version() -> None:
         ("bf16", "0.11.0", "bfloat16"),
         ("fp8e4m3", None, "fp8_e4m3"),
         ("FP8-E5M2", None, "fp8_e5m2"),
+        ("int8", None, "fp8"),  # unknown version: the value valid in every version
+        ("fp16", None, "auto"),
         ("fp8", "0.8.5", "fp8"),
         ("int4", "0.33.0", "int4_per_token_head"),
         ("int4", "0.21.0", "int8_per_token_head"),
