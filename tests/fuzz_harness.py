@@ -270,7 +270,7 @@ def run(
             trace = i % measure_memory_every == 0
             if trace:
                 tracemalloc.start()
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             try:
                 target.call(text)
             except SourceError as e:
@@ -282,7 +282,7 @@ def run(
                 failures.append(
                     Failure(target.name, "exception", f"{type(e).__name__}: {str(e)[:100]}", data)
                 )
-            elapsed = time.perf_counter() - t0
+            elapsed = time.process_time() - t0
             if trace:
                 peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
@@ -291,12 +291,12 @@ def run(
             if elapsed > time_limit:
                 # tracemalloc slows Python several times, and a shared CI core stalls: an input
                 # is slow only when a second, untraced run is slow too
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 try:
                     target.call(text)
                 except Exception:
                     pass
-                again = time.perf_counter() - t0
+                again = time.process_time() - t0
                 if again > time_limit:
                     failures.append(Failure(target.name, "slow", f"{min(elapsed, again):.2f} s", data))
             total += 1

@@ -110,17 +110,23 @@ def test_patterns_found() -> None:
     assert any(".vllm_log._RE[oom_legacy]" in n for n, _ in PATTERNS)
 
 
+def _search_cpu_time(pattern: re.Pattern[str], text: str, n: int) -> float:
+    t0 = time.process_time()
+    pattern.search(text)
+    pattern.search(text + "\n")
+    for _ in pattern.finditer(text[: n // 4]):
+        pass
+    return time.process_time() - t0
+
+
 @pytest.mark.parametrize("name,pattern", PATTERNS, ids=[n for n, _ in PATTERNS])
 def test_no_superlinear_backtracking(name: str, pattern: re.Pattern[str]) -> None:
     for filler in FILLERS:
         for n in LENGTHS:
             text = filler * (n // len(filler))
-            t0 = time.perf_counter()
-            pattern.search(text)
-            pattern.search(text + "\n")
-            for _ in pattern.finditer(text[: n // 4]):
-                pass
-            elapsed = time.perf_counter() - t0
+            # CPU time, best of two: a loaded CI core stalls wall time, never a linear pattern's
+            # CPU time by a hundredfold
+            elapsed = min(_search_cpu_time(pattern, text, n) for _ in range(2 if n == LENGTHS[-1] else 1))
             assert elapsed < BUDGET_S, f"{name} on {filler!r}×{n}: {elapsed:.2f} s"
 
 
@@ -129,9 +135,9 @@ def test_long_cuda_oom_line_parses_quickly() -> None:
     from kvdoctor.sources.vllm_log import parse_log
 
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate " + "1" * 3000 + " allowed;"
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     log = parse_log(line + "\n" + line.replace("1", "9") + "\n")
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert [e.kind for e in log.events][:1] == ["cuda_oom"]
 
 
