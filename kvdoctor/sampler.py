@@ -753,12 +753,13 @@ class LiveLoop:
         *,
         sleep: Callable[[float], None] | None = None,
         stop: threading.Event | None = None,
+        on_cycle: Callable[[Cycle], None] | None = None,
     ) -> Timeline:
         """Read without evaluating: a live feed for ``window_s`` seconds at ``interval_s`` (one
         read only when there is no /metrics endpoint; at least two reads otherwise, since rates
         need two scrapes, and a slow or failing endpoint is retried within the window), a finite
-        feed to
-        its end; ``stop`` ends it early (Ctrl-C). Returns the Timeline (``diagnose`` then
+        feed to its end; ``stop`` ends it early (Ctrl-C). ``on_cycle`` is called after each
+        read (``bundle`` keeps each scrape's raw page). Returns the Timeline (``diagnose`` then
         evaluates once)."""
         start = self._clock()
         keep_last = getattr(self.feed, "keep_last", None)
@@ -770,6 +771,8 @@ class LiveLoop:
             cycle = self.step(evaluate=False)
             if cycle is None:
                 break
+            if on_cycle is not None:
+                on_cycle(cycle)
             if not self.feed.live:
                 continue
             if not cycle.snapshot.metrics and not any(
