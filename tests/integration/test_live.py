@@ -253,8 +253,10 @@ def _sidecar_findings(seconds: float) -> tuple[dict[str, Any] | None, str]:
     return doc, "" if doc is not None else f"{last}; {err[-500:]}"
 
 
-def _watch_in_pty(seconds: float) -> tuple[str, int | None]:
-    """``kvdoctor watch`` in a pseudo-terminal for ``seconds``, then q (then SIGINT)."""
+def _watch_in_pty(seconds: float, until_seen: bytes) -> tuple[str, int | None]:
+    """``kvdoctor watch`` in a pseudo-terminal until its screen shows ``until_seen`` (then 2 s
+    more) or ``seconds`` pass, then q (then SIGINT). On a loaded 2-core machine the TUI's start
+    and its first live read of a busy server take more than 10 s."""
     master, slave = pty.openpty()
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="160", LINES="48")
     proc = subprocess.Popen(
@@ -269,8 +271,10 @@ def _watch_in_pty(seconds: float) -> tuple[str, int | None]:
     os.close(slave)
     chunks: list[bytes] = []
 
-    def drain(until: float) -> None:
+    def drain(until: float, want: bytes | None = None) -> None:
         while time.monotonic() < until:
+            if want is not None and want in b"".join(chunks):
+                return
             r, _, _ = select.select([master], [], [], 0.2)
             if r:
                 try:
@@ -278,7 +282,8 @@ def _watch_in_pty(seconds: float) -> tuple[str, int | None]:
                 except OSError:
                     return
 
-    drain(time.monotonic() + seconds)
+    drain(time.monotonic() + seconds, until_seen)
+    drain(time.monotonic() + 2)
     with contextlib.suppress(OSError):
         os.write(master, b"q")
     drain(time.monotonic() + 5)
@@ -383,7 +388,7 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
         else:
             res.sidecar_error = "`kvdoctor sidecar` does not exist on this checkout"
         if has_command("watch"):
-            res.watch_output, res.watch_rc = _watch_in_pty(10)
+            res.watch_output, res.watch_rc = _watch_in_pty(90, server.served_name.encode())
         res.scrapes.append(scrape(server))
     finally:
         load.stop()
