@@ -221,7 +221,17 @@ def _capture(name: str, args: list[str], out: dict[str, Any], timeout: float = 3
 def _sidecar_findings(seconds: float) -> tuple[dict[str, Any] | None, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "sidecar", "--listen", f"127.0.0.1:{port}", "--no-nvml"],
+        [
+            sys.executable,
+            "-m",
+            "kvdoctor",
+            "sidecar",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--no-nvml",
+            "--timeout",
+            "30",
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -260,7 +270,8 @@ def _watch_in_pty(seconds: float, until_seen: bytes) -> tuple[str, int | None]:
     master, slave = pty.openpty()
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="160", LINES="48")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "watch", "--no-nvml"],
+        # the loaded server answers /metrics in seconds: the default 2 s timeout never reads it
+        [sys.executable, "-m", "kvdoctor", "watch", "--no-nvml", "--timeout", "30"],
         cwd=REPO,
         stdin=slave,
         stdout=slave,
@@ -335,7 +346,9 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
                 break
             time.sleep(1)
         follow = LiveFeed(
-            LiveOptions(metrics_urls=[f"{server.url}/metrics"], log_path=server.log, use_nvml=False)
+            LiveOptions(
+                metrics_urls=[f"{server.url}/metrics"], log_path=server.log, use_nvml=False, timeout_s=30.0
+            )
         )
         res.followed.append(_followed(follow.next()))
         # The live diagnose, the recording and the bundle read the same window of the same
