@@ -297,10 +297,11 @@ def _watch_in_pty(seconds: float, until_seen: bytes) -> tuple[str, int | None]:
     drain(time.monotonic() + 2)
     with contextlib.suppress(OSError):
         os.write(master, b"q")
-    drain(time.monotonic() + 5)
+    # a loaded 2-core machine: the TUI may take seconds to tear down
+    drain(time.monotonic() + 20)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
-        drain(time.monotonic() + 5)
+        drain(time.monotonic() + 20)
     if proc.poll() is None:
         proc.kill()
     rc = proc.wait(timeout=30)
@@ -317,6 +318,9 @@ def _followed(snap: Any) -> dict[str, Any]:
         "version": log.vllm_version if log is not None else None,
         "stats": len(stats),
         "newest": dict(stats[-1].values) if stats else None,
+        # the busiest of them: one line is one instant, and a starved server may show 0 running
+        "running_max": max((s.values.get("running") or 0 for s in stats), default=0),
+        "kv_max": max((s.values.get("kv_usage") or 0.0 for s in stats), default=0.0),
         "ok": {s.kind for s in snap.sources if s.status == "ok"},
     }
 
@@ -485,7 +489,7 @@ def test_log_followed_from_a_file_while_the_server_runs(pressure: Pressure) -> N
     assert last["stats"] > first["stats"], (first["stats"], last["stats"])
     newest = last["newest"]
     assert newest is not None and newest["device"] == "CPU"
-    assert newest["running"] >= 1 and newest["kv_usage"] > 0
+    assert last["running_max"] >= 1 and last["kv_max"] > 0
     assert last["ok"] >= {"metrics", "log"}
 
 
