@@ -523,7 +523,12 @@ def render_facts(
                     _write(root, manifest, name, "metrics", source, render_metrics_text(snap.metrics))
                     manifest.entries[-1].detail = "rendered from the parsed scrape"
     if not any(manifest.has(n) for n in ("cmdline.txt", "engine-args.json", "engine-args.yaml")):
-        cmd = render_cmdline_text(latest)
+        # The newest snapshot that knew the launch commands: on a loaded host the latest
+        # process-table read may have timed out, and the engine's flags would be lost.
+        cmd = next(
+            (c for snap in reversed(timeline.snapshots) if (c := render_cmdline_text(snap)) is not None),
+            None,
+        )
         if cmd is not None:
             _write(root, manifest, "cmdline.txt", "cmdline", source, cmd)
     if not manifest.has("config.json") and latest.model is not None and latest.model.raw:

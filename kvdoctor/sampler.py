@@ -726,7 +726,9 @@ class LiveLoop:
         evaluate_every: int = 1,
     ) -> None:
         """Loop until ``stop`` is set, ``max_cycles`` or ``duration_s`` is reached, or a finite
-        feed ends; call ``on_cycle`` after each read. A finite feed is read as fast as it goes
+        feed ends; call ``on_cycle`` after each read. ``duration_s`` counts from the end of the
+        first read (process discovery and a first scrape of a loaded server can take longer
+        than the whole duration: a recording of one read has no rates). A finite feed is read as fast as it goes
         unless ``pace_finite`` (replay at ``interval_s``). ``evaluate_every`` N evaluates the
         pipeline on every Nth cycle only (a fast replay of a long recording; the other cycles
         carry ``report=None``). Exceptions from ``on_cycle`` propagate (they are the face's
@@ -746,7 +748,9 @@ class LiveLoop:
             n += 1
             if max_cycles is not None and n >= max_cycles:
                 return
-            if duration_s is not None and self._clock() - start >= duration_s:
+            if n == 1:
+                start = self._clock()
+            elif duration_s is not None and self._clock() - start >= duration_s:
                 return
             if self.feed.live or pace_finite:
                 stop.wait(max(0.0, self.interval_s - (self._clock() - t0)))
@@ -757,12 +761,15 @@ class LiveLoop:
         *,
         sleep: Callable[[float], None] | None = None,
         stop: threading.Event | None = None,
+        on_cycle: Callable[[Cycle], None] | None = None,
     ) -> Timeline:
-        """Read without evaluating: a live feed for ``window_s`` seconds at ``interval_s`` (one
+        """Read without evaluating: a live feed for ``window_s`` seconds at ``interval_s``,
+        counted from the end of the first read (discovery and a first scrape of a loaded server
+        do not eat the window: two back-to-back scrapes after them give no usable rate); one
         read only when there is no /metrics endpoint; at least two reads otherwise, since rates
-        need two scrapes, and a slow or failing endpoint is retried within the window), a finite
-        feed to
-        its end; ``stop`` ends it early (Ctrl-C). Returns the Timeline (``diagnose`` then
+        need two scrapes, and a slow or failing endpoint is retried within the window; a finite
+        feed to its end; ``stop`` ends it early (Ctrl-C). ``on_cycle`` is called after each
+        read (``bundle`` keeps each scrape's raw page). Returns the Timeline (``diagnose`` then
         evaluates once)."""
         start = self._clock()
         keep_last = getattr(self.feed, "keep_last", None)
@@ -774,12 +781,16 @@ class LiveLoop:
             cycle = self.step(evaluate=False)
             if cycle is None:
                 break
+            if on_cycle is not None:
+                on_cycle(cycle)
             if not self.feed.live:
                 continue
             if not cycle.snapshot.metrics and not any(
                 st.kind == "metrics" and st.status != "missing" for st in cycle.snapshot.sources
             ):
                 break  # no /metrics endpoint at all: nothing to take a rate of, one read tells all
+            if cycle.index == 0:
+                start = self._clock()
             # An endpoint that was slow or failed this time may answer later in the window.
             if self._clock() - start >= window_s and cycle.index >= 1:
                 break  # at least two scrapes, so counter rates exist

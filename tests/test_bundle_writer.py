@@ -121,3 +121,24 @@ def test_redaction_of_logs_and_env_files() -> None:
         "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz\nexport OPENAI_API_KEY=x1\nCUDA_VISIBLE_DEVICES=0,1\n"
     )
     assert env == "HF_TOKEN=***\nOPENAI_API_KEY=***\nCUDA_VISIBLE_DEVICES=0,1\n"
+
+
+def test_cmdline_comes_from_the_newest_snapshot_that_knew_the_launch_command(tmp_path: Path) -> None:
+    # A loaded host: the last process-table read timed out (no processes in the last snapshot);
+    # the bundle still carries the API server's command line, redacted, from the read before.
+    from kvdoctor.bundle_writer import write_bundle
+    from kvdoctor.facts import Snapshot, Timeline
+
+    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--max-model-len", "256"]
+    server = HostProcess(
+        pid=7, ppid=1, name="python", cmdline=[*argv, "--api-key", "sk-secret-do-not-leak-1234"]
+    )
+    server.vllm_role = "api_server"
+    timeline = Timeline()
+    timeline.append(Snapshot(timestamp=1.0, processes=[server]))
+    timeline.append(Snapshot(timestamp=2.0))
+    out = tmp_path / "b"
+    manifest = write_bundle(timeline, out, source="live")
+    text = (out / "cmdline.txt").read_text()
+    assert "--max-model-len 256" in text and "sk-secret" not in text
+    assert any(e.file == "cmdline.txt" and e.status == "ok" for e in manifest.entries)

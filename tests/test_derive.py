@@ -224,3 +224,38 @@ def test_overriding_the_plateau_ratio_changes_the_severity(tmp_path: Path) -> No
     # "Levelled off" now means: the later half grows at under 1.5× the overall slope.
     cfg.write_text("thresholds:\n  gpu-memory-growth:\n    plateau_ratio: 1.5\n")
     assert severity(cfg) == "info"
+
+
+# --------------------------------------------------------------------------- block size from the log
+
+_KV_LINE = "INFO 12-01 12:24:08 [kv_cache_utils.py:2327] {dev} KV cache size: {tokens:,} tokens, Maximum concurrency for {mml:,} tokens per request: 2.00x"
+_OVERRIDE = "INFO 12-01 12:24:08 [kv_cache_utils.py:2619] Overriding num_gpu_blocks=8192 with num_gpu_blocks_override={n}"
+_VERSION = "INFO 12-01 12:22:07 [api_server.py:1] vLLM API server version {v}"
+
+
+@pytest.mark.parametrize(
+    ("version", "blocks", "tokens", "mml", "expected"),
+    [
+        ("0.32.0", 4, 512, 256, 128),  # the real CPU run: cdiv(256, 128) = 2 blocks a request
+        ("0.32.0", 10, 500, 200, 64),  # L not a multiple of B: int(10 / cdiv(200, 64) × 200) = 500
+        ("0.11.0", 100, 1600, 100, 16),  # before 0.21: tokens = blocks × block_size
+        ("0.32.0", 100, 1600, 100, None),  # the same numbers fit no block size from 0.21 on
+        ("0.32.0", 4, 400, 100, None),  # L=100: B=128 and B=256 both give 1 block a request
+        ("0.32.0", 4, 999, 256, None),  # no block size fits: no guess
+    ],
+)
+def test_block_size_from_the_logs_kv_lines(
+    version: str, blocks: int, tokens: int, mml: int, expected: int | None
+) -> None:
+    from kvdoctor.derive.engines import block_size_from_log
+    from kvdoctor.sources.vllm_log import parse_log
+
+    text = "\n".join(
+        [
+            _VERSION.format(v=version),
+            _OVERRIDE.format(n=blocks),
+            _KV_LINE.format(dev="CPU", tokens=tokens, mml=mml),
+        ]
+    )
+    log = parse_log(text + "\n")
+    assert block_size_from_log(log, mml, log.vllm_version) == expected

@@ -122,3 +122,17 @@ def test_failed_startup_no_kv_blocks() -> None:
     doc = _diagnose("--log", str(DATA / "startup-failures" / "no-kv-blocks.log"))
     assert "kv-budget-exhausted" in {f["rule"] for f in doc["findings"]}
     assert doc["exit_code"] == 2
+
+
+def test_log_only_diagnose_takes_block_size_and_blocks_from_the_real_log() -> None:
+    # The CPU build runs 128-token blocks (vLLM's generic default 16 is wrong here): the log's
+    # own KV lines say so, and the server's cache_config_info (the pinned idle scrape) agrees.
+    (cc,) = [
+        m.cache_config for m in parse_metrics((DATA / "metrics" / "idle.txt").read_text(), origin="idle")
+    ]
+    doc = _diagnose("--log", str(DATA / "server.log"))
+    (engine,) = doc["engines"]
+    assert engine["config"]["block_size"] == int(cc["block_size"]) != 16
+    assert engine["kv"]["block_size"] == int(cc["block_size"])
+    assert engine["kv"]["num_gpu_blocks"] == int(cc["num_gpu_blocks"])
+    assert engine["kv"]["capacity_tokens"] == int(cc["kv_cache_size_tokens"])

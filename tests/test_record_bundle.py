@@ -145,6 +145,28 @@ def test_a_bundle_taken_live_diagnoses_the_same_offline(
     assert "preemption-storm" in {f["rule"] for f in got["findings"]}
 
 
+def test_a_live_bundle_of_a_slow_endpoint_still_holds_two_scrapes(
+    fake_metrics_server: FakeMetricsServer, tmp_path: Path
+) -> None:
+    # A loaded server answers /metrics slower than the bundle's window: like a live diagnose,
+    # the bundle keeps reading until it holds two scrapes (one has no rates: it diagnosed
+    # nothing at all against a real vLLM under load).
+    fake_metrics_server.delay_s = 0.8
+    url = fake_metrics_server.url
+    out = tmp_path / "bundle"
+    slow = ("--metrics", url, "--window", "0.5", "--interval", "0.2", "--no-nvml")
+    (code, _, _), (live_code, live) = twice_with_the_same_pages(
+        fake_metrics_server,
+        lambda: run("bundle", "-o", str(out), "--force", *slow),
+        lambda: diagnose_json(*slow),
+    )
+    assert code == 0
+    assert len(list((out / "metrics").glob("*.txt"))) >= 2
+    code, got = diagnose_json("--bundle", str(out))
+    assert "preemption-storm" in {f["rule"] for f in live["findings"]}
+    assert verdict(got) == verdict(live) and code == live_code
+
+
 def test_repacking_a_bundle_keeps_its_findings_and_redacts(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

@@ -226,3 +226,51 @@ def test_gpu_readings_over_time_have_one_shape() -> None:
     offline.append(Snapshot(gpu_series=[[g for g in m] for m in moments], gpus=moments[-1]))
     assert offline.gpu_moments() == moments
     assert live.snapshots[0].gpus[0].timestamp is None  # the facts were not changed
+
+
+class _SlowFirstRead:
+    """A live feed whose first read (process discovery, a loaded server's first scrape) takes
+    ``first_s`` seconds of a fake clock, and every later one ``each_s``."""
+
+    live, label = True, "live"
+
+    def __init__(self, clock: list[float], first_s: float, each_s: float = 0.1) -> None:
+        from kvdoctor.facts import EngineMetrics, Snapshot
+
+        self._clock, self._first, self._each = clock, first_s, each_s
+        self._snapshot, self._metrics = Snapshot, EngineMetrics
+        self.reads: list[float] = []
+
+    def next(self) -> object:
+        self._clock[0] += self._first if not self.reads else self._each
+        self.reads.append(self._clock[0])
+        return self._snapshot(timestamp=self._clock[0], metrics=[self._metrics(timestamp=self._clock[0])])
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("face", ["collect", "run"])
+def test_a_slow_first_read_does_not_eat_the_window(face: str) -> None:
+    # A loaded CI box: discovery plus the first scrape took 40 s of a 30 s window. The window
+    # (diagnose/bundle) and the duration (record) count from the end of that first read, so
+    # the reads still span the window instead of ending with two back-to-back scrapes.
+    clock = [0.0]
+    feed = _SlowFirstRead(clock, first_s=40.0)
+    loop = LiveLoop(feed, None, interval_s=2.0, clock=lambda: clock[0])  # type: ignore[arg-type]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    class _Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            sleep(timeout or 0.0)
+            return self.is_set()
+
+    if face == "collect":
+        loop.collect(30.0, sleep=sleep)
+    else:
+        loop.run(lambda c: None, _Stop(), duration_s=30.0)
+    span = feed.reads[-1] - feed.reads[0]
+    assert 30.0 <= span < 30.0 + 2.0 + 0.2, feed.reads
+    assert len(feed.reads) >= 15

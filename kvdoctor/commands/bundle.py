@@ -82,7 +82,9 @@ def bundle_command(output: Path, window_s: float, interval_s: float, force: bool
                 sink(ts, url, text)
 
         try:
-            loop.run(on_cycle, threading.Event(), duration_s=window_s if feed.live else None)
+            # The same reads as a live `diagnose --window`: at least two scrapes of a slow or
+            # loaded endpoint (one scrape has no rates, and the bundle would diagnose nothing).
+            loop.collect(window_s, stop=threading.Event(), on_cycle=on_cycle)
         except KeyboardInterrupt:
             pass  # Ctrl-C: bundle what was read so far
         try:

@@ -112,6 +112,10 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
             _fill_from_log_args(cfg, log.args)
         if snapshot.metrics and i == 0:
             _fill_from_cache_config(cfg, snapshot.metrics[-1].cache_config)
+        if log is not None and i == 0 and cfg.block_size is None:
+            # No --block-size, no cache_config_info: the log's own KV lines tell the real one
+            # (CPU builds default to 128, hybrid models enlarge it); vLLM's 16 is only a guess.
+            cfg.block_size = block_size_from_log(log, cfg.max_model_len, version)
         if version and not cfg.vllm_version:
             cfg.vllm_version = version
         cfg = apply_defaults(cfg, cfg.vllm_version)
@@ -207,6 +211,60 @@ def _match_log_engines(cfgs: list[EngineConfig], log_engines: list[LogEngine]) -
                 out[i] = le
                 used.add(le.index)
     return out
+
+
+#: block sizes vLLM accepts for full attention (CacheConfig's BlockSize choices).
+_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
+def block_size_from_log(log: VllmLog, max_model_len: int | None, version: str | None) -> int | None:
+    """Tokens per KV block as the log of the latest run shows it, or None when it does not.
+
+    In order: "Setting attention block size to N tokens" (hybrid alignment); else the block
+    size that makes the engine's own KV lines agree: the number of blocks ("Overriding
+    num_gpu_blocks=… with num_gpu_blocks_override=N", V1; "# GPU blocks: N", V0) against "<dev>
+    KV cache size: T tokens" (vllm-facts §2.4: T = N × B before 0.21; T = int(N / cdiv(L, B) × L)
+    from 0.21, L = max_model_len). Only a single answer is taken (several block sizes can give
+    the same T when L is not a multiple of them); None otherwise.
+    """
+    from kvdoctor.derive.base import log_runs
+
+    run = log_runs(log).run
+    hybrid = run.last("hybrid_block_size")
+    if hybrid is not None and isinstance(hybrid.values.get("block_size"), int):
+        return int(hybrid.values["block_size"])
+    size = run.last("kv_cache_size")
+    tokens = size.values.get("tokens") if size is not None else None
+    override, v0 = run.last("num_gpu_blocks_override"), run.last("v0_blocks")
+    blocks = (
+        override.values.get("override")
+        if override is not None
+        else (v0.values.get("gpu_blocks") if v0 is not None else None)
+    )
+    if not isinstance(tokens, int) or not isinstance(blocks, int) or tokens <= 0 or blocks <= 0:
+        return None
+    if max_model_len is None:
+        ev = run.last("max_model_len_used")
+        max_model_len = ev.values.get("max_model_len") if ev is not None else None
+    mml = int(max_model_len) if isinstance(max_model_len, int) and max_model_len > 0 else None
+    new_formula = _at_least(version, (0, 21))
+    fits = set()
+    for b in _BLOCK_SIZES:
+        old_ok = new_formula is not True and blocks * b == tokens
+        # 0.21+: max_concurrency = blocks / cdiv(L, B); tokens = int(max_concurrency × L)
+        new_ok = new_formula is not False and mml is not None and int(blocks / -(-mml // b) * mml) == tokens
+        if old_ok or new_ok:
+            fits.add(b)
+    return fits.pop() if len(fits) == 1 else None
+
+
+def _at_least(version: str | None, floor: tuple[int, int]) -> bool | None:
+    """Whether ``version`` ("0.32.0", "0.11.2rc1") is at least ``floor``; None when unknown."""
+    parts = (version or "").split(".")
+    try:
+        return (int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or "x")) >= floor
+    except (IndexError, ValueError):
+        return None
 
 
 def _fill_from_log_args(cfg: EngineConfig, log_args: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ WRITES: dict[str, str] = {
     "log_available_kv_line": "int; its line",
     "log_kv_tokens": "tokens; 'GPU KV cache size: N tokens' (V0: '# GPU blocks' × block_size)",
     "log_kv_line": "int; its line",
-    "log_num_gpu_blocks": "int; V0 '# GPU blocks: N' / '# cuda blocks: N'",
+    "log_num_gpu_blocks": "int; V0 '# GPU blocks: N' / '# cuda blocks: N'; V1 'Overriding num_gpu_blocks=… with num_gpu_blocks_override=N'",
     "v0_profile_kv_bytes": "bytes; V0 'the rest of the memory reserved for KV Cache is X GiB'",
     "v0_profile_total_bytes": "bytes; V0 total_gpu_memory",
     "v0_profile_weights_bytes": "bytes; V0 'model weights take X GiB'",
@@ -81,8 +81,12 @@ def _startup(v: Vars, log: LogView) -> None:
         v["log_available_kv_bytes"], v["log_available_kv_line"] = low.values.get("bytes"), low.line
     size = log.last("kv_cache_size")
     blocks = log.last("v0_blocks")
+    override = log.last("num_gpu_blocks_override")
     if blocks is not None:
         v["log_num_gpu_blocks"] = blocks.values.get("gpu_blocks")
+    elif override is not None:
+        # V1 logs no block count, except the override it applied (the engine's real count)
+        v["log_num_gpu_blocks"] = override.values.get("override")
     if size is not None:
         v["log_kv_tokens"], v["log_kv_line"] = size.values.get("tokens"), size.line
     elif blocks is not None and blocks.values.get("gpu_blocks") is not None:

@@ -1,7 +1,7 @@
 """Offline ``LLM(...)`` under KV pressure with kvdoctor's :class:`LLMWatcher` (run by the vLLM
 venv's python from tests/integration/test_inprocess.py).
 
-``python offline_llm.py MODEL_DIR OUT.json``: 32 prompts of 200 tokens into a 4-block KV cache.
+``python offline_llm.py MODEL_DIR OUT.json``: 32 requests of 160 tokens into a 4-block KV cache.
 Besides the watcher, a second thread reads vLLM's own counters from ``llm.get_metrics()`` with
 vLLM's reader classes, so the test decides what must fire from vLLM's numbers, not kvdoctor's.
 """
@@ -13,6 +13,18 @@ import logging
 import sys
 import threading
 import time
+
+PROMPT_TOKENS = 100
+GENERATED_TOKENS = 60
+
+
+def tokenizer_ids(llm: object, text: str, n: int) -> list[int]:
+    """``n`` token ids of ``text`` repeated, from the engine's own tokenizer."""
+    tok = llm.get_tokenizer()  # type: ignore[attr-defined]
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += tok.encode(" " + text, add_special_tokens=False)
+    return ids[:n]
 
 
 def main(model: str, out_path: str) -> None:
@@ -48,8 +60,13 @@ def main(model: str, out_path: str) -> None:
     reader.start()
     watcher = LLMWatcher(llm, interval_s=3.0, sample_interval_s=0.5).start()
     t0 = time.time()
-    prompts = [f"the cache block token memory engine request {i}" for i in range(32)]
-    llm.generate(prompts, SamplingParams(max_tokens=200, ignore_eos=True, temperature=0.0), use_tqdm=False)
+    # 32 requests of 100 prompt + 60 generated tokens: each needs one 128-token block to start
+    # and a second one 28 tokens later, so those running together (3 blocks hold them) preempt
+    # each other at every block boundary, several times a minute on a slow machine too.
+    words = tokenizer_ids(llm, "the cache block token memory engine request", PROMPT_TOKENS)
+    prompts = [{"prompt_token_ids": [*words[:-1], words[i % len(words)]]} for i in range(32)]
+    params = SamplingParams(max_tokens=GENERATED_TOKENS, ignore_eos=True, temperature=0.0)
+    llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.time() - t0
     watcher.stop()
     stop.set()

@@ -160,35 +160,78 @@ class Pressure:
         return [own_counters(text, t) for text, t in self.scrapes]
 
     def in_window(self) -> list[Counters]:
-        lo, hi = self.window
+        return self.between(*self.window)
+
+    def between(self, lo: float, hi: float) -> list[Counters]:
+        """The test's own scrapes from ``lo`` to ``hi`` (unix seconds; ±2.5 s: the test scrapes
+        every ~2 s, not at kvdoctor's instants)."""
         return [c for c in self.counters() if lo - 2.5 <= c.t <= hi + 2.5]
 
 
-def _record_for(seconds: float, out: Path) -> tuple[Path | None, str]:
-    """``kvdoctor record -o OUT`` from the live machine for ``seconds``, then SIGINT."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "record", "-o", str(out), "--no-nvml", "--timeout", "30"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(seconds)
-    proc.send_signal(signal.SIGINT)
+def storm_in(win: list[Counters]) -> tuple[bool, float, float]:
+    """Whether the server's own counters over ``win`` meet preemption-storm's thresholds:
+    (storm, preemptions per minute, KV usage max)."""
+    assert len(win) >= 3, "too few of the test's scrapes inside the window"
+    minutes = (win[-1].t - win[0].t) / 60
+    rate = (win[-1].preemptions - win[0].preemptions) / minutes
+    kv_max = max(c.kv_usage for c in win)
+    return rate >= STORM["min_per_min"] and kv_max >= STORM["kv_full"], rate, kv_max
+
+
+def recording_span(path: Path) -> tuple[float, float]:
+    """First and last snapshot time of a recording (unix seconds)."""
+    from kvdoctor.sources.recording import open_recording
+
+    feed = open_recording(path)
+    times: list[float] = []
     try:
-        _, err = proc.communicate(timeout=60)
+        while (snap := feed.next()) is not None:
+            t = snap.timestamp or next((m.timestamp for m in snap.metrics if m.timestamp), None)
+            if t is not None:
+                times.append(t)
+    finally:
+        feed.close()
+    assert len(times) >= 2, f"{path}: {len(times)} timed snapshot(s)"
+    return min(times), max(times)
+
+
+def bundle_span(path: Path) -> tuple[float, float]:
+    """First and last scrape of a bundle (its ``metrics/<unix-seconds>.txt`` names)."""
+    times = sorted(float(p.stem) for p in (path / "metrics").glob("*.txt"))
+    assert len(times) >= 2, f"{path}: {len(times)} scrape(s)"
+    return times[0], times[-1]
+
+
+#: what every live capture of the pressure window reads: no NVML on this machine, 2 s between
+#: reads, and a generous per-source timeout (a loaded 2-core CI machine takes seconds a scrape)
+LIVE_READ = ["--no-nvml", "--interval", "2", "--timeout", "30"]
+
+
+def _capture(name: str, args: list[str], out: dict[str, Any], timeout: float = 300) -> None:
+    """Run ``kvdoctor ARGS`` (thread body); ``out[name]`` = (exit code, stdout, stderr, start,
+    end) in unix seconds, or the error when it hung."""
+    t0 = time.time()
+    try:
+        r = kvdoctor(*args, timeout=timeout)
+        out[name] = (r.returncode, r.stdout, r.stderr, t0, time.time())
     except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-    if not out.exists():
-        return None, f"exit {proc.returncode}: {err[-500:]}"
-    return out, ""
+        out[name] = (None, "", f"hung past {timeout:.0f} s", t0, time.time())
 
 
 def _sidecar_findings(seconds: float) -> tuple[dict[str, Any] | None, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "sidecar", "--listen", f"127.0.0.1:{port}", "--no-nvml"],
+        [
+            sys.executable,
+            "-m",
+            "kvdoctor",
+            "sidecar",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--no-nvml",
+            "--timeout",
+            "30",
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -220,12 +263,15 @@ def _sidecar_findings(seconds: float) -> tuple[dict[str, Any] | None, str]:
     return doc, "" if doc is not None else f"{last}; {err[-500:]}"
 
 
-def _watch_in_pty(seconds: float) -> tuple[str, int | None]:
-    """``kvdoctor watch`` in a pseudo-terminal for ``seconds``, then q (then SIGINT)."""
+def _watch_in_pty(seconds: float, until_seen: bytes) -> tuple[str, int | None]:
+    """``kvdoctor watch`` in a pseudo-terminal until its screen shows ``until_seen`` (then 2 s
+    more) or ``seconds`` pass, then q (then SIGINT). On a loaded 2-core machine the TUI's start
+    and its first live read of a busy server take more than 10 s."""
     master, slave = pty.openpty()
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="160", LINES="48")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "watch", "--no-nvml"],
+        # the loaded server answers /metrics in seconds: the default 2 s timeout never reads it
+        [sys.executable, "-m", "kvdoctor", "watch", "--no-nvml", "--timeout", "30"],
         cwd=REPO,
         stdin=slave,
         stdout=slave,
@@ -236,8 +282,10 @@ def _watch_in_pty(seconds: float) -> tuple[str, int | None]:
     os.close(slave)
     chunks: list[bytes] = []
 
-    def drain(until: float) -> None:
+    def drain(until: float, want: bytes | None = None) -> None:
         while time.monotonic() < until:
+            if want is not None and want in b"".join(chunks):
+                return
             r, _, _ = select.select([master], [], [], 0.2)
             if r:
                 try:
@@ -245,13 +293,15 @@ def _watch_in_pty(seconds: float) -> tuple[str, int | None]:
                 except OSError:
                     return
 
-    drain(time.monotonic() + seconds)
+    drain(time.monotonic() + seconds, until_seen)
+    drain(time.monotonic() + 2)
     with contextlib.suppress(OSError):
         os.write(master, b"q")
-    drain(time.monotonic() + 5)
+    # a loaded 2-core machine: the TUI may take seconds to tear down
+    drain(time.monotonic() + 20)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
-        drain(time.monotonic() + 5)
+        drain(time.monotonic() + 20)
     if proc.poll() is None:
         proc.kill()
     rc = proc.wait(timeout=30)
@@ -268,6 +318,9 @@ def _followed(snap: Any) -> dict[str, Any]:
         "version": log.vllm_version if log is not None else None,
         "stats": len(stats),
         "newest": dict(stats[-1].values) if stats else None,
+        # the busiest of them: one line is one instant, and a starved server may show 0 running
+        "running_max": max((s.values.get("running") or 0 for s in stats), default=0),
+        "kv_max": max((s.values.get("kv_usage") or 0.0 for s in stats), default=0.0),
         "ok": {s.kind for s in snap.sources if s.status == "ok"},
     }
 
@@ -279,9 +332,11 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
 
     res = Pressure()
     # 32 clients of ~220-token requests (2 fit in the 3 usable blocks): the queue keeps the
-    # cache full (8 clients preempt too, but the scrapes then catch it at 2 of 3 blocks).
+    # cache full (8 clients preempt too, but the scrapes then catch it at 2 of 3 blocks). A
+    # steady load, held until every capture below is done (stopped in `finally`; the duration
+    # only bounds it), so they all see one state of the server.
     load = Load(
-        server.url, server.served_name, concurrency=32, duration_s=150, max_tokens=200, prompt_words=20
+        server.url, server.served_name, concurrency=32, duration_s=600, max_tokens=200, prompt_words=20
     )
     res.load = load.start()
     try:
@@ -295,56 +350,62 @@ def pressure(server: VllmServer, workdir: Path) -> Pressure:
                 break
             time.sleep(1)
         follow = LiveFeed(
-            LiveOptions(metrics_urls=[f"{server.url}/metrics"], log_path=server.log, use_nvml=False)
+            LiveOptions(
+                metrics_urls=[f"{server.url}/metrics"], log_path=server.log, use_nvml=False, timeout_s=30.0
+            )
         )
         res.followed.append(_followed(follow.next()))
-        live_out: dict[str, Any] = {}
-
-        def live() -> None:
-            t0 = time.time()
-            live_out["doc"] = kvdoctor_json(
-                # a loaded 2-core CI machine can take seconds per scrape: a generous per-source timeout
-                "diagnose",
-                "--no-nvml",
-                "--window",
-                str(LIVE_WINDOW_S),
-                "--interval",
-                "2",
-                "--timeout",
-                "30",
-                timeout=240,
-            )
-            live_out["window"] = (t0, time.time())
-
-        runner = threading.Thread(target=live)
-        runner.start()
-        while runner.is_alive():
-            res.scrapes.append(scrape(server))
-            runner.join(3.0)
-        res.live, res.window = live_out["doc"], live_out["window"]
-        res.followed.append(_followed(follow.next()))
-        follow.close()
-        (workdir / "pressure-report.json").write_text(json.dumps(res.live, indent=1))
+        # The live diagnose, the recording and the bundle read the same window of the same
+        # load at once (each from the process table, as a user runs them), so the offline
+        # diagnoses compare like with like; the test scrapes the server meanwhile.
+        win = str(LIVE_WINDOW_S)
+        captures: dict[str, list[str]] = {
+            "live": ["diagnose", *LIVE_READ, "--window", win, "--format", "json"]
+        }
         if has_command("record"):
-            res.record, res.record_error = _record_for(12.0, workdir / "pressure.jsonl")
+            rec = workdir / "pressure.jsonl"
+            captures["record"] = ["record", "-o", str(rec), *LIVE_READ, "--duration", win]
         else:
             res.record_error = "`kvdoctor record` does not exist on this checkout"
         if has_command("bundle"):
-            out = kvdoctor(
-                "bundle", "-o", str(workdir / "bundle"), "--no-nvml", "--timeout", "30", timeout=240
-            )
-            if out.returncode == 0 and (workdir / "bundle").exists():
-                res.bundle = workdir / "bundle"
-            else:
-                res.bundle_error = f"exit {out.returncode}: {out.stderr[-500:]}"
+            captures["bundle"] = ["bundle", "-o", str(workdir / "bundle"), *LIVE_READ, "--window", win]
         else:
             res.bundle_error = "`kvdoctor bundle` does not exist on this checkout"
+        got: dict[str, Any] = {}
+        runners = [threading.Thread(target=_capture, args=(k, a, got)) for k, a in captures.items()]
+        for r in runners:
+            r.start()
+        while any(r.is_alive() for r in runners):
+            t = time.monotonic()
+            res.scrapes.append(scrape(server))
+            time.sleep(max(0.0, 2.0 - (time.monotonic() - t)))
+        for r in runners:
+            r.join()
+        rc, out, err, t0, t1 = got["live"]
+        assert rc in (0, 1, 2), f"live diagnose: exit {rc}: {err[-2000:]}"
+        res.live, res.window = json.loads(out), (t0, t1)
+        assert res.live["exit_code"] == rc
+        if "record" in got:
+            rc, _, err, _, _ = got["record"]
+            if rc == 0 and rec.exists():
+                res.record = rec
+            else:
+                res.record_error = f"exit {rc}: {err[-500:]}"
+        if "bundle" in got:
+            rc, _, err, _, _ = got["bundle"]
+            if rc == 0 and (workdir / "bundle").exists():
+                res.bundle = workdir / "bundle"
+            else:
+                res.bundle_error = f"exit {rc}: {err[-500:]}"
+        res.followed.append(_followed(follow.next()))
+        follow.close()
+        (workdir / "pressure-report.json").write_text(json.dumps(res.live, indent=1))
         if has_command("sidecar"):
             res.sidecar, res.sidecar_error = _sidecar_findings(60)
         else:
             res.sidecar_error = "`kvdoctor sidecar` does not exist on this checkout"
         if has_command("watch"):
-            res.watch_output, res.watch_rc = _watch_in_pty(10)
+            res.watch_output, res.watch_rc = _watch_in_pty(90, server.served_name.encode())
         res.scrapes.append(scrape(server))
     finally:
         load.stop()
@@ -398,12 +459,10 @@ def test_live_diagnose_under_pressure_matches_the_servers_counters(
     pressure: Pressure, server: VllmServer
 ) -> None:
     win = pressure.in_window()
-    assert len(win) >= 3, "too few scrapes inside kvdoctor's window"
-    minutes = (win[-1].t - win[0].t) / 60
-    rate = (win[-1].preemptions - win[0].preemptions) / minutes
-    kv_max = max(c.kv_usage for c in win)
-    storm = rate >= STORM["min_per_min"] and kv_max >= STORM["kv_full"]
-    print(f"server: {rate:.0f} preemptions/min, KV max {kv_max:.2f} over {minutes * 60:.0f} s; storm={storm}")
+    storm, rate, kv_max = storm_in(win)
+    print(
+        f"server: {rate:.0f} preemptions/min, KV max {kv_max:.2f} over {win[-1].t - win[0].t:.0f} s; storm={storm}"
+    )
     doc = pressure.live
     found = {f["rule"]: f for f in doc["findings"]}
     assert ("preemption-storm" in found) == storm, (rate, kv_max, sorted(found))
@@ -430,7 +489,7 @@ def test_log_followed_from_a_file_while_the_server_runs(pressure: Pressure) -> N
     assert last["stats"] > first["stats"], (first["stats"], last["stats"])
     newest = last["newest"]
     assert newest is not None and newest["device"] == "CPU"
-    assert newest["running"] >= 1 and newest["kv_usage"] > 0
+    assert last["running_max"] >= 1 and last["kv_max"] > 0
     assert last["ok"] >= {"metrics", "log"}
 
 
@@ -446,12 +505,27 @@ def test_plugin_inside_the_server_logs_the_storm(pressure: Pressure, server: Vll
     pin("server.log", server.log)
 
 
+def _same_offline(pressure: Pressure, offline: dict[str, Any], span: tuple[float, float]) -> None:
+    """An offline diagnose of a capture taken with the live one: what fires follows the
+    server's own counters over the capture's window, and matches the live diagnose."""
+    storm, rate, kv_max = storm_in(pressure.between(*span))
+    live_storm, _, _ = storm_in(pressure.in_window())
+    print(f"server over the capture: {rate:.0f} preemptions/min, KV max {kv_max:.2f}; storm={storm}")
+    found = {f["rule"] for f in offline["findings"]}
+    assert ("preemption-storm" in found) == storm, (rate, kv_max, sorted(found))
+    # Same window, same load: the server's counters say the same over both (else the
+    # comparison below would compare different states).
+    assert storm == live_storm
+    assert warnings_and_up(offline) == warnings_and_up(pressure.live)
+    assert offline["exit_code"] == pressure.live["exit_code"]
+
+
 def test_record_of_the_live_server_diagnoses_the_same_offline(pressure: Pressure) -> None:
     if pressure.record is None and "does not exist" in pressure.record_error:
         pytest.skip(pressure.record_error)
     assert pressure.record is not None, pressure.record_error
     offline = kvdoctor_json("diagnose", "--recording", str(pressure.record))
-    assert warnings_and_up(offline) == warnings_and_up(pressure.live)
+    _same_offline(pressure, offline, recording_span(pressure.record))
 
 
 def test_bundle_of_the_live_server_diagnoses_the_same_offline(pressure: Pressure) -> None:
@@ -459,7 +533,18 @@ def test_bundle_of_the_live_server_diagnoses_the_same_offline(pressure: Pressure
         pytest.skip(pressure.bundle_error)
     assert pressure.bundle is not None, pressure.bundle_error
     offline = kvdoctor_json("diagnose", "--bundle", str(pressure.bundle))
-    assert warnings_and_up(offline) == warnings_and_up(pressure.live)
+    _same_offline(pressure, offline, bundle_span(pressure.bundle))
+    # The bundle holds the server's pages as served, in order (a counter never goes down), and
+    # they span the window, not two back-to-back scrapes after a slow first read.
+    pages = sorted((pressure.bundle / "metrics").glob("*.txt"), key=lambda p: float(p.stem))
+    totals = [own_counters(p.read_text(), float(p.stem)).preemptions for p in pages]
+    assert totals == sorted(totals), totals
+    first, last = bundle_span(pressure.bundle)
+    assert last - first >= LIVE_WINDOW_S / 3, [p.name for p in pages]
+    # ... and what else the live diagnose read: the launch command and the process table.
+    manifest = json.loads((pressure.bundle / "manifest.json").read_text())
+    ok = {e["kind"] for e in manifest["files"] if e["status"] == "ok"}
+    assert {"metrics", "cmdline", "processes"} <= ok, manifest["files"]
 
 
 def test_sidecar_serves_findings_of_the_live_server(pressure: Pressure) -> None:
