@@ -176,23 +176,39 @@ class NvmlSource:
 
 class ProcessSource:
     """vLLM processes through psutil (``kvdoctor.sources.processes.list_processes``): command
-    lines (redacted), CPU, RSS, listening ports, roles."""
+    lines (redacted), CPU, RSS, listening ports, roles. The host's process table is kept
+    between reads (:class:`~kvdoctor.sources.processes.ProcessTable`): rescanned in full every
+    ``rescan_s`` seconds or after NVML's GPU pids change (:meth:`note_gpu_pids`, which the
+    :class:`Sampler` calls after each NVML read), else only new pids and the vLLM processes are
+    read."""
 
     kind = "processes"
     origin = "psutil"
 
-    def __init__(self, timeout_s: float = 2.0) -> None:
+    def __init__(self, timeout_s: float = 2.0, rescan_s: float = 60.0) -> None:
         self.timeout_s = timeout_s
+        self.rescan_s = rescan_s
+        self._table: Any = None
 
     def warm(self) -> None:
         """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
-        import kvdoctor.sources.processes  # noqa: F401
+        from kvdoctor.sources.processes import ProcessTable
+
+        if self._table is None:
+            self._table = ProcessTable(rescan_s=self.rescan_s)
+
+    def note_gpu_pids(self, pids: set[int]) -> None:
+        """NVML's GPU process pids of the latest read (a change rescans the table)."""
+        if self._table is not None:
+            self._table.note_gpu_pids(pids)
 
     def read(self) -> Reading:
         """The vLLM process table; "missing" when no vLLM process runs."""
         from kvdoctor.sources import processes
 
-        procs = processes.list_processes()
+        if self._table is None:
+            self.warm()
+        procs = processes.list_processes(cache=self._table)
         values = {"processes": procs, "process_table_known": True}
         if procs:
             return Reading(values, f"{len(procs)} vLLM process(es)")
@@ -504,6 +520,10 @@ class Sampler:
             self._rediscover(snap, statuses)
         for st in list(self._states.values()):
             self._finish(st, snap, statuses)
+        if snap.gpus and proc is not None:
+            note = getattr(proc.source, "note_gpu_pids", None)
+            if callable(note):  # an engine that starts or stops rescans the process table
+                note({p.pid for g in snap.gpus for p in g.processes})
         if self._log_source is not None and snap.log is None:
             snap.log = self._log_source.last_log  # unreadable now: what was read stays true
         ordered = [statuses[k] for k in self._states if k in statuses]
