@@ -21,6 +21,7 @@ offline, an ``nvidia-smi -l`` loop is the bundle Snapshot's ``gpu_series``.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -258,11 +259,20 @@ class MetricsSource:
             self._client = None
 
 
+#: the detail of a live log path that does not exist yet ("missing" status).
+NOT_YET = "log file not created yet"
+
+
 class LogSource:
     """The vLLM log file followed as it grows (``kvdoctor.sources.vllm_log.LogFollower``: only
     appended lines are parsed). Each change gives a new :class:`~kvdoctor.facts.VllmLog` (the
     follower's own keeps growing), so Snapshots never see a log change under them and a
-    recording writes only the appended events. A file that appears later is picked up."""
+    recording writes only the appended events.
+
+    A log that does not exist yet (a pod whose vLLM has not started writing it) is "missing",
+    not an error: no backoff, it is opened on the first read after it appears. Rotation (a new
+    file at the path) and truncation restart the follower at the top of the new file; while the
+    path is briefly absent the last log read stays."""
 
     kind = "log"
 
@@ -285,6 +295,8 @@ class LogSource:
         from kvdoctor.sources.vllm_log import LogFollower, check_log_file
 
         if self._follower is None:
+            if not os.path.lexists(self.path):
+                return Reading({}, f"{NOT_YET} ({self.path.name}); read once it appears", status="missing")
             check_log_file(self.path)
             self._follower = LogFollower(self.path)
         try:
