@@ -354,8 +354,13 @@ class Sampler:
         sources: list[LiveSource] | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self.opts = opts
+        self._proc_root = proc_root
+        #: config.json read through /proc/PID/root: path → ((mtime_ns, size), ModelArch | None)
+        self._models: dict[str, tuple[tuple[int, int], Any]] = {}
+        self._model_paths: dict[tuple[str, ...], Path | None] = {}
         self._rng = rng or random.Random()
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kvdoctor-source")
@@ -553,7 +558,14 @@ class Sampler:
     def configs(self, snap: Snapshot) -> list[EngineConfig]:
         """Engine configs from the live API servers' command lines (``/proc/PID/cmdline`` via
         psutil, redacted; ``kvdoctor.sources.cmdline.parse_argv``). A command line parsed once
-        gives the same EngineConfig object on every read."""
+        gives the same EngineConfig object on every read.
+
+        Containers (``kvdoctor.sources.container``): the server's ``/proc/PID/environ`` gives the
+        GPU UUIDs its container was given (``NVIDIA_VISIBLE_DEVICES``), kept as
+        ``args["_gpu_uuids"]`` (derive/container.py matches them to NVML's when NVML's host pids
+        are not in this PID namespace), and a local ``--model`` directory's config.json is found
+        through ``/proc/PID/root`` (:meth:`model`)."""
+        from kvdoctor.sources import container
         from kvdoctor.sources.cmdline import parse_argv
 
         out = []
@@ -565,13 +577,53 @@ class Sampler:
                 if len(self._configs) > 256:
                     self._configs.clear()  # engines came and went: keep the cache bounded
                 try:
-                    self._configs[key] = parse_argv(p.cmdline, origin=f"pid {p.pid}")
+                    cfg = parse_argv(p.cmdline, origin=f"pid {p.pid}")
                 except SourceError:
-                    self._configs[key] = None
+                    cfg = None
+                seen = container.read_process(p.pid, self._proc_root)
+                if cfg is not None and seen is not None:
+                    uuids = container.gpu_uuids(seen.env)
+                    if uuids:
+                        cfg.args["_gpu_uuids"] = uuids
+                if len(self._model_paths) > 256:
+                    self._model_paths.clear()
+                self._model_paths[key] = seen.config_path if seen is not None else None
+                self._configs[key] = cfg
             cfg = self._configs[key]
             if cfg is not None:
                 out.append(cfg)
         return out
+
+    def model(self, snap: Snapshot) -> Any:
+        """The model's architecture from the first API server whose ``--model`` is a local
+        directory with a config.json (read through ``/proc/PID/root``: the vLLM container's
+        filesystem; ``kvdoctor.sources.model_config``), re-read only when the file changes;
+        None when there is none or it does not parse."""
+        from kvdoctor.sources.model_config import parse_model_config_file
+
+        for p in snap.processes:
+            if p.vllm_role != "api_server" or not p.cmdline:
+                continue
+            path = self._model_paths.get((str(p.pid), *p.cmdline))
+            if path is None:
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            stamp = (st.st_mtime_ns, st.st_size)
+            known = self._models.get(str(path))
+            if known is None or known[0] != stamp:
+                try:
+                    arch = parse_model_config_file(path)
+                except (SourceError, OSError, ValueError):
+                    arch = None
+                if len(self._models) > 16:
+                    self._models.clear()
+                self._models[str(path)] = known = (stamp, arch)
+            if known[1] is not None:
+                return known[1]
+        return None
 
     def close(self) -> None:
         """Release every source (nvmlShutdown) and the worker threads; never raises. A read
@@ -668,15 +720,20 @@ class LiveFeed:
         *,
         sources: list[LiveSource] | None = None,
         rng: random.Random | None = None,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self.opts = opts
-        self._sampler = Sampler(opts, sources=sources, rng=rng)
+        self._sampler = Sampler(opts, sources=sources, rng=rng, proc_root=proc_root)
         self.label = "live"
 
     def next(self) -> Snapshot:
-        """Read every live source once; never raises for a source failure."""
+        """Read every live source once; never raises for a source failure. Engine configs
+        and, from a local model directory seen through /proc, the model's config.json are
+        attached (:meth:`Sampler.configs`, :meth:`Sampler.model`)."""
         snap = self._sampler.sample()
         snap.configs = self._sampler.configs(snap)
+        if snap.model is None:
+            snap.model = self._sampler.model(snap)
         return snap
 
     def health(self) -> list[SourceHealth]:
