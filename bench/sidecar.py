@@ -122,9 +122,9 @@ def baseline(url: str, runs: int = 50) -> float:
     return (time.process_time() - t0) / runs
 
 
-def own_share(url: str, runs: int = 30) -> tuple[float, float]:
-    """(CPU s of one read + evaluation, CPU s of the sidecar's own work per cycle: transitions,
-    memory breakdown, rates, the /metrics view and the /findings JSON), in this process, over a
+def own_share(url: str, runs: int = 30) -> tuple[float, float, float]:
+    """(CPU s of one read + evaluation, of the evaluation alone, of the sidecar's own work per
+    cycle: transitions, memory breakdown, rates, the /metrics view), in this process, over a
     Timeline of 60 snapshots (the rules' 60 s window at 1 s)."""
     import io
 
@@ -140,12 +140,16 @@ def own_share(url: str, runs: int = 30) -> tuple[float, float]:
         cycles.append(sc.loop.step())
     step = (time.process_time() - t0) / runs
     t0 = time.process_time()
+    for _ in range(runs):
+        sc.pipeline.evaluate(sc.loop.timeline)
+    evaluate = (time.process_time() - t0) / runs
+    t0 = time.process_time()
     for c in cycles[-runs:]:
         assert c is not None
         sc.on_cycle(c)
     own = (time.process_time() - t0) / runs
     feed.close()
-    return step, own
+    return step, evaluate, own
 
 
 def evaluations(base: str) -> float:
@@ -228,7 +232,7 @@ def main() -> int:
     per_cycle = (c1 - c0) / max(1.0, n1 - n0)
     steady = (c1 - half[0]) / max(1.0, n1 - half[1]) if half else per_cycle
     base_cpu = baseline(fake.url)
-    step_cpu, own_cpu = own_share(fake.url)
+    step_cpu, eval_cpu, own_cpu = own_share(fake.url)
     rss_q = rss_q or rss_end
     where = (
         "own PID namespace (pod-like)" if args.pod else f"host PID namespace, {len(psutil.pids())} processes"
@@ -248,8 +252,10 @@ def main() -> int:
     print(
         f"  in-process: read+evaluate  {step_cpu * 1e3:.2f} ms CPU per cycle (psutil table of this host included)"
     )
+    print(f"  in-process: evaluate only  {eval_cpu * 1e3:.2f} ms CPU per cycle (derive + rules + report)")
+    print(f"  in-process: sidecar's own  {own_cpu * 1e3:.2f} ms CPU per cycle (transitions, breakdown, view)")
     print(
-        f"  in-process: sidecar's own  {own_cpu * 1e3:.2f} ms CPU per cycle (transitions, breakdown, view, JSON)"
+        f"  load average (1, 5 min)    {os.getloadavg()[0]:.1f}, {os.getloadavg()[1]:.1f} on {os.cpu_count()} CPUs"
     )
     print(f"  host processes (the in-process figures' psutil scan sees them): {len(psutil.pids())}")
     return 0

@@ -227,3 +227,38 @@ def test_pids_that_resolve_are_attributed_by_pid(tmp_path: Path) -> None:
     (engine,) = report.engines
     assert engine["attribution"] == "pid" and engine["gpus"] == [1]
     assert "orphaned-engine-processes" not in {f.rule for f in report.findings}
+
+
+def test_sidecar_gpu_info_says_gpu_uuid(tmp_path: Path) -> None:
+    import io
+
+    from prometheus_client import generate_latest
+
+    from kvdoctor.sidecar.server import Sidecar
+
+    root = tmp_path / "proc"
+    argv = [
+        "python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/llama",
+        "--port",
+        "8000",
+    ]
+    proc(root, 7, argv, {"NVIDIA_VISIBLE_DEVICES": UUID1})
+    feed = LiveFeed(
+        LiveOptions(use_nvml=False, use_processes=False),
+        sources=[StubNvml(), StubPodProcesses()],
+        proc_root=root,
+    )
+    sc = Sidecar(feed, Pipeline.load(), interval_s=1.0, out=io.StringIO())
+    try:
+        cycle = sc.loop.step()
+        assert cycle is not None
+        sc.on_cycle(cycle)
+        page = generate_latest(sc.registry).decode()
+    finally:
+        feed.close()
+    (line,) = [ln for ln in page.splitlines() if ln.startswith("kvdoctor_gpu_info{") and 'gpu="1"' in ln]
+    assert 'attribution="gpu_uuid"' in line and 'engine="/models/llama"' in line
