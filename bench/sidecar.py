@@ -3,7 +3,7 @@
 
 Runs ``kvdoctor sidecar --interval 1`` as its own process against a local fake vLLM serving a
 real-size /metrics page (tests/data/bench/vllm-0.33.0-metrics-sample.txt, 55 KB, its
-``vllm:num_preemptions_total`` rising) and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
+``vllm:num_preemptions_total`` rising; HTTP/1.1 keep-alive, as uvicorn serves it) and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
 answering like 8 H100s, each with one vLLM process), scrapes the sidecar's /metrics like
 Prometheus every 5 s, and prints:
 
@@ -86,6 +86,9 @@ class FakeVllm:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            # keep-alive like vLLM's uvicorn: a scraper reuses its connection
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, *a: object) -> None:
                 pass
 
