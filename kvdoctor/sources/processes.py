@@ -264,8 +264,8 @@ class ProcessTable:
       seconds, and on the read after NVML's GPU pid set changed (:meth:`note_gpu_pids`: an
       engine started or stopped).
     - Between rescans: ``psutil.pids()`` (one listing of /proc); a pid not seen before is read
-      alone, a process younger than ``young_s`` seconds is re-read (vLLM retitles its processes,
-      ``setproctitle``, after they start), a vanished one is dropped; only the vLLM processes
+      alone, a python process younger than ``young_s`` seconds is re-read (vLLM retitles its
+      spawned processes, ``setproctitle``, after they start), a vanished one is dropped; only the vLLM processes
       are read in full (``cpu_percent``, ``memory_info``). Ports stay those of the last rescan
       (other roles': those of their first read).
 
@@ -338,8 +338,14 @@ class ProcessTable:
                 fresh = self._read_pid(pid)
                 if fresh is not None:
                     entries[pid] = fresh
-            elif ctime is not None and wall - ctime < self.young_s:
-                # a young process may have retitled itself: its name and argv only
+            elif (
+                ctime is not None
+                and wall - ctime < self.young_s
+                and bool(e.info["cmdline"])
+                and _is_python(e.info["cmdline"][0])
+            ):
+                # a young python process may have retitled itself (vLLM's spawned engine core
+                # and workers call setproctitle): its name and argv only
                 try:
                     name, argv = e.proc.name(), [str(a) for a in e.proc.cmdline()]
                 except _PSUTIL_ERRORS:

@@ -25,6 +25,7 @@ class FakeHost:
         self.iter_calls = 0
         self.single_reads: list[int] = []
         self.port_reads: list[int] = []
+        self.title_reads: list[int] = []
 
     def add(self, pid: int, name: str, cmdline: list[str], ppid: int = 1, ctime: float = OLD) -> None:
         self.procs[pid] = {"pid": pid, "ppid": ppid, "name": name, "cmdline": cmdline, "create_time": ctime}
@@ -44,6 +45,7 @@ class FakeHost:
                 return {k: host.procs[pid].get(k) for k in attrs}
 
             def name(self) -> str:
+                host.title_reads.append(pid)
                 if pid not in host.procs:
                     raise psutil.NoSuchProcess(pid)
                 return str(host.procs[pid]["name"])
@@ -152,6 +154,18 @@ def test_a_young_process_that_retitles_itself_is_seen(host: FakeHost) -> None:
     now[0] += 1
     got = {p.pid: p for p in table.read()}
     assert got[30].vllm_role == "engine_core" and host.iter_calls == 1
+
+
+def test_only_young_python_processes_are_reread(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    host.add(40, "bash", ["bash", "-c", "sleep 9"], ctime=time.time())
+    host.add(41, "python3", ["/usr/bin/python3.11", "worker.py"], ctime=time.time())
+    table.read()
+    for _ in range(3):
+        now[0] += 1
+        table.read()
+    assert set(host.title_reads) == {41}  # bash does not become vLLM by setproctitle
 
 
 def test_psutil_listing_failure_gives_a_rescan_not_an_error(
