@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -162,7 +163,26 @@ class NvmlSource:
             self.close()
             raise SourceError(f"NVML: {type(e).__name__}: {_one_line(e)}") from None
         now = time.time()
-        stamped = [g if g.timestamp is not None else replace(g, timestamp=now) for g in gpus]
+        # Interned names: a Timeline of --history readings keeps one copy of each string.
+        stamped = [
+            replace(
+                g,
+                timestamp=g.timestamp if g.timestamp is not None else now,
+                name=_intern(g.name),
+                uuid=_intern(g.uuid),
+                bus_id=_intern(g.bus_id),
+                processes=[
+                    replace(
+                        p,
+                        name=_intern(p.name) or "",
+                        gpu_uuid=_intern(p.gpu_uuid),
+                        gpu_bus_id=_intern(p.gpu_bus_id),
+                    )
+                    for p in g.processes
+                ],
+            )
+            for g in gpus
+        ]
         return Reading({"gpus": stamped}, f"{len(stamped)} GPU(s)")
 
     def close(self) -> None:
@@ -230,6 +250,8 @@ class MetricsSource:
         # One HTTP client for every scrape of this endpoint: building one costs ~40 ms (its TLS
         # context), more than the rest of a sidecar cycle.
         self._client: Any = None
+        #: the last scrape's EngineMetrics by engine label (unchanged parts are shared)
+        self._prev: dict[str | None, Any] = {}
 
     def warm(self) -> None:
         """Import what :meth:`read` needs and build the HTTP client (httpx costs tens of ms;
@@ -242,11 +264,25 @@ class MetricsSource:
             self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.timeout_s))
 
     def read(self) -> Reading:
-        """One scrape parsed into EngineMetrics; the page text kept in ``raw``."""
+        """One scrape parsed into EngineMetrics; the page text kept in ``raw``. A histogram or
+        the ``cache_config_info`` labels equal to the previous scrape's are that same object
+        (facts are never modified, so Snapshots may share them): a Timeline of --history
+        scrapes holds one copy of what did not change."""
         from kvdoctor.sources.metrics import parse_metrics, scrape
 
         text, ts = scrape(self.origin, timeout=self.timeout_s, client=self._client)
         ms = parse_metrics(text, origin=self.origin, timestamp=ts)
+        prev, self._prev = self._prev, {}
+        for m in ms:
+            before = prev.get(m.engine)
+            if before is not None:
+                for name, h in list(m.histograms.items()):
+                    old = before.histograms.get(name)
+                    if old is not None and old == h:
+                        m.histograms[name] = old
+                if m.cache_config == before.cache_config:
+                    m.cache_config = before.cache_config
+            self._prev[m.engine] = m
         return Reading({"metrics": ms}, f"{len(ms)} engine(s)", raw=text)
 
     def close(self) -> None:
@@ -634,6 +670,10 @@ class Sampler:
             except Exception:
                 pass
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _intern(text: str | None) -> str | None:
+    return sys.intern(text) if text else text
 
 
 def _one_line(err: BaseException) -> str:

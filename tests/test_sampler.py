@@ -251,3 +251,23 @@ def test_gpu_readings_over_time_have_one_shape() -> None:
     offline.append(Snapshot(gpu_series=[[g for g in m] for m in moments], gpus=moments[-1]))
     assert offline.gpu_moments() == moments
     assert live.snapshots[0].gpus[0].timestamp is None  # the facts were not changed
+
+
+def test_unchanged_histograms_are_shared_between_scrapes(fake_metrics_server: FakeMetricsServer) -> None:
+    from tests.conftest import B17_PAGES
+
+    page = B17_PAGES[0].read_bytes()
+    fake_metrics_server.reset([page, page, B17_PAGES[-1].read_bytes()])
+    src = MetricsSource(fake_metrics_server.url)
+    src.warm()
+    try:
+        (a,) = src.read().values["metrics"]
+        (b,) = src.read().values["metrics"]
+        (c,) = src.read().values["metrics"]
+    finally:
+        src.close()
+    assert a.histograms and a is not b
+    assert all(b.histograms[k] is a.histograms[k] for k in a.histograms)  # one copy in the Timeline
+    assert b.cache_config is a.cache_config
+    changed = [k for k in c.histograms if c.histograms[k] != b.histograms.get(k)]
+    assert changed and all(c.histograms[k] is not b.histograms[k] for k in changed)  # new values kept

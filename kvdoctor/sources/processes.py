@@ -166,10 +166,10 @@ def _process_from_psutil(
         pid=proc.pid,
         ppid=info.get("ppid"),
         name=info.get("name") or "",
-        cmdline=list(argv),
+        cmdline=argv,  # a kept argv is shared by every read of the process (facts stay as made)
         cpu_percent=cpu,
         rss_bytes=getattr(mem, "rss", None),
-        listen_ports=list(ports) if ports is not None else _listen_ports(proc),
+        listen_ports=ports if ports is not None else _listen_ports(proc),
         vllm_role=role,
         create_time=info.get("create_time"),
         **(launch if launch is not None else launch_fields(argv)),
