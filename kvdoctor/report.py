@@ -135,6 +135,8 @@ def build_report(
                 "gpus": list(e.gpus),
                 "config": {name: getattr(e.config, name, None) for name in ENGINE_CONFIG_FIELDS},
                 "kv": {name: kv_src.get(name) for name in ENGINE_KV_FIELDS},
+                # how GPU memory was matched to it: "pid" | "gpu_uuid" | None (derive/container.py)
+                "attribution": kv_src.get("attribution"),
             }
         )
     # The last line of defence for "secrets never leave": whatever a source echoed back
@@ -392,6 +394,14 @@ def _pipe_aware_console() -> type[Console]:
     return _PipeAwareConsole
 
 
+#: the text report's line per engine on how its GPU memory was matched to it (engines[].attribution)
+_ATTRIBUTION_TEXT = {
+    "pid": "attributed by pid (its processes hold it)",
+    "gpu_uuid": "attributed by GPU UUID (NVML's pids are another PID namespace's; the GPUs its "
+    "container was given)",
+}
+
+
 def render_text(report: Report, console: Console) -> None:
     """Print the report with rich: a header (health; one line per source: read, missing or
     why it failed), one panel per finding worst first with the fix first, then a line of
@@ -425,6 +435,16 @@ def render_text(report: Report, console: Console) -> None:
         console.print(line, overflow="fold")
     if not report.sources:
         console.print(Text("  ✗ no source was read", style="red"))
+    for e in report.engines:
+        if e.get("attribution") in _ATTRIBUTION_TEXT:
+            gpus = ", ".join(str(i) for i in e.get("gpus") or []) or "?"
+            console.print(
+                Text(
+                    f"  GPU memory of {e['id']} (GPU {gpus}): {_ATTRIBUTION_TEXT[e['attribution']]}",
+                    style="dim",
+                ),
+                overflow="fold",
+            )
     console.print()
     for f in report.findings:
         depth = depth_of(f, report.findings)

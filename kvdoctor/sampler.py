@@ -21,7 +21,9 @@ offline, an ``nvidia-smi -l`` loop is the bundle Snapshot's ``gpu_series``.
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -161,7 +163,26 @@ class NvmlSource:
             self.close()
             raise SourceError(f"NVML: {type(e).__name__}: {_one_line(e)}") from None
         now = time.time()
-        stamped = [g if g.timestamp is not None else replace(g, timestamp=now) for g in gpus]
+        # Interned names: a Timeline of --history readings keeps one copy of each string.
+        stamped = [
+            replace(
+                g,
+                timestamp=g.timestamp if g.timestamp is not None else now,
+                name=_intern(g.name),
+                uuid=_intern(g.uuid),
+                bus_id=_intern(g.bus_id),
+                processes=[
+                    replace(
+                        p,
+                        name=_intern(p.name) or "",
+                        gpu_uuid=_intern(p.gpu_uuid),
+                        gpu_bus_id=_intern(p.gpu_bus_id),
+                    )
+                    for p in g.processes
+                ],
+            )
+            for g in gpus
+        ]
         return Reading({"gpus": stamped}, f"{len(stamped)} GPU(s)")
 
     def close(self) -> None:
@@ -176,23 +197,39 @@ class NvmlSource:
 
 class ProcessSource:
     """vLLM processes through psutil (``kvdoctor.sources.processes.list_processes``): command
-    lines (redacted), CPU, RSS, listening ports, roles."""
+    lines (redacted), CPU, RSS, listening ports, roles. The host's process table is kept
+    between reads (:class:`~kvdoctor.sources.processes.ProcessTable`): rescanned in full every
+    ``rescan_s`` seconds or after NVML's GPU pids change (:meth:`note_gpu_pids`, which the
+    :class:`Sampler` calls after each NVML read), else only new pids and the vLLM processes are
+    read."""
 
     kind = "processes"
     origin = "psutil"
 
-    def __init__(self, timeout_s: float = 2.0) -> None:
+    def __init__(self, timeout_s: float = 2.0, rescan_s: float = 60.0) -> None:
         self.timeout_s = timeout_s
+        self.rescan_s = rescan_s
+        self._table: Any = None
 
     def warm(self) -> None:
         """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
-        import kvdoctor.sources.processes  # noqa: F401
+        from kvdoctor.sources.processes import ProcessTable
+
+        if self._table is None:
+            self._table = ProcessTable(rescan_s=self.rescan_s)
+
+    def note_gpu_pids(self, pids: set[int]) -> None:
+        """NVML's GPU process pids of the latest read (a change rescans the table)."""
+        if self._table is not None:
+            self._table.note_gpu_pids(pids)
 
     def read(self) -> Reading:
         """The vLLM process table; "missing" when no vLLM process runs."""
         from kvdoctor.sources import processes
 
-        procs = processes.list_processes()
+        if self._table is None:
+            self.warm()
+        procs = processes.list_processes(cache=self._table)
         values = {"processes": procs, "process_table_known": True}
         if procs:
             return Reading(values, f"{len(procs)} vLLM process(es)")
@@ -213,6 +250,8 @@ class MetricsSource:
         # One HTTP client for every scrape of this endpoint: building one costs ~40 ms (its TLS
         # context), more than the rest of a sidecar cycle.
         self._client: Any = None
+        #: the last scrape's EngineMetrics by engine label (unchanged parts are shared)
+        self._prev: dict[str | None, Any] = {}
 
     def warm(self) -> None:
         """Import what :meth:`read` needs and build the HTTP client (httpx costs tens of ms;
@@ -225,11 +264,25 @@ class MetricsSource:
             self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.timeout_s))
 
     def read(self) -> Reading:
-        """One scrape parsed into EngineMetrics; the page text kept in ``raw``."""
+        """One scrape parsed into EngineMetrics; the page text kept in ``raw``. A histogram or
+        the ``cache_config_info`` labels equal to the previous scrape's are that same object
+        (facts are never modified, so Snapshots may share them): a Timeline of --history
+        scrapes holds one copy of what did not change."""
         from kvdoctor.sources.metrics import parse_metrics, scrape
 
         text, ts = scrape(self.origin, timeout=self.timeout_s, client=self._client)
         ms = parse_metrics(text, origin=self.origin, timestamp=ts)
+        prev, self._prev = self._prev, {}
+        for m in ms:
+            before = prev.get(m.engine)
+            if before is not None:
+                for name, h in list(m.histograms.items()):
+                    old = before.histograms.get(name)
+                    if old is not None and old == h:
+                        m.histograms[name] = old
+                if m.cache_config == before.cache_config:
+                    m.cache_config = before.cache_config
+            self._prev[m.engine] = m
         return Reading({"metrics": ms}, f"{len(ms)} engine(s)", raw=text)
 
     def close(self) -> None:
@@ -242,11 +295,20 @@ class MetricsSource:
             self._client = None
 
 
+#: the detail of a live log path that does not exist yet ("missing" status).
+NOT_YET = "log file not created yet"
+
+
 class LogSource:
     """The vLLM log file followed as it grows (``kvdoctor.sources.vllm_log.LogFollower``: only
     appended lines are parsed). Each change gives a new :class:`~kvdoctor.facts.VllmLog` (the
     follower's own keeps growing), so Snapshots never see a log change under them and a
-    recording writes only the appended events. A file that appears later is picked up."""
+    recording writes only the appended events.
+
+    A log that does not exist yet (a pod whose vLLM has not started writing it) is "missing",
+    not an error: no backoff, it is opened on the first read after it appears. Rotation (a new
+    file at the path) and truncation restart the follower at the top of the new file; while the
+    path is briefly absent the last log read stays."""
 
     kind = "log"
 
@@ -269,6 +331,8 @@ class LogSource:
         from kvdoctor.sources.vllm_log import LogFollower, check_log_file
 
         if self._follower is None:
+            if not os.path.lexists(self.path):
+                return Reading({}, f"{NOT_YET} ({self.path.name}); read once it appears", status="missing")
             check_log_file(self.path)
             self._follower = LogFollower(self.path)
         try:
@@ -326,8 +390,13 @@ class Sampler:
         sources: list[LiveSource] | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self.opts = opts
+        self._proc_root = proc_root
+        #: config.json read through /proc/PID/root: path → ((mtime_ns, size), ModelArch | None)
+        self._models: dict[str, tuple[tuple[int, int], Any]] = {}
+        self._model_paths: dict[tuple[str, ...], Path | None] = {}
         self._rng = rng or random.Random()
         self._clock = clock
         from concurrent.futures import ThreadPoolExecutor  # live sampling only: not to start
@@ -508,6 +577,10 @@ class Sampler:
             self._rediscover(snap, statuses)
         for st in list(self._states.values()):
             self._finish(st, snap, statuses)
+        if snap.gpus and proc is not None:
+            note = getattr(proc.source, "note_gpu_pids", None)
+            if callable(note):  # an engine that starts or stops rescans the process table
+                note({p.pid for g in snap.gpus for p in g.processes})
         if self._log_source is not None and snap.log is None:
             snap.log = self._log_source.last_log  # unreadable now: what was read stays true
         ordered = [statuses[k] for k in self._states if k in statuses]
@@ -525,7 +598,14 @@ class Sampler:
     def configs(self, snap: Snapshot) -> list[EngineConfig]:
         """Engine configs from the live API servers' command lines (``/proc/PID/cmdline`` via
         psutil, redacted; ``kvdoctor.sources.cmdline.parse_argv``). A command line parsed once
-        gives the same EngineConfig object on every read."""
+        gives the same EngineConfig object on every read.
+
+        Containers (``kvdoctor.sources.container``): the server's ``/proc/PID/environ`` gives the
+        GPU UUIDs its container was given (``NVIDIA_VISIBLE_DEVICES``), kept as
+        ``args["_gpu_uuids"]`` (derive/container.py matches them to NVML's when NVML's host pids
+        are not in this PID namespace), and a local ``--model`` directory's config.json is found
+        through ``/proc/PID/root`` (:meth:`model`)."""
+        from kvdoctor.sources import container
         from kvdoctor.sources.cmdline import parse_argv
 
         out = []
@@ -537,13 +617,53 @@ class Sampler:
                 if len(self._configs) > 256:
                     self._configs.clear()  # engines came and went: keep the cache bounded
                 try:
-                    self._configs[key] = parse_argv(p.cmdline, origin=f"pid {p.pid}")
+                    cfg = parse_argv(p.cmdline, origin=f"pid {p.pid}")
                 except SourceError:
-                    self._configs[key] = None
+                    cfg = None
+                seen = container.read_process(p.pid, self._proc_root)
+                if cfg is not None and seen is not None:
+                    uuids = container.gpu_uuids(seen.env)
+                    if uuids:
+                        cfg.args["_gpu_uuids"] = uuids
+                if len(self._model_paths) > 256:
+                    self._model_paths.clear()
+                self._model_paths[key] = seen.config_path if seen is not None else None
+                self._configs[key] = cfg
             cfg = self._configs[key]
             if cfg is not None:
                 out.append(cfg)
         return out
+
+    def model(self, snap: Snapshot) -> Any:
+        """The model's architecture from the first API server whose ``--model`` is a local
+        directory with a config.json (read through ``/proc/PID/root``: the vLLM container's
+        filesystem; ``kvdoctor.sources.model_config``), re-read only when the file changes;
+        None when there is none or it does not parse."""
+        from kvdoctor.sources.model_config import parse_model_config_file
+
+        for p in snap.processes:
+            if p.vllm_role != "api_server" or not p.cmdline:
+                continue
+            path = self._model_paths.get((str(p.pid), *p.cmdline))
+            if path is None:
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            stamp = (st.st_mtime_ns, st.st_size)
+            known = self._models.get(str(path))
+            if known is None or known[0] != stamp:
+                try:
+                    arch = parse_model_config_file(path)
+                except (SourceError, OSError, ValueError):
+                    arch = None
+                if len(self._models) > 16:
+                    self._models.clear()
+                self._models[str(path)] = known = (stamp, arch)
+            if known[1] is not None:
+                return known[1]
+        return None
 
     def close(self) -> None:
         """Release every source (nvmlShutdown) and the worker threads; never raises. A read
@@ -554,6 +674,10 @@ class Sampler:
             except Exception:
                 pass
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _intern(text: str | None) -> str | None:
+    return sys.intern(text) if text else text
 
 
 def _one_line(err: BaseException) -> str:
@@ -640,15 +764,20 @@ class LiveFeed:
         *,
         sources: list[LiveSource] | None = None,
         rng: random.Random | None = None,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self.opts = opts
-        self._sampler = Sampler(opts, sources=sources, rng=rng)
+        self._sampler = Sampler(opts, sources=sources, rng=rng, proc_root=proc_root)
         self.label = "live"
 
     def next(self) -> Snapshot:
-        """Read every live source once; never raises for a source failure."""
+        """Read every live source once; never raises for a source failure. Engine configs
+        and, from a local model directory seen through /proc, the model's config.json are
+        attached (:meth:`Sampler.configs`, :meth:`Sampler.model`)."""
         snap = self._sampler.sample()
         snap.configs = self._sampler.configs(snap)
+        if snap.model is None:
+            snap.model = self._sampler.model(snap)
         return snap
 
     def health(self) -> list[SourceHealth]:

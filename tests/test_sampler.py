@@ -181,8 +181,8 @@ def test_engines_are_discovered_as_they_start_and_stop(
 def test_a_log_that_appears_later_is_followed_and_kept_while_unreadable(tmp_path: Path) -> None:
     log = tmp_path / "vllm.log"
     src = LogSource(log)
-    with pytest.raises(SourceError):
-        src.read()
+    early = src.read()
+    assert early.status == "missing" and "not created yet" in early.detail and early.values == {}
     log.write_text((CASE / "vllm.log").read_text())
     first = src.read().values["log"]
     assert first.vllm_version == "0.10.0"
@@ -193,6 +193,31 @@ def test_a_log_that_appears_later_is_followed_and_kept_while_unreadable(tmp_path
     grown = src.read().values["log"]
     assert grown is not first and grown.line_count == first.line_count + 1
     assert first.line_count == len((CASE / "vllm.log").read_text().splitlines())  # never changed
+
+
+def test_sampler_waits_for_a_log_without_backoff_then_follows_it_across_rotation(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "vllm.log"
+    sampler = Sampler(_opts(log_path=log, use_nvml=False, use_processes=False))
+    try:
+        for _ in range(3):  # not yet: "missing" every read, never an error or a backoff
+            snap = sampler.sample()
+            (st,) = [s for s in snap.sources if s.kind == "log"]
+            assert st.status == "missing" and "not created yet" in st.detail and snap.log is None
+        (h,) = [h for h in sampler.health() if h.kind == "log"]
+        assert h.errors_total == 0 and h.next_attempt_ts is None
+        log.parent.mkdir()
+        log.write_text((CASE / "vllm.log").read_text())
+        snap = sampler.sample()  # the next read after it appears
+        assert snap.log is not None and snap.log.vllm_version == "0.10.0"
+        first_lines = snap.log.line_count
+        log.rename(log.with_suffix(".log.1"))  # rotated away: the last log read stays
+        snap = sampler.sample()
+        assert snap.log is not None and snap.log.line_count == first_lines
+        log.write_text("INFO 07-29 11:00:00 [api_server.py:1] vLLM API server version 0.11.0\n")
+        snap = sampler.sample()  # the new file, from its top
+        assert snap.log is not None and snap.log.line_count == 1 and snap.log.vllm_version == "0.11.0"
+    finally:
+        sampler.close()
 
 
 def test_live_loop_stops_on_the_stop_signal(fake_metrics_server: FakeMetricsServer) -> None:
@@ -274,3 +299,23 @@ def test_a_slow_first_read_does_not_eat_the_window(face: str) -> None:
     span = feed.reads[-1] - feed.reads[0]
     assert 30.0 <= span < 30.0 + 2.0 + 0.2, feed.reads
     assert len(feed.reads) >= 15
+
+
+def test_unchanged_histograms_are_shared_between_scrapes(fake_metrics_server: FakeMetricsServer) -> None:
+    from tests.conftest import B17_PAGES
+
+    page = B17_PAGES[0].read_bytes()
+    fake_metrics_server.reset([page, page, B17_PAGES[-1].read_bytes()])
+    src = MetricsSource(fake_metrics_server.url)
+    src.warm()
+    try:
+        (a,) = src.read().values["metrics"]
+        (b,) = src.read().values["metrics"]
+        (c,) = src.read().values["metrics"]
+    finally:
+        src.close()
+    assert a.histograms and a is not b
+    assert all(b.histograms[k] is a.histograms[k] for k in a.histograms)  # one copy in the Timeline
+    assert b.cache_config is a.cache_config
+    changed = [k for k in c.histograms if c.histograms[k] != b.histograms.get(k)]
+    assert changed and all(c.histograms[k] is not b.histograms[k] for k in changed)  # new values kept

@@ -28,6 +28,7 @@ from kvdoctor.derive import (
     budget,
     colocation,
     config,
+    container,
     dp,
     growth,
     hardware,
@@ -70,6 +71,7 @@ __all__ = [
 #: The families, in the order they run: a family reads only variables of families before it.
 FAMILIES: tuple[Family, ...] = (
     config.FAMILY,
+    container.FAMILY,
     attribution.FAMILY,
     log.FAMILY,
     model.FAMILY,
@@ -157,7 +159,7 @@ def build_contexts(
             history=history,
             all_engines=listed,
             runs=eng_runs,
-            visible=visible,
+            visible=container.engine_visible(eng, visible),  # a pod's GPUs by UUID
             engine_pids=engine_pids,
             peers=peers,
             daemon_pids=daemon_pids,
@@ -171,6 +173,7 @@ def build_contexts(
                 "block_size": variables.get("block_size"),
                 "capacity_tokens": variables.get("kv_capacity_tokens"),
                 "usage": variables.get("kv_usage"),
+                "attribution": variables.get("gpu_attribution"),
             }
             gpus_of[eng.id] = list(variables.get("engine_gpus") or [])
     for e in listed:

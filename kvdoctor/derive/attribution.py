@@ -60,7 +60,9 @@ WRITES: dict[str, str] = {
     "engine_pids_known": "bool; the engine's own pids are known (live, ps.txt, or log prefixes)",
     "max_num_seqs_effective": "int; --max-num-seqs or vLLM's device default for the engine's GPU and version (vllm_flags.default_max_num_seqs)",
 }
-READS: frozenset[str] = frozenset({"tp", "tp_pp", "gmu", "max_num_seqs", "vllm_version"})
+READS: frozenset[str] = frozenset(
+    {"tp", "tp_pp", "gmu", "max_num_seqs", "vllm_version", "gpu_attribution", "unresolved_gpu_pids"}
+)
 
 
 def engine_gpus(s: Scope, engine: Engine, tp_pp: int) -> list[Gpu]:
@@ -322,8 +324,13 @@ def _foreign_and_orphans(s: Scope, v: Vars) -> None:
     # not the engine" only when some GPU process carries one of them (or the table is live).
     on_gpu = {p.pid for g in visible for p in g.processes}
     pids_comparable = snapshot.process_table_known or bool(engine_pids & on_gpu)
+    # Host pids of the engine's own container (derive/container.py): absent from this PID
+    # namespace, which makes them neither orphaned nor foreign.
+    other_ns = set(v["unresolved_gpu_pids"] or ()) if v["gpu_attribution"] == "gpu_uuid" else set()
     for g in visible:
         for p in g.processes:
+            if p.pid in other_ns:
+                continue
             vllm_like = is_vllm_process(p.name)
             if vllm_like and p.pid not in engine_pids:
                 if live is not None and p.pid not in live:

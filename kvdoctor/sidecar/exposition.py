@@ -166,10 +166,15 @@ def _families(v: View, version: str) -> Iterator[Metric]:
     info = GaugeMetricFamily(
         "kvdoctor_gpu_info",
         f"The GPUs kvdoctor reads, by index; attribution: how engine memory was told apart "
-        f"(pid: NVML processes matched the engine's pids; gpu: by the engine's GPUs, pids unresolvable) {_FROM}.",
+        f"(pid: NVML processes matched the engine's pids; gpu: by the engine's GPUs, pids unresolvable; "
+        f"gpu_uuid: the GPUs the engine's container was given, NVML's pids another PID namespace's) {_FROM}.",
         labels=["gpu", "uuid", "name", "engine", "attribution"],
     )
     how = {b.index: (b.engine or "", b.attribution or "") for b in v.breakdown}
+    for e in v.engines:  # the report's word when it matched the GPUs by UUID (derive/container.py)
+        if e.get("attribution") == "gpu_uuid":
+            for idx in e.get("gpus") or []:
+                how[int(idx)] = (str(e.get("id") or ""), "gpu_uuid")
     for g in v.gpu_info:
         engine, attribution = how.get(int(g.get("index") or 0), ("", ""))
         info.add_metric(

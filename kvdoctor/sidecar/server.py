@@ -26,18 +26,22 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from kvdoctor.breakdown import engine_preemption_rates, gpu_breakdown
+from kvdoctor.facts import Timeline
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.redact import redact_text
 from kvdoctor.sampler import Cycle, LiveLoop, SnapshotFeed, error_status
 from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealthTracker, View
 from kvdoctor.sidecar.transitions import Transitions, event_line, iso, rule_timings
+
+if TYPE_CHECKING:
+    from kvdoctor.report import Report
 
 #: source kinds that read an engine (readiness): vLLM's /metrics or its log.
 ENGINE_SOURCE_KINDS = frozenset({"metrics", "log"})
@@ -54,6 +58,19 @@ _LANDING = """<!doctype html>
 <li><a href="readyz">/readyz</a> readiness: an engine source was read in the last cycle</li>
 </ul></body></html>
 """
+
+
+def _recent(timeline: Timeline, window_s: float) -> Timeline:
+    """The Snapshots of the last ``window_s`` seconds (a rate needs no more; the sidecar keeps
+    --history of them), as a Timeline of their own; the whole one when they carry no time."""
+    snaps = timeline.snapshots
+    latest = snaps[-1].timestamp if snaps else None
+    if latest is None:
+        return timeline
+    i = len(snaps)
+    while i > 0 and (snaps[i - 1].timestamp or 0.0) >= latest - window_s - 1.0:
+        i -= 1
+    return Timeline(snaps[i:], max_len=timeline.max_len)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -99,7 +116,8 @@ class Sidecar:
         self.out = out or sys.stdout
         self.clock = clock
         self.stop_event = threading.Event()
-        self.report_json = "{}"
+        self._report: Report | None = None
+        self._report_json: tuple[Report | None, str] = (None, "{}")
         self.ready = False
         self.ready_reason = "no cycle yet"
         self.cycles = 0
@@ -120,8 +138,6 @@ class Sidecar:
 
     def on_cycle(self, cycle: Cycle) -> None:
         """Fold one cycle in: transitions (logged), source health, readiness, the view."""
-        from kvdoctor.report import render_json
-
         report = cycle.report
         if report is None:
             return
@@ -150,14 +166,30 @@ class Sidecar:
                 breakdown=gpu_breakdown(cycle.snapshot, report),
                 gpu_info=[{"index": g["index"], "uuid": g["uuid"], "name": g["name"]} for g in report.gpus],
                 engines=list(report.engines),
-                preemptions_per_s=engine_preemption_rates(cycle.timeline, report, self.pipeline.window_s),
+                preemptions_per_s=engine_preemption_rates(
+                    _recent(cycle.timeline, self.pipeline.window_s), report, self.pipeline.window_s
+                ),
                 sources=dict(self.health.sources),
                 last_evaluation=now,
                 evaluation_duration_s=cycle.duration_s,
                 evaluations=self.cycles,
             )
         )
-        self.report_json = render_json(report)
+        self._report = report
+
+    @property
+    def report_json(self) -> str:
+        """The last cycle's report as spec/report.md JSON, rendered when first asked for
+        (/findings) and kept until the next cycle: an unread report costs nothing."""
+        from kvdoctor.report import render_json
+
+        report = self._report
+        done, text = self._report_json
+        if report is None or report is done:
+            return text
+        text = render_json(report)
+        self._report_json = (report, text)
+        return text
 
     def _hold(self) -> None:
         """A finite feed ended: evaluate its last Timeline at the interval until stopped."""

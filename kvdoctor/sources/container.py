@@ -69,6 +69,31 @@ def _model_dir(argv: list[str]) -> str | None:
     return None
 
 
+def read_process(pid: int, proc_root: Path = Path("/proc")) -> ContainerProcess | None:
+    """One process under ``proc_root``: its redacted argv, the kept environment
+    (:data:`KEPT_ENV`) and, when ``--model`` (or ``vllm serve MODEL``) is an absolute local
+    directory, its config.json through ``/proc/PID/root``. None when the process vanished or
+    has no command line (a kernel thread). Never raises."""
+    entry = proc_root / str(pid)
+    raw = _read(entry / "cmdline")
+    if not raw:
+        return None
+    argv = [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")]
+    proc = ContainerProcess(pid=pid, cmdline=redact_argv(argv))
+    env = _read(entry / "environ")
+    if env:
+        proc.env = _env(env)
+    model = _model_dir(argv)
+    if model and model.startswith("/"):
+        cfg = entry / "root" / model.lstrip("/") / "config.json"
+        try:
+            if cfg.is_file():
+                proc.config_path = cfg
+        except OSError:
+            pass
+    return proc
+
+
 def vllm_processes(proc_root: Path = Path("/proc")) -> list[ContainerProcess]:
     """The vLLM API servers visible under ``proc_root`` (a command line naming ``vllm serve``
     or ``vllm.entrypoints``), pid order. Never raises."""
@@ -85,20 +110,22 @@ def vllm_processes(proc_root: Path = Path("/proc")) -> list[ContainerProcess]:
         joined = " ".join(argv)
         if "vllm.entrypoints" not in joined and not ("vllm" in joined and "serve" in argv):
             continue
-        proc = ContainerProcess(pid=int(entry.name), cmdline=redact_argv(argv))
-        env = _read(entry / "environ")
-        if env:
-            proc.env = _env(env)
-        model = _model_dir(argv)
-        if model and model.startswith("/"):
-            cfg = entry / "root" / model.lstrip("/") / "config.json"
-            try:
-                if cfg.is_file():
-                    proc.config_path = cfg
-            except OSError:
-                pass
-        out.append(proc)
+        proc = read_process(int(entry.name), proc_root)
+        if proc is not None:
+            out.append(proc)
     return out
+
+
+def gpu_uuids(env: dict[str, str]) -> list[str]:
+    """The GPU (or MIG) UUIDs a process was given: ``NVIDIA_VISIBLE_DEVICES`` when it lists
+    UUIDs (the NVIDIA container runtime / Kubernetes device plugin), else ``CUDA_VISIBLE_DEVICES``
+    when it does; [] for indices, ``all``, ``void`` or unset (indices are the container's own
+    numbering, not NVML's here)."""
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        items = [v.strip() for v in (env.get(name) or "").split(",") if v.strip()]
+        if items and all(i.upper().startswith(("GPU-", "MIG-")) for i in items):
+            return items
+    return []
 
 
 def gpu_indices_for(env: dict[str, str], gpus: list[Gpu]) -> tuple[list[int], str]:

@@ -23,6 +23,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvdoctor.facts import HostProcess, SourceError
@@ -181,7 +182,17 @@ def _safe(call: Callable[[], _T]) -> _T | None:
         return None
 
 
-def _process_from_psutil(proc: psutil.Process, info: dict[str, Any], role: str | None) -> HostProcess:
+def _process_from_psutil(
+    proc: psutil.Process,
+    info: dict[str, Any],
+    role: str | None,
+    *,
+    ports: list[int] | None = None,
+    argv: list[str] | None = None,
+    launch: dict[str, Any] | None = None,
+) -> HostProcess:
+    """One HostProcess; ``ports``/``argv`` (redacted)/``launch`` given by a caller that keeps
+    them (:class:`ProcessTable`), else read / computed now."""
     key = (proc.pid, info.get("create_time"))
     cached = _SEEN.get(key)
     cpu: float | None = None
@@ -191,21 +202,25 @@ def _process_from_psutil(proc: psutil.Process, info: dict[str, Any], role: str |
         _SEEN[key] = proc
         _safe(lambda: proc.cpu_percent(interval=None))  # primes the counter; first value is meaningless
     mem = _safe(proc.memory_info)
+    if argv is None:
+        argv = redact_argv(info.get("cmdline") or [])
     return HostProcess(
         pid=proc.pid,
         ppid=info.get("ppid"),
         name=info.get("name") or "",
-        cmdline=redact_argv(info.get("cmdline") or []),
+        cmdline=argv,  # a kept argv is shared by every read of the process (facts stay as made)
         cpu_percent=cpu,
         rss_bytes=getattr(mem, "rss", None),
-        listen_ports=_listen_ports(proc),
+        listen_ports=ports if ports is not None else _listen_ports(proc),
         vllm_role=role,
         create_time=info.get("create_time"),
-        **launch_fields(redact_argv(info.get("cmdline") or [])),
+        **(launch if launch is not None else launch_fields(argv)),
     )
 
 
-def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> list[HostProcess]:
+def list_processes(
+    include_all: bool = False, *, cpu_interval: float = 0.0, cache: ProcessTable | None = None
+) -> list[HostProcess]:
     """Host processes via psutil, vLLM-related ones only unless ``include_all``.
 
     Per process: pid, ppid, name (``comm``), cmdline (redacted), rss_bytes (``memory_info().rss``),
@@ -221,7 +236,13 @@ def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> l
 
     Any psutil error for one process leaves that field None; a process that vanished mid-read
     is skipped. Never raises for psutil errors.
+
+    ``cache``: a :class:`ProcessTable` kept by a caller that reads every second (the live
+    sampler); the vLLM processes are then read from it (``include_all`` and ``cpu_interval``
+    do not apply).
     """
+    if cache is not None:
+        return cache.read()
     import psutil
 
     wanted: list[tuple[psutil.Process, dict[str, Any], str | None]] = []
@@ -256,6 +277,172 @@ def list_processes(include_all: bool = False, *, cpu_interval: float = 0.0) -> l
         if not psutil.pid_exists(key[0]):
             del _SEEN[key]
     return out
+
+
+_ATTRS = ["pid", "ppid", "name", "cmdline", "create_time"]
+
+
+def _info_of(proc: psutil.Process, info: dict[str, Any]) -> dict[str, Any]:
+    info = dict(info)
+    info["cmdline"] = [str(a) for a in (info.get("cmdline") or [])]
+    return info
+
+
+@dataclass
+class _Entry:
+    proc: psutil.Process
+    info: dict[str, Any]
+    role: str | None
+    argv: list[str] | None = None  # redacted, once the process is listed
+    launch: dict[str, Any] | None = None
+    ports: list[int] | None = None  # read on the full rescans only
+
+
+class ProcessTable:
+    """The host process table kept between the reads of a sampler polling every second, so that
+    a read costs the vLLM processes' own counters, not a walk of every process on the host
+    (``process_iter`` + ``net_connections`` took ~50 ms a read on a host of 90 processes).
+
+    - A full rescan (``psutil.process_iter``: name, ppid, cmdline, create_time of every process;
+      listening ports of the API servers, ``net_connections``) runs at most every ``rescan_s``
+      seconds, and on the read after NVML's GPU pid set changed (:meth:`note_gpu_pids`: an
+      engine started or stopped).
+    - Between rescans: ``psutil.pids()`` (one listing of /proc); a pid not seen before is read
+      alone, a python process younger than ``young_s`` seconds is re-read (vLLM retitles its
+      spawned processes, ``setproctitle``, after they start), a vanished one is dropped; only the vLLM processes
+      are read in full (``cpu_percent``, ``memory_info``). Ports stay those of the last rescan
+      (other roles': those of their first read).
+
+    :meth:`read` gives what :func:`list_processes` gives (vLLM processes only); psutil errors
+    never escape. ``clock`` is monotonic seconds (tests step it).
+    """
+
+    def __init__(
+        self,
+        rescan_s: float = 60.0,
+        young_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rescan_s = rescan_s
+        self.young_s = young_s
+        self._clock = clock
+        self._entries: dict[int, _Entry] = {}
+        self._last_full: float | None = None
+        self._gpu_pids: frozenset[int] | None = None
+        self._gpu_changed = False
+        #: full rescans done (tests, the bench)
+        self.rescans = 0
+
+    def note_gpu_pids(self, pids: set[int] | frozenset[int]) -> None:
+        """NVML's GPU process pids of the latest read: a change rescans on the next read."""
+        got = frozenset(pids)
+        if self._gpu_pids is not None and got != self._gpu_pids:
+            self._gpu_changed = True
+        self._gpu_pids = got
+
+    def _entry(self, proc: psutil.Process, info: dict[str, Any]) -> _Entry:
+        info = _info_of(proc, info)
+        return _Entry(proc, info, vllm_role(info.get("name") or "", info["cmdline"]))
+
+    def _read_pid(self, pid: int) -> _Entry | None:
+        import psutil
+
+        try:
+            proc = psutil.Process(pid)
+            info = proc.as_dict(attrs=_ATTRS, ad_value=None)
+        except _errors():
+            return None  # gone already, or hidden
+        return self._entry(proc, info)
+
+    def _rescan(self, now: float) -> None:
+        import psutil
+
+        entries: dict[int, _Entry] = {}
+        for proc in psutil.process_iter(_ATTRS, ad_value=None):
+            try:
+                e = self._entry(proc, proc.info)
+            except _errors():
+                continue
+            old = self._entries.get(proc.pid)
+            # the same process as before: keep what was derived from it (argv, launch, ports)
+            entries[proc.pid] = old if old is not None and old.info == e.info else e
+        self._entries = entries
+        self._last_full = now
+        self._gpu_changed = False
+        self.rescans += 1
+
+    def _refresh(self) -> None:
+        import psutil
+
+        try:
+            pids = set(psutil.pids())
+        except _errors():
+            self._rescan(self._clock())
+            return
+        entries = {pid: e for pid, e in self._entries.items() if pid in pids}
+        wall = time.time()
+        for pid in pids:
+            e = entries.get(pid)
+            ctime = e.info.get("create_time") if e is not None else None
+            if e is None:
+                fresh = self._read_pid(pid)
+                if fresh is not None:
+                    entries[pid] = fresh
+            elif (
+                ctime is not None
+                and wall - ctime < self.young_s
+                and bool(e.info["cmdline"])
+                and _is_python(e.info["cmdline"][0])
+            ):
+                # a young python process may have retitled itself (vLLM's spawned engine core
+                # and workers call setproctitle): its name and argv only
+                try:
+                    name, argv = e.proc.name(), [str(a) for a in e.proc.cmdline()]
+                except _errors():
+                    del entries[pid]
+                    continue
+                if name != e.info.get("name") or argv != e.info["cmdline"]:
+                    entries[pid] = self._entry(e.proc, {**e.info, "name": name, "cmdline": argv})
+        self._entries = entries
+
+    def read(self) -> list[HostProcess]:
+        """The vLLM processes now (see the class doc), pid order of psutil's listing."""
+        now = self._clock()
+        full = self._last_full is None or now - self._last_full >= self.rescan_s or self._gpu_changed
+        try:
+            if full:
+                self._rescan(now)
+            else:
+                self._refresh()
+        except _errors():
+            return []
+        entries = self._entries
+        roles = {pid: e.role for pid, e in entries.items()}
+        # V0 workers: spawn children of a vLLM process (as list_processes).
+        for _ in range(3):
+            for pid, e in entries.items():
+                if (
+                    roles[pid] is None
+                    and roles.get(e.info.get("ppid") or -1)
+                    and _is_spawn_child(e.info["cmdline"])
+                ):
+                    roles[pid] = "worker"
+        out: list[HostProcess] = []
+        for pid in sorted(p for p, r in roles.items() if r is not None):
+            e = entries[pid]
+            if e.argv is None:
+                e.argv = redact_argv(e.info["cmdline"])
+                e.launch = launch_fields(e.argv)
+            if e.ports is None or (full and roles[pid] == "api_server"):
+                # the server's port is what discovery needs; /proc/net/tcp costs ~20 ms a read
+                e.ports = _listen_ports(e.proc)
+            out.append(
+                _process_from_psutil(e.proc, e.info, roles[pid], ports=e.ports, argv=e.argv, launch=e.launch)
+            )
+        live = {(pid, e.info.get("create_time")) for pid, e in entries.items()}
+        for key in [k for k in _SEEN if k not in live]:
+            del _SEEN[key]
+        return out
 
 
 def process_table() -> set[int]:

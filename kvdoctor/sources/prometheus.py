@@ -10,8 +10,9 @@ the fleet's Prometheus already scraped, over the window ``[now − since, now]``
   facts as ``diagnose --metrics URL`` and compute rates (``vllm:num_preemptions_total``) and
   quantiles (``vllm:request_prompt_tokens`` buckets) over the window the same way.
 - **GPUs**, when present: DCGM exporter series joined to the pod by its ``namespace``/``pod``
-  labels — ≤ 4.8 names and units (``DCGM_FI_DEV_FB_USED``/``_FREE``/``_RESERVED`` MiB,
-  ``DCGM_FI_DEV_GPU_UTIL`` percent) and 4.9's byte/ratio ones (:data:`DCGM_METRICS`) — else
+  labels — ``DCGM_FI_DEV_FB_USED``/``_FREE``/``_RESERVED`` MiB and ``DCGM_FI_DEV_GPU_UTIL``
+  percent, or its DCGM 4.6 name ``DCGM_FI_DEV_GPU_UTIL_RATIO``, still percent
+  (:data:`DCGM_METRICS`) — else
   a kvdoctor sidecar's own ``kvdoctor_gpu_memory_*`` / ``kvdoctor_gpu_utilization_ratio``.
 - A pod is ``namespace/pod`` when those labels exist (Kubernetes discovery), else ``instance``.
 
@@ -36,19 +37,21 @@ MAX_BODY_BYTES = 64 * 2**20
 #: labels Prometheus adds to every series (not vLLM's own): dropped when rebuilding a page.
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "service", "endpoint", "node"})
 
-#: DCGM exporter metric → (Gpu field, factor to base units). ≤ 4.8: MiB and percent; 4.9
-#: renamed fields to DCGM 4.7 names with bytes and 0..1 ratios (the ones listed here).
+#: DCGM exporter metric → (Gpu field, factor to base units). dcgm-exporter names each series
+#: after the DCGM field in its counters CSV (NVIDIA/dcgm-exporter etc/default-counters.csv, up to
+#: 4.5.3-4.8.2: ``DCGM_FI_DEV_FB_FREE``/``_USED``/``_RESERVED`` "in MiB", ``DCGM_FI_DEV_GPU_UTIL``
+#: "in %"). DCGM 4.6 (NVIDIA/DCGM dcgmlib/dcgm_fields.h, "renamed per DCGM Field Naming
+#: Standard") renamed field 203 ``DCGM_FI_DEV_GPU_UTIL`` → ``DCGM_FI_DEV_GPU_UTIL_RATIO`` but
+#: kept its value an integer percent (DcgmCacheManager.cpp stores NVML's ``utilization.gpu``,
+#: 0..100), and kept the frame-buffer fields' names and MB unit: so both utilisation names scale
+#: by 0.01 and no byte-valued FB field exists to read.
 DCGM_METRICS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_FB_USED": ("used", MiB),
     "DCGM_FI_DEV_FB_FREE": ("free", MiB),
     "DCGM_FI_DEV_FB_RESERVED": ("reserved", MiB),
     "DCGM_FI_DEV_FB_TOTAL": ("total", MiB),
     "DCGM_FI_DEV_GPU_UTIL": ("util", 0.01),
-    "DCGM_FI_DEV_FB_CAPACITY_BYTES": ("total", 1.0),
-    "DCGM_FI_DEV_FB_USED_BYTES": ("used", 1.0),
-    "DCGM_FI_DEV_FB_FREE_BYTES": ("free", 1.0),
-    "DCGM_FI_DEV_FB_RESERVED_BYTES": ("reserved", 1.0),
-    "DCGM_FI_DEV_GPU_UTIL_RATIO": ("util", 1.0),
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": ("util", 0.01),
 }
 _KVDOCTOR_GPU = (
     "kvdoctor_gpu_memory_total_bytes",

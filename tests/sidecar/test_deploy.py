@@ -100,3 +100,14 @@ def test_kubernetes_example_has_what_the_sidecar_needs() -> None:
     assert "nvidia.com/gpu" not in str(side["resources"])  # it must not take a GPU of its own
     vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
     assert "readinessProbe" in vllm and "8479" not in str(vllm["readinessProbe"])  # never gated by kvdoctor
+    # the log vLLM writes is the one the sidecar follows, through a volume both mount
+    (log_arg,) = [a for a in side["args"] if a.startswith("--log=")]
+    log_path = Path(log_arg.split("=", 1)[1])
+    assert str(log_path) in " ".join(vllm["args"])
+
+    def mount(c: dict, path: Path) -> dict:
+        return next(m for m in c["volumeMounts"] if path.is_relative_to(m["mountPath"]))
+
+    side_mount, vllm_mount = mount(side, log_path), mount(vllm, log_path)
+    assert side_mount["name"] == vllm_mount["name"] and side_mount.get("readOnly") is True
+    assert any(v["name"] == side_mount["name"] for v in pod["volumes"])

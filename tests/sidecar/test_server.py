@@ -244,3 +244,46 @@ def test_a_failing_cycle_is_logged_and_the_loop_goes_on(start_sidecar: Callable[
     (err,) = [e for e in events if e["event"] == "error"]
     assert err["detail"].startswith("RuntimeError") and "hf_abcdefghijklmnop" not in err["detail"]
     assert get(sc.base + "/healthz").status_code == 200  # type: ignore[attr-defined]
+
+
+def test_preemption_rate_reads_only_the_window_of_a_long_history() -> None:
+    from kvdoctor.facts import EngineMetrics, Snapshot, Timeline
+    from kvdoctor.sidecar.server import _recent
+
+    snaps = [
+        Snapshot(
+            timestamp=1000.0 + t, metrics=[EngineMetrics(timestamp=1000.0 + t, num_preemptions_total=2.0 * t)]
+        )
+        for t in range(600)
+    ]
+    timeline = Timeline(snaps, max_len=720)
+    recent = _recent(timeline, 60.0)
+    assert recent.snapshots[0].timestamp == 1000.0 + 599 - 61 and recent.snapshots[-1] is snaps[-1]
+    assert len(timeline.snapshots) == 600  # the sidecar's own Timeline is left as it was
+    assert _recent(Timeline([Snapshot()]), 60.0).snapshots == [Snapshot()]
+
+
+def test_findings_json_is_rendered_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import io
+
+    from kvdoctor import report as report_mod
+    from kvdoctor.pipeline import Pipeline
+
+    calls: list[int] = []
+    real = report_mod.render_json
+    monkeypatch.setattr(report_mod, "render_json", lambda r: calls.append(1) or real(r))
+    feed = open_feed(InputOptions(bundle=B05))
+    sc = Sidecar(feed, Pipeline.load(), interval_s=1.0, out=io.StringIO())
+    try:
+        cycle = sc.loop.step()
+        assert cycle is not None
+        for _ in range(3):
+            sc.on_cycle(cycle)
+        assert calls == []  # three cycles, nobody asked
+        doc = json.loads(sc.report_json)
+        assert doc["schema"] == "kvdoctor.report/1" and sc.report_json and calls == [1]  # kept
+        sc.on_cycle(dataclasses.replace(cycle, report=sc.pipeline.evaluate(cycle.timeline)))
+        assert json.loads(sc.report_json) == doc and calls == [1, 1]  # a new report: rendered anew
+    finally:
+        feed.close()

@@ -1,0 +1,183 @@
+"""The process table the live sampler keeps between reads (ProcessTable): full rescans only
+every rescan_s or when NVML's GPU pids change, new pids read alone, retitles of young processes
+seen, the same vLLM processes as a one-shot list_processes()."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from kvdoctor.sources import processes
+from kvdoctor.sources.processes import ProcessTable, list_processes
+
+OLD = time.time() - 3600  # long-running processes: not "young"
+
+
+class FakeHost:
+    """A psutil stand-in: processes by pid, counting the reads a table makes."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, dict[str, Any]] = {}
+        self.iter_calls = 0
+        self.single_reads: list[int] = []
+        self.port_reads: list[int] = []
+        self.title_reads: list[int] = []
+
+    def add(self, pid: int, name: str, cmdline: list[str], ppid: int = 1, ctime: float = OLD) -> None:
+        self.procs[pid] = {"pid": pid, "ppid": ppid, "name": name, "cmdline": cmdline, "create_time": ctime}
+
+    def process(self, pid: int) -> Any:
+        host = self
+
+        class P:
+            def __init__(self) -> None:
+                if pid not in host.procs:
+                    raise psutil.NoSuchProcess(pid)
+                self.pid = pid
+                self.info = dict(host.procs[pid])
+
+            def as_dict(self, attrs: list[str], ad_value: Any = None) -> dict[str, Any]:
+                host.single_reads.append(pid)
+                return {k: host.procs[pid].get(k) for k in attrs}
+
+            def name(self) -> str:
+                host.title_reads.append(pid)
+                if pid not in host.procs:
+                    raise psutil.NoSuchProcess(pid)
+                return str(host.procs[pid]["name"])
+
+            def cmdline(self) -> list[str]:
+                if pid not in host.procs:
+                    raise psutil.NoSuchProcess(pid)
+                return list(host.procs[pid]["cmdline"])
+
+            def cpu_percent(self, interval: float | None = None) -> float:
+                return 3.0
+
+            def memory_info(self) -> Any:
+                return SimpleNamespace(rss=1000 + pid)
+
+            def net_connections(self, kind: str = "tcp") -> list[Any]:
+                host.port_reads.append(pid)
+                return [SimpleNamespace(status=psutil.CONN_LISTEN, laddr=SimpleNamespace(port=8000))]
+
+        return P()
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def process_iter(attrs: Any = None, ad_value: Any = None) -> Any:
+            self.iter_calls += 1
+            return iter([self.process(pid) for pid in sorted(self.procs)])
+
+        monkeypatch.setattr(processes.psutil, "process_iter", process_iter)
+        monkeypatch.setattr(processes.psutil, "pids", lambda: sorted(self.procs))
+        monkeypatch.setattr(processes.psutil, "Process", self.process)
+        processes._SEEN.clear()
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> FakeHost:
+    h = FakeHost()
+    h.add(1, "systemd", ["/sbin/init"], ppid=0)
+    h.add(10, "vllm", ["vllm", "serve", "m", "--port", "8000", "--api-key", "sk-secret"])
+    h.add(11, "VLLM::EngineCor", ["VLLM::EngineCore"], ppid=10)
+    h.add(12, "bash", ["bash"])
+    h.install(monkeypatch)
+    return h
+
+
+def test_same_processes_as_a_one_shot_listing(host: FakeHost) -> None:
+    table = ProcessTable()
+    cached = table.read()
+    oneshot = list_processes()
+    strip = lambda ps: [(p.pid, p.vllm_role, p.cmdline, p.listen_ports, p.launch_model) for p in ps]  # noqa: E731
+    assert strip(cached) == strip(oneshot)
+    assert [p.pid for p in cached] == [10, 11]
+    assert "sk-secret" not in " ".join(cached[0].cmdline)
+    assert cached[0].listen_ports == [8000]
+
+
+def test_between_rescans_only_new_pids_are_read(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=60.0, clock=lambda: now[0])
+    table.read()
+    assert host.iter_calls == 1
+    host.single_reads.clear()
+    for _ in range(5):
+        now[0] += 1.0
+        got = table.read()
+    assert host.iter_calls == 1 and host.single_reads == []  # nothing new: no per-pid reads
+    assert [p.pid for p in got] == [10, 11] and got[0].cpu_percent == 3.0  # counters still read
+    host.add(20, "VLLM::Worker_TP0", ["VLLM::Worker_TP0"], ppid=10)
+    del host.procs[11]
+    now[0] += 1.0
+    got = table.read()
+    assert [p.pid for p in got] == [10, 20] and host.single_reads == [20] and host.iter_calls == 1
+    now[0] += 60.0
+    table.read()
+    assert host.iter_calls == 2  # rescan_s elapsed
+
+
+def test_gpu_pid_change_rescans_and_rereads_server_ports(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    table.note_gpu_pids({11})
+    table.read()
+    host.port_reads.clear()
+    table.note_gpu_pids({11})  # unchanged
+    now[0] += 1
+    table.read()
+    assert host.iter_calls == 1 and host.port_reads == []
+    table.note_gpu_pids({11, 4000})  # an engine started
+    now[0] += 1
+    table.read()
+    assert host.iter_calls == 2 and host.port_reads == [10]  # the API server's ports only
+
+
+def test_a_young_process_that_retitles_itself_is_seen(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    table.read()
+    host.add(
+        30,
+        "python3",
+        ["python3", "-c", "from multiprocessing.spawn import spawn_main"],
+        ppid=12,
+        ctime=time.time(),
+    )
+    now[0] += 1
+    assert 30 not in {p.pid for p in table.read()}  # a bash child, not vLLM (yet)
+    host.procs[30].update(name="VLLM::EngineCor", cmdline=["VLLM::EngineCore"])  # setproctitle
+    now[0] += 1
+    got = {p.pid: p for p in table.read()}
+    assert got[30].vllm_role == "engine_core" and host.iter_calls == 1
+
+
+def test_only_young_python_processes_are_reread(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    host.add(40, "bash", ["bash", "-c", "sleep 9"], ctime=time.time())
+    host.add(41, "python3", ["/usr/bin/python3.11", "worker.py"], ctime=time.time())
+    table.read()
+    for _ in range(3):
+        now[0] += 1
+        table.read()
+    assert set(host.title_reads) == {41}  # bash does not become vLLM by setproctitle
+
+
+def test_psutil_listing_failure_gives_a_rescan_not_an_error(
+    host: FakeHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    table.read()
+
+    def boom() -> list[int]:
+        raise psutil.AccessDenied(0)
+
+    monkeypatch.setattr(processes.psutil, "pids", boom)
+    now[0] += 1
+    assert [p.pid for p in table.read()] == [10, 11] and host.iter_calls == 2
