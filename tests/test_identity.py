@@ -6,6 +6,7 @@ tests pin the mechanisms on the facts and variables between the sources and the 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -399,3 +400,27 @@ def test_a_report_heading_names_no_host(header: str) -> None:
     moments = parse_nvidia_smi_table(f"{header}\n{a}\n### After\n{later}", "x")
     # headings of one machine's readings: two moments of one node, not two nodes
     assert len(moments) == 2 and all(g.node is None for m in moments for g in m)
+
+
+def test_gpu_count_is_the_engines_node_when_the_bundle_spans_nodes(tmp_path: Path) -> None:
+    # Engine spanning both nodes (TP×PP over Ray): every node's GPUs count.
+    assert _variables("k3-two-nodes-heavy-stage0")["gpu_count"] == 4
+    # The same two nodes with a TP=2 engine on one of them (the other node's cards empty): it
+    # counts that node's GPUs only; a TP suggestion must not reach the other node's cards.
+    root = tmp_path / "b"
+    shutil.copytree(BUNDLES / "k3-two-nodes-heavy-stage0", root)
+    snap = load_bundle(root).snapshot
+    nodes = {g.node for g in snap.gpus}
+    assert len(nodes) == 2
+    one = next(iter(sorted(n for n in nodes if n)))
+    from kvdoctor.derive import build_contexts
+
+    kept = [g for g in snap.gpus if g.node == one] + [
+        dataclasses.replace(g, processes=[]) for g in snap.gpus if g.node != one
+    ]
+    loaded = load_bundle(root)
+    tp2 = [dataclasses.replace(c, pipeline_parallel_size=1) for c in loaded.configs]
+    _e, contexts, _kv = build_contexts(Timeline(snapshots=[dataclasses.replace(snap, gpus=kept)]), tp2)
+    v = contexts[0][1]
+    assert {n for n, _ in v["engine_gpu_keys"]} == {one}
+    assert v["gpu_count"] == sum(1 for g in snap.gpus if g.node == one)

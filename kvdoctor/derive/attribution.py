@@ -18,7 +18,7 @@ from kvdoctor.units import GiB
 from kvdoctor.vllm_flags import default_max_num_seqs
 
 WRITES: dict[str, str] = {
-    "gpu_count": "int; GPUs visible (CUDA_VISIBLE_DEVICES, else all listed)",
+    "gpu_count": "int; GPUs visible (CUDA_VISIBLE_DEVICES, else all listed); of the engine's node when the GPUs span several nodes",
     "engine_gpus": "list[int]; GPU indices the engine uses",
     "engine_gpu_keys": "list[(str|None, int)]; the engine's GPUs as (node, index): nodes/<host>/ bundles, host-named nvidia-smi tables",
     "gpu_node": "str; the node the per-GPU maps below describe (the stacked GPU's, else the engine's first GPU's; None on one node)",
@@ -142,6 +142,14 @@ def derive(s: Scope, v: Vars) -> None:
     v["gpu_count"] = len(visible) if visible else None
     if visible:
         _gpu_vars(s, v)
+        nodes = {g.node for g in visible}
+        own = {n for n, _ in v.get("engine_gpu_keys") or []}
+        if len(nodes) > 1 and len(own) <= 1:
+            # An engine on one node of several (or on none yet) is sized by that node's GPUs: a
+            # larger TP does not reach another node's cards (vLLM spans nodes with Ray and PP).
+            counts = {n: sum(1 for g in visible if g.node == n) for n in nodes}
+            node = next(iter(own)) if own else max(counts, key=lambda n: counts[n])
+            v["gpu_count"] = counts[node]
     _max_num_seqs_effective(s, v)
 
 
