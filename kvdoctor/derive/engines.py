@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from kvdoctor.derive.base import LogRuns, LogView, log_runs
 from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot, VllmLog
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
+
+_T = TypeVar("_T")
 
 #: the most snapshots of history read for trends (GPU memory growth): evenly spaced.
 MAX_HISTORY_POINTS = 60
@@ -354,9 +356,10 @@ def engine_series(snapshots: Sequence[Snapshot], engine_label: str | None) -> li
     return out
 
 
-def bounded_history(snapshots: Sequence[Snapshot], limit: int = MAX_HISTORY_POINTS) -> list[Snapshot]:
-    """At most ``limit`` snapshots evenly spaced over the Timeline, first and newest included
-    (a least-squares slope over them matches the full series' within sampling noise)."""
+def bounded_history(snapshots: Sequence[_T], limit: int = MAX_HISTORY_POINTS) -> list[_T]:
+    """At most ``limit`` items (snapshots, nvidia-smi ``-l`` moments) evenly spaced over the
+    series, first and newest included (a least-squares slope over them matches the full
+    series' within sampling noise)."""
     n = len(snapshots)
     if n <= limit:
         return list(snapshots)

@@ -6,7 +6,7 @@ is the rule's threshold (``gpu-memory-growth`` ``plateau_ratio``). The history r
 from __future__ import annotations
 
 from kvdoctor.derive.base import Family, Scope, Vars
-from kvdoctor.derive.engines import MAX_HISTORY_POINTS
+from kvdoctor.derive.engines import bounded_history
 from kvdoctor.facts import Gpu
 
 WRITES: dict[str, str] = {
@@ -48,10 +48,7 @@ def _readings(s: Scope, wanted: set[_Key]) -> list[tuple[_Key, float, Gpu]]:
     timed: list[tuple[float | None, list[Gpu]]]
     moments = s.snapshot.gpu_series
     if moments:
-        n = len(moments)
-        if n > MAX_HISTORY_POINTS:
-            step = (n - 1) / (MAX_HISTORY_POINTS - 1)
-            moments = [moments[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
+        moments = bounded_history(moments)
         timed = [(None, m) for m in moments]
     else:
         timed = [

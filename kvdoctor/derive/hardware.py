@@ -9,7 +9,7 @@ from statistics import median
 from typing import Any
 
 from kvdoctor.derive.base import Family, Scope, Vars
-from kvdoctor.derive.engines import MAX_HISTORY_POINTS, engine_series
+from kvdoctor.derive.engines import bounded_history, engine_series
 from kvdoctor.devices import APPLICATION_XIDS, HARDWARE_XIDS, normalize_bus_id
 from kvdoctor.facts import Gpu
 
@@ -55,10 +55,7 @@ def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, b
     out: list[tuple[float | None, bool]] = []
     moments = s.snapshot.gpu_series
     if moments:
-        n = len(moments)
-        if n > MAX_HISTORY_POINTS:
-            step = (n - 1) / (MAX_HISTORY_POINTS - 1)
-            moments = [moments[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
+        moments = bounded_history(moments)
         for gpus in moments:
             t = _slow(gpus, wanted)
             if t is not None:
