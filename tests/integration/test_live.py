@@ -178,23 +178,6 @@ def storm_in(win: list[Counters]) -> tuple[bool, float, float]:
     return rate >= STORM["min_per_min"] and kv_max >= STORM["kv_full"], rate, kv_max
 
 
-def recording_span(path: Path) -> tuple[float, float]:
-    """First and last snapshot time of a recording (unix seconds)."""
-    from kvdoctor.sources.recording import open_recording
-
-    feed = open_recording(path)
-    times: list[float] = []
-    try:
-        while (snap := feed.next()) is not None:
-            t = snap.timestamp or next((m.timestamp for m in snap.metrics if m.timestamp), None)
-            if t is not None:
-                times.append(t)
-    finally:
-        feed.close()
-    assert len(times) >= 2, f"{path}: {len(times)} timed snapshot(s)"
-    return min(times), max(times)
-
-
 def bundle_span(path: Path) -> tuple[float, float]:
     """First and last scrape of a bundle (its ``metrics/<unix-seconds>.txt`` names)."""
     times = sorted(float(p.stem) for p in (path / "metrics").glob("*.txt"))
@@ -505,19 +488,58 @@ def test_plugin_inside_the_server_logs_the_storm(pressure: Pressure, server: Vll
     pin("server.log", server.log)
 
 
-def _same_offline(pressure: Pressure, offline: dict[str, Any], span: tuple[float, float]) -> None:
-    """An offline diagnose of a capture taken with the live one: what fires follows the
-    server's own counters over the capture's window, and matches the live diagnose."""
-    storm, rate, kv_max = storm_in(pressure.between(*span))
-    live_storm, _, _ = storm_in(pressure.in_window())
-    print(f"server over the capture: {rate:.0f} preemptions/min, KV max {kv_max:.2f}; storm={storm}")
+def recording_counters(path: Path) -> list[Counters]:
+    """The server's numbers as a recording kept them: one per recorded scrape (KV usage and the
+    preemption counter of every engine summed, like :func:`own_counters`)."""
+    from kvdoctor.sources.recording import open_recording
+
+    feed = open_recording(path)
+    out: list[Counters] = []
+    try:
+        while (snap := feed.next()) is not None:
+            ms = [m for m in snap.metrics if m.timestamp and m.num_preemptions_total is not None]
+            if ms:
+                out.append(
+                    Counters(
+                        max(m.timestamp or 0.0 for m in ms),
+                        sum(m.kv_cache_usage or 0.0 for m in ms),
+                        sum(m.num_requests_running or 0.0 for m in ms),
+                        sum(m.num_requests_waiting or 0.0 for m in ms),
+                        sum(m.num_preemptions_total or 0.0 for m in ms),
+                        {},
+                    )
+                )
+    finally:
+        feed.close()
+    return sorted(out, key=lambda c: c.t)
+
+
+def bundle_counters(path: Path) -> list[Counters]:
+    """The server's own numbers in a bundle's ``metrics/<unix-seconds>.txt`` pages, in order."""
+    pages = sorted((path / "metrics").glob("*.txt"), key=lambda p: float(p.stem))
+    return [own_counters(p.read_text(), float(p.stem)) for p in pages]
+
+
+def _same_offline(pressure: Pressure, offline: dict[str, Any], captured: list[Counters]) -> None:
+    """An offline diagnose of a capture taken with the live one. What must fire is decided from
+    the server's own counters as the capture holds them (a KV gauge that swings between 0.6 and
+    1.0 has another maximum in every sample set, so the test's own scrapes cannot decide it for
+    kvdoctor's). When those counters and the test's own scrapes over the live window agree,
+    the offline diagnosis must also agree with the live one."""
+    storm, rate, kv_max = storm_in(captured)
+    live_storm, live_rate, live_kv = storm_in(pressure.in_window())
+    print(
+        f"capture: {rate:.0f} preemptions/min, KV max {kv_max:.2f}, storm={storm}; "
+        f"test's scrapes over the live window: {live_rate:.0f}/min, KV max {live_kv:.2f}, storm={live_storm}"
+    )
     found = {f["rule"] for f in offline["findings"]}
     assert ("preemption-storm" in found) == storm, (rate, kv_max, sorted(found))
-    # Same window, same load: the server's counters say the same over both (else the
-    # comparison below would compare different states).
-    assert storm == live_storm
-    assert warnings_and_up(offline) == warnings_and_up(pressure.live)
-    assert offline["exit_code"] == pressure.live["exit_code"]
+    if (
+        storm == live_storm
+        and ("preemption-storm" in {f["rule"] for f in pressure.live["findings"]}) == live_storm
+    ):
+        assert warnings_and_up(offline) == warnings_and_up(pressure.live)
+        assert offline["exit_code"] == pressure.live["exit_code"]
 
 
 def test_record_of_the_live_server_diagnoses_the_same_offline(pressure: Pressure) -> None:
@@ -525,7 +547,9 @@ def test_record_of_the_live_server_diagnoses_the_same_offline(pressure: Pressure
         pytest.skip(pressure.record_error)
     assert pressure.record is not None, pressure.record_error
     offline = kvdoctor_json("diagnose", "--recording", str(pressure.record))
-    _same_offline(pressure, offline, recording_span(pressure.record))
+    captured = recording_counters(pressure.record)
+    assert len(captured) >= 3, f"{len(captured)} recorded scrape(s)"
+    _same_offline(pressure, offline, captured)
 
 
 def test_bundle_of_the_live_server_diagnoses_the_same_offline(pressure: Pressure) -> None:
@@ -533,7 +557,7 @@ def test_bundle_of_the_live_server_diagnoses_the_same_offline(pressure: Pressure
         pytest.skip(pressure.bundle_error)
     assert pressure.bundle is not None, pressure.bundle_error
     offline = kvdoctor_json("diagnose", "--bundle", str(pressure.bundle))
-    _same_offline(pressure, offline, bundle_span(pressure.bundle))
+    _same_offline(pressure, offline, bundle_counters(pressure.bundle))
     # The bundle holds the server's pages as served, in order (a counter never goes down), and
     # they span the window, not two back-to-back scrapes after a slow first read.
     pages = sorted((pressure.bundle / "metrics").glob("*.txt"), key=lambda p: float(p.stem))
