@@ -1,14 +1,16 @@
 """The compiled-rules disk cache (issue 8, class 10): a second process reads the rules from it,
 a changed rule file or another key is never served from it, and a cache that is corrupt,
-foreign, not private or names any code is ignored (the rules are parsed again)."""
+truncated, foreign, not private or holds code compile_expr would not make is ignored (the rules
+are parsed again)."""
 
 from __future__ import annotations
 
-import ast
+import dataclasses
+import marshal
 import os
-import pickle
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -30,13 +32,41 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
-def _dump(rules: list[RE.Rule]) -> list[tuple[str, ...]]:
-    # rules compare by their compiled expressions' structure (ast nodes compare by identity)
+#: fields holding expressions or templates (compared through their parts: sets have no fixed repr)
+_EXPRESSION_FIELDS = {"title", "summary", "evidence", "when", "let", "severity_if", "fix", "gpus"}
+
+
+def _dump(rules: list[RE.Rule]) -> list[tuple[object, ...]]:
+    # rules compare field by field, each expression by its source, where, names and the bytes
+    # of its compiled code (the code a load serves is exactly the code a parse makes)
     out = []
     for r in rules:
-        exprs = tuple(ast.dump(e.node) for e in RE._all_exprs(r))
-        out.append((r.id, r.family, r.severity, r.path, repr(sorted(r.thresholds.items())), *exprs))
+        exprs = tuple(
+            (e.source, e.where, e.line, sorted(e.names), sorted(e.calls), marshal.dumps(e.code))
+            for e in RE._all_exprs(r)
+        )
+        plain = tuple(repr(getattr(r, f)) for f in RE._RULE_FIELDS if f not in _EXPRESSION_FIELDS)
+        templates = tuple(
+            (t.source, tuple(p if isinstance(p, str) else p[1] for p in t.parts))
+            for t in (r.title, r.summary, *(x for e in r.evidence for x in (e.fact, e.value, e.source)))
+        )
+        keys = ([n for n, _ in r.let], [s for _, s in r.severity_if], [k for k, _ in r.fix])
+        out.append((*plain, *templates, *exprs, repr(keys)))
     return out
+
+
+def _files(cache: Path) -> list[Path]:
+    return list(cache.glob(f"rules-*{RE._CACHE_SUFFIX}"))
+
+
+def _write(f: Path, payload: bytes) -> None:
+    """A cache file around ``payload`` with the right magic and CRC."""
+    f.write_bytes(RE._CACHE_MAGIC + zlib.crc32(payload).to_bytes(4, "little") + payload)
+
+
+def _read(f: Path) -> tuple[str, tuple[tuple[object, ...], ...]]:
+    key, rules = marshal.loads(f.read_bytes()[len(RE._CACHE_MAGIC) + 4 :])
+    return key, rules
 
 
 def _copy_rules(tmp_path: Path, n: int = 3) -> Path:
@@ -57,7 +87,7 @@ def test_second_load_comes_from_disk_and_equals_a_parse(
 ) -> None:
     d = _copy_rules(tmp_path)
     first = _load(d)
-    files = list(cache.glob("rules-*.pickle"))
+    files = _files(cache)
     assert len(files) == 1
     assert oct(files[0].stat().st_mode & 0o777) == "0o600" and oct(cache.stat().st_mode & 0o777) == "0o700"
 
@@ -81,7 +111,7 @@ def test_a_changed_rule_file_is_parsed_again(cache: Path, tmp_path: Path) -> Non
     after = _load(d)
     assert before[0].title.source != "A changed title"
     assert after[0].title.source == "A changed title"
-    assert len(list(cache.glob("rules-*.pickle"))) == 2
+    assert len(_files(cache)) == 2
 
 
 def test_invalid_rules_are_never_cached(cache: Path, tmp_path: Path) -> None:
@@ -90,27 +120,33 @@ def test_invalid_rules_are_never_cached(cache: Path, tmp_path: Path) -> None:
     for _ in range(2):  # the second load fails the same way: nothing cached the error away
         with pytest.raises(RE.RuleFileError):
             _load(d)
-    assert not list(cache.glob("rules-*.pickle"))
+    assert not _files(cache)
 
 
-@pytest.mark.parametrize(
-    "corrupt",
-    [
-        b"",
-        b"not a pickle",
-        pickle.dumps(("another key", ())),
-        # a pickle naming code: refused by the restricted unpickler, never run
-        b"cos\nsystem\n(S'touch /tmp/kvdoctor-pwned'\ntR.",
-    ],
-    ids=["empty", "garbage", "other-key", "code"],
-)
-def test_a_bad_cache_file_is_ignored(cache: Path, tmp_path: Path, corrupt: bytes) -> None:
+def _corrupt(kind: str, good: bytes) -> bytes:
+    head = len(RE._CACHE_MAGIC) + 4
+    if kind == "empty":
+        return b""
+    if kind == "garbage":
+        return b"not a cache file"
+    if kind == "truncated":
+        return good[: len(good) // 2]
+    if kind == "bit-flip":  # the CRC no longer matches
+        i = head + (len(good) - head) // 2
+        return good[:i] + bytes([good[i] ^ 0x10]) + good[i + 1 :]
+    payload = marshal.dumps(("another key", ())) if kind == "other-key" else b"\x00\x01junk"
+    return RE._CACHE_MAGIC + zlib.crc32(payload).to_bytes(4, "little") + payload
+
+
+@pytest.mark.parametrize("kind", ["empty", "garbage", "truncated", "bit-flip", "other-key", "not-marshal"])
+def test_a_bad_cache_file_is_ignored(cache: Path, tmp_path: Path, kind: str) -> None:
     d = _copy_rules(tmp_path)
     want = _dump(_load(d))
-    (f,) = cache.glob("rules-*.pickle")
-    f.write_bytes(corrupt)
+    (f,) = _files(cache)
+    f.write_bytes(_corrupt(kind, f.read_bytes()))
+    assert RE._disk_cache_get(RE._rules_key([d], True, variable_catalogue())) is None
     assert _dump(_load(d)) == want  # parsed again
-    assert not Path("/tmp/kvdoctor-pwned").exists()
+    assert RE._disk_cache_get(RE._rules_key([d], True, variable_catalogue())) is not None  # and rebuilt
 
 
 def test_a_cache_others_can_write_is_not_read(
@@ -118,7 +154,7 @@ def test_a_cache_others_can_write_is_not_read(
 ) -> None:
     d = _copy_rules(tmp_path)
     _load(d)
-    (f,) = cache.glob("rules-*.pickle")
+    (f,) = _files(cache)
     calls = []
     real = RE._load_rules_uncached
 
@@ -174,20 +210,69 @@ def test_cache_files_are_bounded(cache: Path, tmp_path: Path, monkeypatch: pytes
         f = _STANDALONE[i]
         (d / f.name).write_bytes(f.read_bytes())
         _load(d)
-    assert len(list(cache.glob("rules-*.pickle"))) == 3
+    assert len(_files(cache)) == 3
 
 
-def test_a_cache_with_an_expression_no_rule_file_allows_is_ignored(cache: Path, tmp_path: Path) -> None:
+def _tamper_when(f: Path, code: object) -> None:
+    """Rewrite the cache file with the first rule's ``when`` compiled to ``code`` (a valid
+    file otherwise: magic, CRC and key all right)."""
+    key, rules = _read(f)
+    first = list(rules[0])
+    when = list(first[RE._RULE_FIELDS.index("when")])  # type: ignore[arg-type]
+    when[-1] = code
+    first[RE._RULE_FIELDS.index("when")] = tuple(when)
+    _write(f, marshal.dumps((key, (tuple(first), *rules[1:]))))
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "x.__class__",  # attribute access: compile_expr refuses it
+        "__import__('os').system('touch /tmp/kvdoctor-pwned')",  # a builtin, an attribute
+        "open('/tmp/kvdoctor-pwned', 'w')",  # a global no compiled expression names
+    ],
+)
+def test_a_cache_with_code_no_rule_file_makes_is_ignored(cache: Path, tmp_path: Path, src: str) -> None:
     d = _copy_rules(tmp_path)
     want = _dump(_load(d))
-    (f,) = cache.glob("rules-*.pickle")
-    key, rules = pickle.loads(f.read_bytes())
-    first = rules[0]
-    # what a rule file cannot contain: attribute access (compile_expr refuses it)
-    bad = RE.Expr(
-        "x.__class__", ast.parse("x.__class__", mode="eval").body, "when", 1, frozenset({"x"}), frozenset()
-    )
-    tampered = (RE.replace(first, when=bad), *rules[1:])
-    f.write_bytes(pickle.dumps((key, tampered)))
+    (f,) = _files(cache)
+    _tamper_when(f, compile(f"lambda __n, __f: {src}", "x", "eval").co_consts[0])
     assert RE._disk_cache_get(RE._rules_key([d], True, variable_catalogue())) is None
     assert _dump(_load(d)) == want  # parsed again from the files
+    rules = _load(d)
+    RE.evaluate(rules, [RE.RuleContext(engine=None, variables={}, inputs={"log", "metrics", "config"})])
+    assert not Path("/tmp/kvdoctor-pwned").exists()
+
+
+def test_a_cache_of_another_shape_is_ignored(cache: Path, tmp_path: Path) -> None:
+    d = _copy_rules(tmp_path)
+    want = _dump(_load(d))
+    (f,) = _files(cache)
+    key, rules = _read(f)
+    for bad in (
+        (rules[0][:-1], *rules[1:]),  # a field short
+        (tuple(["x" if i == 1 else v for i, v in enumerate(rules[0])]), *rules[1:]),  # family "x"
+        ("not a rule",),
+    ):
+        _write(f, marshal.dumps((key, bad)))
+        assert RE._disk_cache_get(RE._rules_key([d], True, variable_catalogue())) is None
+    assert _dump(_load(d)) == want
+
+
+def test_the_cache_stores_every_field_of_a_rule() -> None:
+    # a field added to Rule and not to the cache would be lost on a cached load
+    assert RE._RULE_FIELDS == tuple(f.name for f in dataclasses.fields(RE.Rule))
+
+
+def test_rules_from_the_cache_evaluate_as_parsed_ones(cache: Path, tmp_path: Path) -> None:
+    d = _copy_rules(tmp_path, n=len(_STANDALONE))
+    parsed = _load(d)
+    cached = _load(d)
+    assert cached is not parsed and _files(cache)
+    ctx = RE.RuleContext(engine="e0", variables={n: None for n in variable_catalogue()}, inputs={"log"})
+
+    def run(rules: list[RE.Rule]) -> tuple[object, ...]:
+        ev = RE.evaluate(rules, [ctx])
+        return ([f.to_dict() for f in ev.findings], [str(e) for e in ev.errors], len(ev.skipped))
+
+    assert run(cached) == run(parsed)
