@@ -55,6 +55,7 @@ import os
 import re
 import stat
 import sys
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -306,25 +307,43 @@ _ALLOWED_OPERATORS: frozenset[type] = frozenset(
 class Expr:
     """One compiled expression: ``source`` text, where it sits in the rule file (``where`` e.g.
     "when", "let cap_tokens", ``line``), the free ``names`` it reads, the ``calls`` it makes and
-    its ``code``: the function :func:`compile_expr` built (see :func:`_lower`), None for one
-    evaluated by simpleeval (constructs whose exact simpleeval semantics native code would not
-    give: f-strings, dict/set displays, tuple targets, ``**`` arguments, …).
+    its ``code``: the function body :func:`compile_expr` compiled (see "compiled form"), None
+    for one evaluated by simpleeval (constructs whose exact simpleeval semantics native code
+    would not give: f-strings, dict/set displays, tuple targets, ``**`` arguments, …).
 
+    ``compiled``: that code object, or its marshal bytes (from the disk cache: loaded and checked
+    by :func:`_load_code` on first use, so a start loads only the expressions it evaluates; code
+    that fails the check is never run, simpleeval evaluates the source instead).
     ``fn(names, functions)`` evaluates it: ``names`` a :class:`_Names` mapping (a name it lacks
-    reads as None), ``functions`` the callable functions (:func:`_functions`). ``node`` is the
-    parsed expression (parsed again on first use; the cache holds no syntax trees)."""
+    reads as None), ``functions`` the callable functions (:func:`_functions`); it raises what
+    the expression raises. ``node`` is the parsed expression (parsed again on first use; the
+    cache holds no syntax trees)."""
 
     source: str
     where: str
     line: int | None
     names: frozenset[str]
     calls: frozenset[str]
-    code: CodeType | None = field(default=None, repr=False, compare=False)
+    compiled: CodeType | bytes | None = field(default=None, repr=False, compare=False)
     fn: Callable[[Any, Any], Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        fn = _fallback_fn(self.source) if self.code is None else FunctionType(self.code, _EXPR_GLOBALS)
-        object.__setattr__(self, "fn", fn)
+        object.__setattr__(self, "fn", self._first_call)
+
+    @property
+    def code(self) -> CodeType | None:
+        """The compiled code (None: evaluated by simpleeval)."""
+        code = self.compiled
+        if isinstance(code, bytes):
+            code = _load_code(code)
+            object.__setattr__(self, "compiled", code)
+        return code
+
+    def _first_call(self, names: Any, functions: Any) -> Any:
+        code = self.code
+        fn = _fallback_fn(self.source) if code is None else FunctionType(code, _EXPR_GLOBALS)
+        object.__setattr__(self, "fn", fn)  # later calls go straight to it
+        return fn(names, functions)
 
     @functools.cached_property
     def node(self) -> ast.AST:
@@ -383,7 +402,7 @@ def compile_expr(src: Any, *, path: str, line: int | None, where: str) -> Expr:
     # A called name is a function, not a variable read (unless also read bare elsewhere).
     names = {n.id for n in loads if id(n) not in func_nodes}
     free = names - bound
-    code = _compile_tree(tree, f"<{path}:{line or 0} {where}>")
+    code = _compile_tree(tree, _CODE_FILENAME)
     return Expr(src, where, line, frozenset(free), frozenset(calls), code)
 
 
@@ -485,14 +504,20 @@ _N = TypeVar("_N", bound=ast.AST)
 _RESERVED = frozenset({_NAMES_ARG, _FUNCS_ARG, _COUNT_VAR, *_EXPR_GLOBALS})
 
 
+#: the file name compiled expressions carry (one for all: a traceback never reaches a user, and
+#: the cache stores it once)
+_CODE_FILENAME = "<kvdoctor rule expression>"
 #: where the function around an expression "is" (the expression keeps its own positions)
 _TOP = {"lineno": 1, "col_offset": 0, "end_lineno": 1, "end_col_offset": 0}
 
 
-def _at(like: ast.AST, node: _N) -> _N:
+def _at(like: Any, node: _N) -> _N:
     """``node`` (made by :class:`_Lower`) placed where ``like`` is in the source: Python's
     compiler wants every node located (ast.fix_missing_locations would walk the whole tree)."""
-    return ast.copy_location(node, like)
+    n: Any = node
+    n.lineno, n.col_offset = like.lineno, like.col_offset
+    n.end_lineno, n.end_col_offset = like.end_lineno, like.end_col_offset
+    return node
 
 
 def _top(node: _N) -> _N:
@@ -504,6 +529,10 @@ def _top(node: _N) -> _N:
 
 class _NotNative(Exception):
     """The expression holds a construct compiled code would not evaluate exactly as simpleeval."""
+
+
+#: the nodes :class:`_Lower` visits (contexts and operators it leaves as they are)
+_VISITED = (ast.expr, ast.keyword, ast.comprehension)
 
 
 class _Lower(ast.NodeTransformer):
@@ -522,7 +551,14 @@ class _Lower(ast.NodeTransformer):
         # f-string rules (conversions ignored), its keyword unpacking differ from Python's
         if isinstance(node, (ast.Dict, ast.Set, ast.DictComp, ast.JoinedStr, ast.FormattedValue)):
             raise _NotNative(type(node).__name__)
-        return super().generic_visit(node)
+        # NodeTransformer's, minus the visits of contexts and operators (a third of the nodes)
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                value[:] = [self.visit(v) if isinstance(v, _VISITED) else v for v in value]
+            elif isinstance(value, _VISITED):
+                setattr(node, name, self.visit(value))
+        return node
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         if isinstance(node.value, (str, bytes)) and len(node.value) > MAX_STRING_LENGTH:
@@ -610,7 +646,9 @@ def _compile_tree(tree: ast.Expression, filename: str) -> CodeType | None:
         params = [_top(ast.arg(_NAMES_ARG)), _top(ast.arg(_FUNCS_ARG))]
         args = ast.arguments([], params, None, [], [], None, [])
         module = ast.Module([_top(ast.FunctionDef("expression", args, stmts, [], None))], [])
-        code = compile(module, filename, "exec", dont_inherit=True)
+        with warnings.catch_warnings():  # e.g. "is" with a literal: simpleeval's semantics hold
+            warnings.simplefilter("ignore")
+            code = compile(module, filename, "exec", dont_inherit=True)
     except (_NotNative, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return next(c for c in code.co_consts if isinstance(c, CodeType))
@@ -1276,16 +1314,18 @@ def _private_dir(d: Path, create: bool) -> bool:
 
 
 # The cache file: _CACHE_MAGIC, the CRC-32 of the rest (4 bytes, little-endian), then
-# marshal.dumps((full key, rules as plain data)): strings, numbers, tuples, dicts, frozensets
-# and the code objects compile_expr made. Trust model: marshal is Python's .pyc format, and a
+# marshal.dumps((full key, rules as plain data)): strings, numbers, tuples, dicts, frozensets,
+# and each expression's code object (compile_expr's) as marshal bytes of its own, loaded when
+# the expression is first evaluated (Expr.code). Trust model: marshal is Python's .pyc format, and a
 # cache file is trusted like a .pyc: it is read only from a directory of this user that nobody
 # else can write (_private_dir), only from a regular file of this user, not writable by
 # others, opened without following a link. Anyone able to write there can already run code as
 # this user. Within that, a file is used only when its magic, CRC and full key (Python's exact
 # version, kvdoctor's version, this module's and findings' files, every rule file's stat, the
-# known names and functions) match, its data has the shape _rule_from_data expects, and every
-# code object in it names nothing but the guards compiled code calls (_code_ok: no attribute,
-# no global, no builtin): a corrupt, truncated, foreign or stale file is ignored and rebuilt.
+# known names and functions) match and its data has the shape _rule_from_data expects: a
+# corrupt, truncated, foreign or stale file is ignored and rebuilt. A code object runs only
+# once it names nothing but the guards compiled code calls (_code_ok: no attribute, no other
+# global, no builtin); one that does not is never run (simpleeval evaluates the source).
 _CACHE_MAGIC = b"kvdoctor-rules\x00\x02"
 _CACHE_SUFFIX = ".marshal"
 #: the names compiled code may look up (its globals; attributes and builtins: none)
@@ -1300,24 +1340,44 @@ def _code_ok(code: Any) -> bool:
     return all(_code_ok(c) for c in code.co_consts if type(c) is CodeType)
 
 
+def _load_code(blob: bytes) -> CodeType | None:
+    """The code object of a cache's marshal ``blob``, or None when it is not one compile_expr
+    makes (:func:`_code_ok`) or not marshal data at all."""
+    try:
+        code = marshal.loads(blob)
+    except Exception:  # noqa: BLE001 - corrupt: evaluated from the source instead
+        return None
+    return code if _code_ok(code) else None
+
+
 def _expr_data(e: Expr | None) -> tuple[Any, ...] | None:
-    return None if e is None else (e.source, e.where, e.line, e.names, e.calls, e.code)
+    if e is None:
+        return None
+    code = e.compiled
+    blob = code if isinstance(code, bytes) else None if code is None else marshal.dumps(code)
+    return (e.source, e.where, e.line, e.names, e.calls, blob)
 
 
 def _expr_from(d: Any) -> Expr | None:
+    """The :class:`Expr` :func:`_expr_data` stored (ValueError for data of another shape)."""
     if d is None:
         return None
-    source, where, line, names, calls, code = d
+    # what Expr(...) makes, without its frozen __init__ (~850 of them per start)
+    e = object.__new__(Expr)
+    v = e.__dict__
+    v["source"], v["where"], v["line"], v["names"], v["calls"], v["compiled"] = d
+    v["fn"] = e._first_call
+    blob, line = v["compiled"], v["line"]
     if not (
-        type(source) is str
-        and type(where) is str
+        type(v["source"]) is str
+        and type(v["where"]) is str
         and (line is None or type(line) is int)
-        and type(names) is frozenset
-        and type(calls) is frozenset
-        and (code is None or _code_ok(code))
+        and type(v["names"]) is frozenset
+        and type(v["calls"]) is frozenset
+        and (blob is None or type(blob) is bytes)  # never a code object: those are checked on load
     ):
         raise ValueError("not an expression")
-    return Expr(source, where, line, names, calls, code)
+    return e
 
 
 def _tpl_data(t: Template) -> tuple[Any, ...]:
@@ -1325,20 +1385,23 @@ def _tpl_data(t: Template) -> tuple[Any, ...]:
 
 
 def _tpl_from(d: Any) -> Template:
+    """The :class:`Template` :func:`_tpl_data` stored (ValueError for data of another shape)."""
     source, parts = d
     out: list[str | tuple[Expr, str]] = []
     for p in parts:
         if type(p) is str:
             out.append(p)
-        else:
-            expr, spec = p
-            e = _expr_from(expr)
-            if e is None or type(spec) is not str:
-                raise ValueError("not a template field")
-            out.append((e, spec))
+            continue
+        expr, spec = p
+        e = _expr_from(expr)
+        if e is None or type(spec) is not str:
+            raise ValueError("not a template field")
+        out.append((e, spec))
     if type(source) is not str:
         raise ValueError("not a template")
-    return Template(source, tuple(out))
+    t = object.__new__(Template)
+    t.__dict__["source"], t.__dict__["parts"] = source, tuple(out)
+    return t
 
 
 def _required(e: Expr | None) -> Expr:

@@ -37,13 +37,12 @@ _EXPRESSION_FIELDS = {"title", "summary", "evidence", "when", "let", "severity_i
 
 
 def _dump(rules: list[RE.Rule]) -> list[tuple[object, ...]]:
-    # rules compare field by field, each expression by its source, where, names and the bytes
-    # of its compiled code (the code a load serves is exactly the code a parse makes)
+    # rules compare field by field, each expression by its source, where, names and its
+    # code object (compared by value: the code a load serves is exactly the code a parse makes)
     out = []
     for r in rules:
         exprs = tuple(
-            (e.source, e.where, e.line, sorted(e.names), sorted(e.calls), marshal.dumps(e.code))
-            for e in RE._all_exprs(r)
+            (e.source, e.where, e.line, sorted(e.names), sorted(e.calls), e.code) for e in RE._all_exprs(r)
         )
         plain = tuple(repr(getattr(r, f)) for f in RE._RULE_FIELDS if f not in _EXPRESSION_FIELDS)
         templates = tuple(
@@ -232,16 +231,32 @@ def _tamper_when(f: Path, code: object) -> None:
         "open('/tmp/kvdoctor-pwned', 'w')",  # a global no compiled expression names
     ],
 )
-def test_a_cache_with_code_no_rule_file_makes_is_ignored(cache: Path, tmp_path: Path, src: str) -> None:
+def test_cached_code_no_rule_file_makes_is_never_run(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, src: str
+) -> None:
+    d = _copy_rules(tmp_path)
+    parsed = _load(d)
+    (f,) = _files(cache)
+    evil = compile(f"lambda __n, __f: {src}", "x", "eval").co_consts[0]
+    _tamper_when(f, marshal.dumps(evil))
+    monkeypatch.setattr(RE, "_load_rules_uncached", lambda *a, **k: pytest.fail("parsed"))
+    cached = _load(d)  # the file is well formed: its code is checked when first used
+    variables = {n: 1 for n in variable_catalogue()}
+    ctx = [RE.RuleContext(engine=None, variables=variables, inputs={"log", "metrics", "config", "gpus"})]
+    got, want = RE.evaluate(cached, ctx), RE.evaluate(parsed, ctx)
+    assert cached[0].when.code is None  # refused: simpleeval evaluated the source instead
+    assert [x.to_dict() for x in got.findings] == [x.to_dict() for x in want.findings]
+    assert [str(e) for e in got.errors] == [str(e) for e in want.errors]
+    assert not Path("/tmp/kvdoctor-pwned").exists()
+
+
+def test_a_cache_holding_a_code_object_where_bytes_belong_is_ignored(cache: Path, tmp_path: Path) -> None:
     d = _copy_rules(tmp_path)
     want = _dump(_load(d))
     (f,) = _files(cache)
-    _tamper_when(f, compile(f"lambda __n, __f: {src}", "x", "eval").co_consts[0])
+    _tamper_when(f, compile("lambda __n, __f: 1", "x", "eval").co_consts[0])
     assert RE._disk_cache_get(RE._rules_key([d], True, variable_catalogue())) is None
     assert _dump(_load(d)) == want  # parsed again from the files
-    rules = _load(d)
-    RE.evaluate(rules, [RE.RuleContext(engine=None, variables={}, inputs={"log", "metrics", "config"})])
-    assert not Path("/tmp/kvdoctor-pwned").exists()
 
 
 def test_a_cache_of_another_shape_is_ignored(cache: Path, tmp_path: Path) -> None:

@@ -320,6 +320,7 @@ def test_the_compiled_code_reaches_no_builtin_and_no_global() -> None:
     expr = RE.compile_expr("min(xs) + n", path="t", line=1, where="when")
     assert expr.code is not None
     assert set(expr.code.co_names) <= set(RE._EXPR_GLOBALS) - {"__builtins__"}
+    assert expr.fn(RE._Names(xs=[4], n=1), RE._functions()) == 5  # the first call makes the function
     assert expr.fn.__globals__["__builtins__"] == {}
     assert RE._code_ok(expr.code)
 
@@ -362,3 +363,14 @@ def test_user_config_values_are_data_never_evaluated() -> None:
 
     with pytest.raises(UserConfigError):
         apply_user_config([rule], UserConfig(thresholds={rule.id: {name: "__import__('os').system('x')"}}))
+
+
+def test_compiling_prints_no_warning() -> None:
+    # Python's compiler warns about "is" with a literal; simpleeval evaluates it quietly
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, want, expr = _both("n is 5 or s is 'abc' or xs is ()")
+    assert expr.code is not None and got == want
+    assert [str(w.message) for w in caught] == []
