@@ -361,6 +361,10 @@ def _parse_expression(src: str) -> ast.Expression:
         return ast.parse("(\n" + src + "\n)", mode="eval")
 
 
+#: expression text → its compiled code (None: left to simpleeval), this process's
+_COMPILED: dict[str, CodeType | None] = {}
+
+
 def compile_expr(src: Any, *, path: str, line: int | None, where: str) -> Expr:
     """Parse, check and compile one expression (a YAML string, or a bare number/bool constant).
 
@@ -402,7 +406,15 @@ def compile_expr(src: Any, *, path: str, line: int | None, where: str) -> Expr:
     # A called name is a function, not a variable read (unless also read bare elsewhere).
     names = {n.id for n in loads if id(n) not in func_nodes}
     free = names - bound
-    code = _compile_tree(tree, _CODE_FILENAME)
+    # the compiled form depends on the text alone: a process loading rule sets that share
+    # expressions (copies of the catalogue, tests) compiles each text once
+    if src in _COMPILED:
+        code = _COMPILED[src]
+    else:
+        code = _compile_tree(tree, _CODE_FILENAME)
+        if len(_COMPILED) > 8192:
+            _COMPILED.clear()
+        _COMPILED[src] = code
     return Expr(src, where, line, frozenset(free), frozenset(calls), code)
 
 
