@@ -303,6 +303,17 @@ _ALLOWED_OPERATORS: frozenset[type] = frozenset(
 )  # fmt: skip
 
 
+class _Lazy:
+    """:attr:`Expr.compiled` before the expression is compiled (see :attr:`Expr.code`)."""
+
+    def __repr__(self) -> str:
+        return "LAZY"
+
+
+#: not compiled yet: :attr:`Expr.code` compiles the source on first use
+LAZY = _Lazy()
+
+
 @dataclass(frozen=True)
 class Expr:
     """One compiled expression: ``source`` text, where it sits in the rule file (``where`` e.g.
@@ -311,9 +322,11 @@ class Expr:
     for one evaluated by simpleeval (constructs whose exact simpleeval semantics native code
     would not give: f-strings, dict/set displays, tuple targets, ``**`` arguments, …).
 
-    ``compiled``: that code object, or its marshal bytes (from the disk cache: loaded and checked
-    by :func:`_load_code` on first use, so a start loads only the expressions it evaluates; code
-    that fails the check is never run, simpleeval evaluates the source instead).
+    ``compiled``: that code object, :data:`LAZY` (compiled from ``source`` on first use: a
+    process writing no cache compiles only what it evaluates) or its marshal bytes (from the
+    disk cache: loaded and checked by :func:`_load_code` on first use, so a start loads only the
+    expressions it evaluates; code that fails the check is never run, simpleeval evaluates the
+    source instead).
     ``fn(names, functions)`` evaluates it: ``names`` a :class:`_Names` mapping (a name it lacks
     reads as None), ``functions`` the callable functions (:func:`_functions`); it raises what
     the expression raises. ``node`` is the parsed expression (parsed again on first use; the
@@ -324,7 +337,7 @@ class Expr:
     line: int | None
     names: frozenset[str]
     calls: frozenset[str]
-    compiled: CodeType | bytes | None = field(default=None, repr=False, compare=False)
+    compiled: Any = field(default=LAZY, repr=False, compare=False)
     fn: Callable[[Any, Any], Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -334,9 +347,13 @@ class Expr:
     def code(self) -> CodeType | None:
         """The compiled code (None: evaluated by simpleeval)."""
         code = self.compiled
-        if isinstance(code, bytes):
+        if code is LAZY:
+            code = _compile_source(self.source)
+        elif isinstance(code, bytes):
             code = _load_code(code)
-            object.__setattr__(self, "compiled", code)
+        else:
+            return code  # type: ignore[no-any-return]
+        object.__setattr__(self, "compiled", code)
         return code
 
     def _first_call(self, names: Any, functions: Any) -> Any:
@@ -361,8 +378,26 @@ def _parse_expression(src: str) -> ast.Expression:
         return ast.parse("(\n" + src + "\n)", mode="eval")
 
 
-#: expression text → its compiled code (None: left to simpleeval), this process's
+#: expression text → its compiled code (None: left to simpleeval), this process's: rule sets
+#: sharing expressions (copies of the catalogue, tests' rule directories) compile each once
 _COMPILED: dict[str, CodeType | None] = {}
+
+
+def _compile_source(src: str) -> CodeType | None:
+    """The compiled code of expression text ``src`` (:func:`_compile_tree`; None: left to
+    simpleeval), once per process."""
+    try:
+        return _COMPILED[src]
+    except KeyError:
+        pass
+    try:
+        code = _compile_tree(_parse_expression(src), _CODE_FILENAME)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        code = None
+    if len(_COMPILED) > 8192:
+        _COMPILED.clear()
+    _COMPILED[src] = code
+    return code
 
 
 def compile_expr(src: Any, *, path: str, line: int | None, where: str) -> Expr:
@@ -406,16 +441,9 @@ def compile_expr(src: Any, *, path: str, line: int | None, where: str) -> Expr:
     # A called name is a function, not a variable read (unless also read bare elsewhere).
     names = {n.id for n in loads if id(n) not in func_nodes}
     free = names - bound
-    # the compiled form depends on the text alone: a process loading rule sets that share
-    # expressions (copies of the catalogue, tests) compiles each text once
-    if src in _COMPILED:
-        code = _COMPILED[src]
-    else:
-        code = _compile_tree(tree, _CODE_FILENAME)
-        if len(_COMPILED) > 8192:
-            _COMPILED.clear()
-        _COMPILED[src] = code
-    return Expr(src, where, line, frozenset(free), frozenset(calls), code)
+    # compiled when first evaluated or cached (Expr.code): a process without a cache to
+    # write (none, or not writable) compiles only the expressions it evaluates
+    return Expr(src, where, line, frozenset(free), frozenset(calls), _COMPILED.get(src, LAZY))
 
 
 # --------------------------------------------------------------------------- compiled form
@@ -563,6 +591,13 @@ class _Lower(ast.NodeTransformer):
         # f-string rules (conversions ignored), its keyword unpacking differ from Python's
         if isinstance(node, (ast.Dict, ast.Set, ast.DictComp, ast.JoinedStr, ast.FormattedValue)):
             raise _NotNative(type(node).__name__)
+        # what compile_expr refuses is never compiled (an Expr made by hand is compiled too):
+        # simpleeval then refuses it when evaluated
+        if type(node) in _FORBIDDEN_NODES:
+            raise _NotNative(type(node).__name__)
+        ops = node.ops if isinstance(node, ast.Compare) else [getattr(node, "op", None)]
+        if any(isinstance(op, _OPERATOR_BASES) and type(op) not in _ALLOWED_OPERATORS for op in ops):
+            raise _NotNative("operator")
         # NodeTransformer's, minus the visits of contexts and operators (a third of the nodes)
         for name in node._fields:
             value = getattr(node, name, None)
@@ -588,6 +623,8 @@ class _Lower(ast.NodeTransformer):
         )
 
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        if type(node.op) not in _ALLOWED_OPERATORS:
+            raise _NotNative("operator")
         left, right = self.visit(node.left), self.visit(node.right)
         guard = _GUARDS.get(type(node.op))
         if guard is None:
@@ -1365,7 +1402,7 @@ def _load_code(blob: bytes) -> CodeType | None:
 def _expr_data(e: Expr | None) -> tuple[Any, ...] | None:
     if e is None:
         return None
-    code = e.compiled
+    code = e.compiled if isinstance(e.compiled, bytes) else e.code  # compiled now if still LAZY
     blob = code if isinstance(code, bytes) else None if code is None else marshal.dumps(code)
     return (e.source, e.where, e.line, e.names, e.calls, blob)
 

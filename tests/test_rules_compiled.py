@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import pytest
@@ -374,3 +375,29 @@ def test_compiling_prints_no_warning() -> None:
         got, want, expr = _both("n is 5 or s is 'abc' or xs is ()")
     assert expr.code is not None and got == want
     assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize("src", ["x.__class__", "n @ n", "(lambda: 1)()", "(y := 1)"])
+def test_an_expr_made_by_hand_is_no_more_able_than_under_simpleeval(src: str) -> None:
+    # compile_expr refuses these; an Expr made without it is compiled lazily, and never natively
+    names = frozenset({"x", "n", "xs"})
+    expr = RE.Expr(src, "when", 1, names, frozenset())
+    assert expr.code is None
+    compiled, reference = _runners(_rule(expr), RE.RuleContext(engine=None, variables=dict(NAMES)))
+    got, want = _outcome(compiled, expr), _outcome(reference, expr)
+    assert got == want and got[2], (got, want)
+
+
+def test_without_a_cache_only_what_is_evaluated_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RE.ENV_CACHE_DIR, "")
+    monkeypatch.setattr(RE, "_COMPILED", {})
+    RE._RULES_CACHE.clear()
+    rules = RE.load_rules(known_names=variable_catalogue())
+    RE._RULES_CACHE.clear()
+    exprs = [e for r in rules for e in RE._all_exprs(r)]
+    assert all(e.compiled is RE.LAZY for e in exprs)
+    ctx = RE.RuleContext(engine="e", variables={}, inputs={"log", "metrics", "config", "gpus", "timeline"})
+    RE.evaluate(rules, [ctx])
+    done = [e for e in exprs if e.compiled is not RE.LAZY]
+    assert done and len(done) < len(exprs)
+    assert all(isinstance(e.compiled, CodeType) for e in done)
