@@ -76,9 +76,9 @@ def main() -> None:
         t0 = time.perf_counter()
         RE.load_rules(known_names=known)
         t1 = time.perf_counter()
-        compiled = getattr(RE, "_COMPILED", None)
-        if compiled is not None:
-            compiled.clear()  # each text compiles once per process: measure the first time
+        memo = getattr(RE, "_COMPILED", None)
+        if memo is not None:
+            memo.clear()  # each text compiles once per process: measure the first time
         parsed = RE._load_rules_uncached(paths, False, known)
         for rule in parsed:  # what the run that writes the cache compiles
             for e in RE._all_exprs(rule):
