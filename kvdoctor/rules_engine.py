@@ -1603,6 +1603,8 @@ def _disk_cache_put(key: Any, rules: tuple[Rule, ...]) -> None:
         old = sorted(path.parent.glob(f"rules-*{_CACHE_SUFFIX}"), key=lambda p: p.stat().st_mtime_ns)
         for stale in old[: max(0, len(old) - _CACHE_MAX_FILES)]:
             stale.unlink(missing_ok=True)
+        for stale in path.parent.glob("rules-*.pickle"):  # the cache of kvdoctor before marshal
+            stale.unlink(missing_ok=True)
     except Exception:  # a value marshal cannot store, disk full, a race with another process
         pass
     finally:

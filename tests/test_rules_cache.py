@@ -291,3 +291,12 @@ def test_rules_from_the_cache_evaluate_as_parsed_ones(cache: Path, tmp_path: Pat
         return ([f.to_dict() for f in ev.findings], [str(e) for e in ev.errors], len(ev.skipped))
 
     assert run(cached) == run(parsed)
+
+
+def test_writing_the_cache_removes_the_pickles_of_the_former_format(cache: Path, tmp_path: Path) -> None:
+    d = _copy_rules(tmp_path)
+    cache.mkdir(mode=0o700)
+    old = cache / "rules-0123abcd000100.pickle"
+    old.write_bytes(b"\x80\x05N.")
+    _load(d)
+    assert _files(cache) and not old.exists()
