@@ -14,7 +14,6 @@ Unknown rule ids, unknown threshold names and values of the wrong kind are error
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -124,6 +123,8 @@ def validate_user_config(cfg: UserConfig, rules: Iterable[Rule]) -> None:
     by_id = {r.id: r for r in rules}
 
     def unknown(rid: str, name: str | None) -> None:
+        import difflib  # an unknown rule id only
+
         hint = difflib.get_close_matches(rid, list(by_id), n=1)
         extra = f" (did you mean '{hint[0]}'?)" if hint else ""
         raise UserConfigError(cfg.origin, _line(cfg, rid, name), f"unknown rule id '{rid}'{extra}")

@@ -27,6 +27,7 @@ from kvdoctor.facts import (
     Snapshot,
     VllmLog,
 )
+from kvdoctor.lazyre import lazy_re
 
 Vars = dict[str, Any]
 
@@ -231,7 +232,7 @@ class Scope:
         return self.runs.run if self.runs is not None else None
 
 
-_VLLM_PROC_RE = re.compile(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
+_VLLM_PROC_RE = lazy_re(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
 
 
 def is_vllm_process(name: str) -> bool:

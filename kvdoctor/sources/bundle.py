@@ -14,7 +14,6 @@ import json
 import re
 import signal
 import stat
-import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from kvdoctor.facts import (
     Timeline,
     VllmLog,
 )
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import redact_url_credentials
 from kvdoctor.sources.limits import (
     MAX_TAR_BYTES,
@@ -484,6 +484,8 @@ def load_bundle(path: Path) -> Loaded:
     """
     path = Path(path)
     if path.is_file() and (path.name.endswith((".tar.gz", ".tgz", ".tar"))):
+        import tempfile  # archives only: a bundle directory does not import it (nor shutil)
+
         with _cleanup_on_sigterm(), tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-") as tmp:
             root, skipped = _extract_tar(path, Path(tmp))
             loaded = _load_dir(root, label=str(path))
@@ -514,7 +516,7 @@ def _wanted(parts: tuple[str, ...]) -> bool:
     return False
 
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SAFE_NAME = lazy_re(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _extract_tar(path: Path, dest: Path) -> tuple[Path, list[tuple[str, str]]]:
