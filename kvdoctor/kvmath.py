@@ -351,7 +351,7 @@ class KvGroup:
         return cdiv(self.max_memory_usage_bytes(max_model_len, max_in_flight_tokens), self.page_size_bytes)
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class KvLayout:
     """How one rank's KV cache is laid out, everything vLLM derives before counting blocks.
 

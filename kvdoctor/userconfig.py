@@ -38,7 +38,7 @@ class UserConfigError(Exception):
         super().__init__(f"{where}: {reason}")
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class UserConfig:
     """Per-rule overrides. ``thresholds``: rule id → {threshold name → value};
     ``disabled``: rule ids to drop. ``origin`` is the file read (None: defaults only);

@@ -271,3 +271,39 @@ def test_read_to_end_refuses_a_live_feed() -> None:
 
     with pytest.raises(ValueError, match="LiveLoop"):
         read_to_end(Live())
+
+
+# --------------------------------------------------------------------------- garbage collector
+
+
+def test_importing_the_cli_leaves_the_garbage_collector_alone() -> None:
+    # a process that imports kvdoctor (vLLM with the stat-logger plugin, the tests) keeps its own
+    code = "import gc; before = gc.get_threshold(); import kvdoctor.cli; print(gc.get_threshold() == before)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_a_cold_diagnose_runs_no_collection_and_exits_with_its_code(tmp_path: Path) -> None:
+    from kvdoctor.cli import GC_THRESHOLD0
+
+    code = (
+        "import gc, sys\n"
+        "runs = []\n"
+        "from kvdoctor.cli import main\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and runs.append(info['generation']))\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    sys.stderr.write(f'\\nGC {len(runs)} {gc.get_threshold()[0]} {gc.get_freeze_count() > 0} {e.code}\\n')\n"
+    )
+    env = {**os.environ, "KVDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["diagnose", "--bundle", str(CASE), "--format", "json"]
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120
+        )
+        _, runs, threshold, frozen, rc = next(
+            ln for ln in proc.stderr.splitlines() if ln.startswith("GC ")
+        ).split()
+        assert (int(runs), int(threshold), frozen) == (0, GC_THRESHOLD0, "True")
+        assert int(rc) == proc.returncode and json.loads(proc.stdout)["findings"] is not None

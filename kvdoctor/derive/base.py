@@ -196,7 +196,7 @@ def current_run(log: VllmLog) -> VllmLog:
     )
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class Scope:
     """The facts one rule context is about (one engine, or the host when ``engine`` is None).
 

@@ -66,7 +66,7 @@ BUNDLE_FILES: dict[str, str] = {
 CORE_FILES = ("nvidia-smi.txt", "vllm.log", "metrics.txt", "cmdline.txt", "config.json")
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class Artifacts:
     """Paths of single artifacts (``diagnose --nvidia-smi F --metrics F --log F …``).
 
@@ -90,7 +90,7 @@ class Artifacts:
     confine_to: Path | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class Loaded:
     """What a bundle or a set of artifacts gave: the latest snapshot with everything, plus the
     earlier metrics scrapes as a Timeline (oldest first, the full snapshot last)."""

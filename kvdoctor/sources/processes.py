@@ -288,7 +288,7 @@ def _info_of(proc: psutil.Process, info: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class _Entry:
     proc: psutil.Process
     info: dict[str, Any]

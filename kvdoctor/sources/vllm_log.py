@@ -251,7 +251,7 @@ def redact(text: str) -> str:
     return redact_text(text) if _maybe_secret(text) else text
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class ParsedLine:
     """One physical log line split into its parts (see :func:`parse_line`)."""
 
@@ -857,7 +857,7 @@ def _hints(block: _Block) -> list[str]:
     return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
 class _Block:
     """A run of one process's error/traceback lines (ended by that process's next normal line)."""
 
