@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import Snapshot, SourceError, SourceStatus, Timeline
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,7 +36,8 @@ def demo_bundle_dir() -> Path:
     return Path(str(resources.files("kvdoctor") / "data" / "demo" / DEMO_CASE))
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class InputOptions:
     """What to read. No artifact, bundle, recording or demo → the live machine."""
 

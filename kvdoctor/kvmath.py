@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import ModelArch
 from kvdoctor.units import GiB, ceil_to, floor_to
 
@@ -351,7 +352,8 @@ class KvGroup:
         return cdiv(self.max_memory_usage_bytes(max_model_len, max_in_flight_tokens), self.page_size_bytes)
 
 
-@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
+@shared_methods
+@dataclass(repr=False, eq=False)
 class KvLayout:
     """How one rank's KV cache is laid out, everything vLLM derives before counting blocks.
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.rules_engine import Rule, RuleFileError, key_line, load_yaml_with_lines, value_line
 
 ENV_VAR = "KVDOCTOR_CONFIG"
@@ -38,7 +39,8 @@ class UserConfigError(Exception):
         super().__init__(f"{where}: {reason}")
 
 
-@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
+@shared_methods
+@dataclass(repr=False, eq=False)
 class UserConfig:
     """Per-rule overrides. ``thresholds``: rule id → {threshold name → value};
     ``disabled``: rule ids to drop. ``origin`` is the file read (None: defaults only);

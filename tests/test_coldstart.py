@@ -307,3 +307,84 @@ def test_a_cold_diagnose_runs_no_collection_and_exits_with_its_code(tmp_path: Pa
         ).split()
         assert (int(runs), int(threshold), frozen) == (0, GC_THRESHOLD0, "True")
         assert int(rc) == proc.returncode and json.loads(proc.stdout)["findings"] is not None
+
+
+# --------------------------------------------------------------------------- dataclass methods
+
+
+def _shared_classes() -> list[type]:
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import kvdoctor
+
+    out = []
+    for info in pkgutil.walk_packages(kvdoctor.__path__, "kvdoctor."):
+        if info.name.startswith(("kvdoctor.watch", "kvdoctor.integrations", "kvdoctor.__main__")):
+            continue
+        mod = importlib.import_module(info.name)
+        for obj in vars(mod).values():
+            if (
+                isinstance(obj, type)
+                and obj.__module__ == mod.__name__
+                and dataclasses.is_dataclass(obj)
+                and getattr(obj.__eq__, "__module__", None) == "kvdoctor.dcmethods"
+            ):
+                out.append(obj)
+    return sorted(out, key=lambda c: f"{c.__module__}.{c.__qualname__}")
+
+
+SHARED = _shared_classes()
+
+
+def test_the_facts_and_the_path_classes_share_their_methods() -> None:
+    names = {c.__qualname__ for c in SHARED}
+    assert {"Snapshot", "Gpu", "LogEvent", "EngineConfig", "Finding", "Report", "InputOptions"} <= names
+    assert len(SHARED) >= 25
+
+
+@pytest.mark.parametrize("cls", SHARED, ids=lambda c: f"{c.__module__}.{c.__qualname__}")
+def test_shared_methods_behave_as_the_generated_ones(cls: type) -> None:
+    import copy
+    import dataclasses
+
+    fields = dataclasses.fields(cls)
+    twin = dataclasses.make_dataclass(
+        cls.__name__, [(f.name, f.type, dataclasses.field(repr=f.repr, compare=f.compare)) for f in fields]
+    )
+    twin.__qualname__ = cls.__qualname__
+    vals: dict[str, object] = {f.name: f"v{i}" for i, f in enumerate(fields)}
+    a, t = cls(**vals), twin(**vals)
+    assert repr(a) == repr(t)
+    assert a == cls(**vals) and not (a != cls(**vals)) and a == copy.copy(a)
+    assert a.__eq__(t) is NotImplemented and (a == t) is False and (a == object()) is False
+    for f in fields:
+        other = dataclasses.replace(a, **{f.name: "changed"})
+        assert (other == a) is (not f.compare) is (dataclasses.replace(t, **{f.name: "changed"}) == t)
+    with pytest.raises(TypeError):
+        hash(a)
+    # an object that is itself equal: the fields compare as one tuple (identity first), NaN too
+    nan = float("nan")
+    first = fields[0].name
+    a2, t2 = dataclasses.replace(a, **{first: nan}), dataclasses.replace(t, **{first: nan})
+    assert (a2 == dataclasses.replace(a2)) is (t2 == dataclasses.replace(t2))
+    # a field that refers back to the object prints "..." rather than recursing
+    shown = next((f.name for f in fields if f.repr), None)
+    if shown is not None:
+        setattr(a, shown, a)
+        setattr(t, shown, t)
+        assert repr(a) == repr(t) and "..." in repr(a)
+
+
+def test_shared_methods_refuses_a_class_with_generated_ones() -> None:
+    import dataclasses
+
+    from kvdoctor.dcmethods import shared_methods
+
+    @dataclasses.dataclass
+    class Plain:
+        x: int
+
+    with pytest.raises(TypeError, match="repr=False, eq=False"):
+        shared_methods(Plain)

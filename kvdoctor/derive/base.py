@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.devices import visible_devices
 from kvdoctor.facts import (
     Engine,
@@ -196,7 +197,8 @@ def current_run(log: VllmLog) -> VllmLog:
     )
 
 
-@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Scope:
     """The facts one rule context is about (one engine, or the host when ``engine`` is None).
 

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import (
     EngineConfig,
     EngineMetrics,
@@ -66,7 +67,8 @@ BUNDLE_FILES: dict[str, str] = {
 CORE_FILES = ("nvidia-smi.txt", "vllm.log", "metrics.txt", "cmdline.txt", "config.json")
 
 
-@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Artifacts:
     """Paths of single artifacts (``diagnose --nvidia-smi F --metrics F --log F …``).
 
@@ -90,7 +92,8 @@ class Artifacts:
     confine_to: Path | None = None
 
 
-@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Loaded:
     """What a bundle or a set of artifacts gave: the latest snapshot with everything, plus the
     earlier metrics scrapes as a Timeline (oldest first, the full snapshot last)."""

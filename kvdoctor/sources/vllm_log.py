@@ -123,6 +123,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
@@ -251,7 +252,8 @@ def redact(text: str) -> str:
     return redact_text(text) if _maybe_secret(text) else text
 
 
-@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
+@shared_methods
+@dataclass(repr=False, eq=False)
 class ParsedLine:
     """One physical log line split into its parts (see :func:`parse_line`)."""
 
@@ -857,7 +859,8 @@ def _hints(block: _Block) -> list[str]:
     return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
 
 
-@dataclass(eq=False)  # never compared: no generated __eq__ (cold start)
+@shared_methods
+@dataclass(repr=False, eq=False)
 class _Block:
     """A run of one process's error/traceback lines (ended by that process's next normal line)."""
 
