@@ -19,11 +19,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.units import MiB, parse_size
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class GpuSpec:
     """One GPU model: ``memory_bytes`` (nvidia-smi ``memory.total``, bytes), ``fp8`` (KV cache
     fp8 supported natively), ``sm`` compute capability as "9.0" ("gfx942" for MI300X)."""

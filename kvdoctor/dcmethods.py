@@ -3,16 +3,18 @@
 ``dataclasses`` writes each method it adds as Python source and ``exec``s it: parsing and
 compiling those ~150 small functions is a fifth of a cold ``kvdoctor diagnose --bundle``
 (issue 8, class 10; callgrind: ~0.7 M instructions per method). :func:`shared_methods` gives a
-class declared ``@dataclass(repr=False, eq=False)`` the very ``__repr__`` and ``__eq__`` that
-``@dataclass`` would have generated, as closures (no source, no ``exec``). ``__init__`` stays
-the generated one: it runs once per fact, the two others rarely.
+class declared ``@dataclass(repr=False, eq=False)`` the very ``__repr__`` and ``__eq__`` (and,
+frozen, ``__hash__``) that ``@dataclass`` would have generated, as closures (no source, no
+``exec``). ``__init__`` (and a frozen class's ``__setattr__``/``__delattr__``) stay generated:
+``__init__`` runs once per fact, the others rarely.
 
 Same semantics as Python 3.11's generated methods: ``repr`` is ``QualName(a=1, b='x')`` over
 the fields with ``repr=True`` (a recursive reference prints ``...``); ``==`` compares the
 fields with ``compare=True`` as one tuple (so an object ``is`` itself counts as equal, NaN
 included) when both objects are of the very same class, else ``NotImplemented``; and, as for
 any non-frozen dataclass with ``eq``, instances are unhashable unless the class body defines
-``__hash__``. ``dataclasses.fields``/``asdict``/``replace`` see an ordinary dataclass.
+``__hash__``; a frozen one hashes the tuple of its fields with ``hash=True`` (or ``hash=None``
+and ``compare=True``). ``dataclasses.fields``/``asdict``/``replace`` see an ordinary dataclass.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 def shared_methods(cls: T) -> T:
-    """Add the ``__repr__`` and ``__eq__`` that ``@dataclass`` generates to ``cls``, a
-    dataclass declared with ``repr=False, eq=False`` (not frozen). A method the class body
-    defines itself is kept. Raises TypeError for any other class."""
+    """Add the ``__repr__`` and ``__eq__`` (and, for a frozen class, ``__hash__``) that
+    ``@dataclass`` generates to ``cls``, a dataclass declared with ``repr=False, eq=False``
+    (frozen or not). A method the class body defines itself is kept. Raises TypeError for any
+    other class."""
     params = getattr(cls, "__dataclass_params__", None)
-    if params is None or params.repr or params.eq or params.frozen:
-        raise TypeError(f"{cls.__name__}: expected @dataclass(repr=False, eq=False), not frozen")
+    if params is None or params.repr or params.eq or params.unsafe_hash or params.order:
+        raise TypeError(f"{cls.__name__}: expected @dataclass(repr=False, eq=False)")
     fields = dataclasses.fields(cls)
     shown = tuple(f.name for f in fields if f.repr)
     values = _getter(tuple(f.name for f in fields if f.compare))
@@ -61,6 +64,17 @@ def shared_methods(cls: T) -> T:
         if name not in cls.__dict__:
             method.__qualname__ = f"{cls.__qualname__}.{name}"
             setattr(cls, name, method)
-    if "__hash__" not in cls.__dict__ or cls.__dict__["__hash__"] is None:
-        cls.__hash__ = None  # type: ignore[assignment]  # eq without frozen: unhashable, as dataclasses do
+    if "__hash__" in cls.__dict__ and cls.__dict__["__hash__"] is not None:
+        return cls  # the class body's own
+    if params.frozen:
+        # frozen with eq: hashed by the fields that take part in it, as one tuple
+        hashed = _getter(tuple(f.name for f in fields if f.hash or (f.hash is None and f.compare)))
+
+        def __hash__(self: Any) -> int:  # noqa: N807
+            return hash(hashed(self))
+
+        __hash__.__qualname__ = f"{cls.__qualname__}.__hash__"
+        cls.__hash__ = __hash__  # type: ignore[assignment]
+    else:
+        cls.__hash__ = None  # type: ignore[assignment]  # eq without frozen: unhashable
     return cls

@@ -316,7 +316,8 @@ def pp_layer_ranges(
 # --------------------------------------------------------------------------- layout
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class KvGroup:
     """One KV-cache group: layers sharing a block table (§2.2 hybrid grouping).
 
@@ -633,7 +634,8 @@ def kv_bytes_per_token(
 # --------------------------------------------------------------------------- capacity
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class KvCapacity:
     """What vLLM logs as ``GPU KV cache size: T tokens, Maximum concurrency for L tokens per
     request: C x`` (§2.4): ``kv_cache_tokens`` T, ``max_concurrency`` C (float, unrounded),
@@ -819,7 +821,8 @@ def requested_memory_bytes(total_bytes: int, gpu_memory_utilization: float) -> i
     return math.ceil(total_bytes * gpu_memory_utilization)
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class OverheadEstimate:
     """Non-KV memory inside the gmu budget besides weights (bytes per GPU), all estimates:
     ``non_torch`` (NCCL/cuBLAS growth after the init snapshot), ``activation_peak`` (profile

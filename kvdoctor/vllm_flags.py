@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import EngineConfig
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
@@ -37,7 +38,8 @@ from kvdoctor.redact import MARK, is_secret_name, redact_text
 Version = tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class Flag:
     """One vLLM engine/server flag.
 

@@ -33,7 +33,8 @@ from kvdoctor.lazyre import lazy_re
 Vars = dict[str, Any]
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class Family:
     """One derive family: ``name``, the variables it ``writes`` (name → "unit; source"), the
     names it ``reads`` from earlier families, and ``run(scope, v)`` that writes them."""
@@ -87,7 +88,8 @@ class LogView:
 _CONFIG_KINDS = frozenset({"version", "args", "chunked_prefill", "max_model_len_used"})
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class LogRuns:
     """A log split into server runs: the whole log, its latest run, where runs start (lines),
     and the pids seen in the latest run (``pids_latest``) and before it (``pids_earlier``)."""
