@@ -16,13 +16,16 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.units import MiB, parse_size
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class GpuSpec:
     """One GPU model: ``memory_bytes`` (nvidia-smi ``memory.total``, bytes), ``fp8`` (KV cache
     fp8 supported natively), ``sm`` compute capability as "9.0" ("gfx942" for MI300X)."""
@@ -214,7 +217,7 @@ _VARIANT_WORDS = frozenset(
     "pcie sxm sxm2 sxm3 sxm4 sxm5 sxm6 nvl hbm hbm2 hbm2e hbm3 hbm3e ac oem gpu laptop mobile maxq max q "
     "workstation server edition generation graphics device module".split()
 )
-_MEM_WORD = re.compile(r"^(\d{1,4})g(?:b)?$")
+_MEM_WORD = lazy_re(r"^(\d{1,4})g(?:b)?$")
 
 
 def _by_family(name: str, memory_bytes: int | None) -> str | None:
@@ -304,7 +307,9 @@ def parse_gpu_memory(text: str) -> int:
 
 @lru_cache(maxsize=1)
 def _catalogue() -> dict[str, Any]:
-    text = resources.files("kvdoctor").joinpath("data/models.json").read_text(encoding="utf-8")
+    # the package's own directory, where importlib.resources.files("kvdoctor") points for a
+    # package on disk (importing importlib.resources costs a cold start ~10 ms)
+    text = (Path(__file__).resolve().parent / "data" / "models.json").read_text(encoding="utf-8")
     data: dict[str, Any] = json.loads(text)
     return data
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from kvdoctor.lazyre import lazy_re
+
 #: XIDs that point at the GPU, its memory or its links rather than at the program: the node
 #: should be drained and the GPU reset or replaced. rules.md's list (48, 63, 64, 74, 79, 92, 94,
 #: 95, 119, 120, 123, 154) plus the other device faults of NVIDIA's XID catalogue (61, 62, 121,
@@ -45,7 +47,7 @@ APPLICATION_XIDS: dict[int, str] = {
     45: "preemptive cleanup (a process ended while it ran)",
 }
 
-_BUS_RE = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])")
+_BUS_RE = lazy_re(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])")
 
 
 def visible_devices_detail(env: dict[str, str]) -> tuple[list[int] | None, str]:

@@ -73,7 +73,6 @@ def diagnose_command(
     readable.
     """
     from kvdoctor.inputs import options_from_kwargs
-    from kvdoctor.sampler import LiveLoop
 
     opts = options_from_kwargs(inputs, interval_s=interval_s)
     pipeline = load_pipeline(rules_dirs, config_path)
@@ -82,8 +81,17 @@ def diagnose_command(
         return
     feed = open_feed_or_fail(opts)
     try:
-        loop = LiveLoop(feed, pipeline, interval_s=interval_s)
-        timeline = loop.collect(5.0 if window_s is None else window_s)
+        if feed.live:
+            from kvdoctor.sampler import LiveLoop
+
+            loop = LiveLoop(feed, pipeline, interval_s=interval_s)
+            timeline = loop.collect(5.0 if window_s is None else window_s)
+        else:
+            # a bundle, artifacts or a recording: read to its end, as LiveLoop.collect reads a
+            # finite feed, without importing the live machinery (cold start, issue 8)
+            from kvdoctor.feeds import read_to_end
+
+            timeline = read_to_end(feed)
     finally:
         feed.close()
     # Live windows are short; the rules still read a 60 s "recent" window at least.

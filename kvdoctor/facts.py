@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvdoctor.dcmethods import shared_methods
+
 SourceKind = Literal[
     "nvml",
     "nvidia-smi",
@@ -46,7 +48,8 @@ class SourceError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class SourceStatus:
     """What one input gave: ``kind`` (spec/report.md ``sources[].kind``), ``origin`` (file path,
     URL or "NVML"), ``status`` ok|missing|error and a one-line ``detail``."""
@@ -64,7 +67,8 @@ class SourceStatus:
 # --------------------------------------------------------------------------- GPUs
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class GpuProcess:
     """A process holding memory on one GPU.
 
@@ -83,7 +87,8 @@ class GpuProcess:
     gpu_bus_id: str | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Gpu:
     """One GPU at one instant.
 
@@ -134,7 +139,8 @@ class Gpu:
 # --------------------------------------------------------------------------- model
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class ModelArch:
     """The model's attention geometry and size, from its Hugging Face ``config.json``.
 
@@ -183,7 +189,8 @@ class ModelArch:
 # --------------------------------------------------------------------------- engine
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class EngineConfig:
     """An engine's launch configuration, vLLM's own names (``--max-model-len`` → max_model_len).
 
@@ -229,7 +236,8 @@ class EngineConfig:
     command: str | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class HistogramData:
     """A Prometheus histogram at one scrape: cumulative ``buckets`` [(le, count)] sorted by le
     (the +Inf bucket last, le = float("inf")), ``count`` and ``sum`` (in the metric's unit)."""
@@ -239,7 +247,8 @@ class HistogramData:
     sum: float = 0.0
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class EngineMetrics:
     """One scrape of vLLM's ``/metrics`` for one engine (one ``engine`` label value, or the
     whole page for V0 engines that have no such label). See vllm-facts.md §1.
@@ -287,7 +296,8 @@ class EngineMetrics:
     spec_decode_num_drafts_total: float | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class LogEvent:
     """One meaningful line (or multi-line message) of a vLLM log.
 
@@ -312,7 +322,8 @@ class LogEvent:
     host: str | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class LogEngine:
     """One engine of a log that holds several (two servers started together, an application
     building several ``LLM(...)`` engines): what its own lines say."""
@@ -333,7 +344,8 @@ class LogEngine:
     start_s: float | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class VllmLog:
     """A parsed vLLM log: every event in file order plus what the startup lines say."""
 
@@ -364,7 +376,8 @@ class VllmLog:
         return None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class HostProcess:
     """A host process (psutil, or ``ps.txt`` in a bundle)."""
 
@@ -393,7 +406,8 @@ class HostProcess:
     launch_gmu: float | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Engine:
     """One vLLM serving engine (an API server and its engine core / workers).
 
@@ -413,7 +427,8 @@ class Engine:
     api_server_alive: bool | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Snapshot:
     """Everything read at one instant (or from one bundle)."""
 
@@ -444,7 +459,8 @@ class Snapshot:
     configs: list[EngineConfig] = field(default_factory=list)
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Timeline:
     """A bounded series of snapshots, oldest first. Windowed helpers live in
     ``kvdoctor.timeline`` (rates from counter deltas, histogram quantiles from bucket deltas)."""

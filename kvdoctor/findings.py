@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from kvdoctor.dcmethods import shared_methods
+
 Severity = Literal["critical", "warning", "info"]
 #: "unknown" when no source could be read (exit code 3, spec/report.md).
 Health = Literal["ok", "info", "warning", "critical", "unknown"]
@@ -30,7 +32,8 @@ FAMILIES: dict[str, str] = {
 }
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Evidence:
     """One fact that made a rule fire: ``fact`` (what, e.g. "KV cache capacity"), ``value``
     (rendered with its unit, e.g. "3,664 tokens") and ``source`` (where it was read: NVML field,
@@ -41,7 +44,8 @@ class Evidence:
     source: str
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Finding:
     """A rule that fired for one engine (or for the host when ``engine`` is None).
 
@@ -75,7 +79,8 @@ class Finding:
         return asdict(self)
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Skipped:
     """A rule that could not run because inputs it needs were absent.
 

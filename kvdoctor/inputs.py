@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import Snapshot, SourceError, SourceStatus, Timeline
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,7 +36,8 @@ def demo_bundle_dir() -> Path:
     return Path(str(resources.files("kvdoctor") / "data" / "demo" / DEMO_CASE))
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class InputOptions:
     """What to read. No artifact, bundle, recording or demo → the live machine."""
 
@@ -210,7 +212,7 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
     URL`` scraped while opening offline inputs (``kvdoctor bundle`` keeps it; live feeds keep
     theirs in ``LiveFeed.last_raw``). Raises :class:`InputError` for inputs that cannot be
     opened at all (one line, no input bytes)."""
-    from kvdoctor.sampler import LiveFeed, TimelineFeed
+    from kvdoctor.feeds import TimelineFeed  # not kvdoctor.sampler: an offline run needs none of it
 
     chosen = [
         n
@@ -235,7 +237,7 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
             return TimelineFeed(timeline.snapshots, label="artifacts")
     except SourceError as e:
         raise InputError(str(e).splitlines()[0] if str(e) else "cannot read input") from None
-    from kvdoctor.sampler import LiveOptions
+    from kvdoctor.sampler import LiveFeed, LiveOptions
 
     live = LiveOptions(
         metrics_urls=opts.urls,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import ModelArch
 from kvdoctor.units import GiB, ceil_to, floor_to
 
@@ -315,7 +316,8 @@ def pp_layer_ranges(
 # --------------------------------------------------------------------------- layout
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class KvGroup:
     """One KV-cache group: layers sharing a block table (§2.2 hybrid grouping).
 
@@ -351,7 +353,8 @@ class KvGroup:
         return cdiv(self.max_memory_usage_bytes(max_model_len, max_in_flight_tokens), self.page_size_bytes)
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class KvLayout:
     """How one rank's KV cache is laid out, everything vLLM derives before counting blocks.
 
@@ -631,7 +634,8 @@ def kv_bytes_per_token(
 # --------------------------------------------------------------------------- capacity
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class KvCapacity:
     """What vLLM logs as ``GPU KV cache size: T tokens, Maximum concurrency for L tokens per
     request: C x`` (§2.4): ``kv_cache_tokens`` T, ``max_concurrency`` C (float, unrounded),
@@ -817,7 +821,8 @@ def requested_memory_bytes(total_bytes: int, gpu_memory_utilization: float) -> i
     return math.ceil(total_bytes * gpu_memory_utilization)
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class OverheadEstimate:
     """Non-KV memory inside the gmu budget besides weights (bytes per GPU), all estimates:
     ``non_torch`` (NCCL/cuBLAS growth after the init snapshot), ``activation_peak`` (profile

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import Snapshot, Timeline
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ def load_rules(
     return apply_user_config(rules, user)
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Pipeline:
     """Rules loaded once, evaluated over any number of Timelines.
 

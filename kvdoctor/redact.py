@@ -28,6 +28,8 @@ import functools
 import re
 from collections.abc import Mapping, Sequence
 
+from kvdoctor.lazyre import lazy_re
+
 MARK = "***"
 
 # Last name part that makes a flag or variable secret ("--api-key", "HF_TOKEN", "db_pass").
@@ -40,8 +42,8 @@ _SECRET_ANY_PARTS = frozenset({"secret", "password", "passwd"})
 _NOT_SECRET_VALUES = frozenset({"", "none", "null", "false", "true", "''", '""', MARK})
 
 # A text without any of these (lower-cased) cannot hold a secret this module recognises.
-_TRIGGER = re.compile(r"token|key|secret|pass|pwd|credential|auth|:/|hf_|sk-|gh[pousr]_|github_pat|xox|akia")
-_TOKEN_SHAPES = re.compile(
+_TRIGGER = lazy_re(r"token|key|secret|pass|pwd|credential|auth|:/|hf_|sk-|gh[pousr]_|github_pat|xox|akia")
+_TOKEN_SHAPES = lazy_re(
     r"\bhf_[A-Za-z0-9]{20,}\b"
     r"|\bsk-[A-Za-z0-9_-]{16,}"
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}\b"
@@ -49,16 +51,16 @@ _TOKEN_SHAPES = re.compile(
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
     r"|\bAKIA[0-9A-Z]{16}\b"
 )
-_AUTH_HEADER = re.compile(
+_AUTH_HEADER = lazy_re(
     r"(?i)(\bauthorization['\"]?\s*[:=]\s*['\"]?\s*(?:bearer|basic|token)\s+)([^\s'\",}]+)"
 )
 # The start of a URL, any scheme, any case ("HTTP://", "redis://", "git+ssh://"); its token runs
 # to the next space or quote and its userinfo to the token's LAST "@" (a password may hold "/",
 # "@" or ":"). A "host:8000/path@x" (a port, then a path) is not a password.
 # "scheme:/" too: a URL that went through pathlib (Path("ftp://u:p@h") is "ftp:/u:p@h").
-_URL_START = re.compile(r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}:/{1,3}(?!/)")
-_URL_TOKEN_END = re.compile(r"[\s'\"<>]")
-_PORT_PATH = re.compile(r"\d{1,5}(?:[/?#]|$)")
+_URL_START = lazy_re(r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}:/{1,3}(?!/)")
+_URL_TOKEN_END = lazy_re(r"[\s'\"<>]")
+_PORT_PATH = lazy_re(r"\d{1,5}(?:[/?#]|$)")
 _MAX_URL_CHARS = 4096
 
 
@@ -93,19 +95,17 @@ def redact_url_credentials(text: str) -> str:
 
 
 # --flag value / --flag=value in free text (a log line quoting a command).
-_FLAG_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)('[^']*'|\"[^\"]*\"|\S+)")
+_FLAG_IN_TEXT = lazy_re(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)('[^']*'|\"[^\"]*\"|\S+)")
 # --api-key K1 K2 (a list of keys in recent vLLM): every key up to the next flag.
-_API_KEYS_IN_TEXT = re.compile(
-    r"(?<![\w-])(--api[-_]key[ \t]+)((?:(?!-)\S+)(?:[ \t]+(?!-)\S+)*)", re.IGNORECASE
-)
+_API_KEYS_IN_TEXT = lazy_re(r"(?<![\w-])(--api[-_]key[ \t]+)((?:(?!-)\S+)(?:[ \t]+(?!-)\S+)*)", re.IGNORECASE)
 # ['--api-key', 'X'] in a Python list repr of argv.
-_FLAG_IN_LIST = re.compile(r"(['\"])(--?[A-Za-z][\w-]*)\1(\s*,\s*)(['\"])([^'\"]*)\4")
+_FLAG_IN_LIST = lazy_re(r"(['\"])(--?[A-Za-z][\w-]*)\1(\s*,\s*)(['\"])([^'\"]*)\4")
 # NAME=value, name='value' (Namespace repr), export NAME="value".
-_ASSIGN = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)(=)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,)]+)")
+_ASSIGN = lazy_re(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)(=)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,)]+)")
 # 'name': 'value' in a dict repr or JSON.
-_DICT_ITEM = re.compile(r"(['\"])([A-Za-z_][\w-]*)\1(\s*:\s*)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,}]+)")
+_DICT_ITEM = lazy_re(r"(['\"])([A-Za-z_][\w-]*)\1(\s*:\s*)('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s,}]+)")
 # name: value at the start of a line (YAML config files, HTTP headers).
-_LINE_KEY = re.compile(r"(?m)^([ \t]*(?:-[ \t]*)?)([A-Za-z_][\w-]{0,200})([ \t]*:[ \t]+)(\S(?:.*\S)?)[ \t]*$")
+_LINE_KEY = lazy_re(r"(?m)^([ \t]*(?:-[ \t]*)?)([A-Za-z_][\w-]{0,200})([ \t]*:[ \t]+)(\S(?:.*\S)?)[ \t]*$")
 
 
 def _name_parts(name: str) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import Engine, Snapshot, SourceStatus
 from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, causal_order, depth_of, worst_health
 from kvdoctor.redact import redact_text
@@ -46,7 +47,8 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "bo
 _STATUS_MARK = {"ok": ("✓", "green"), "missing": ("–", "dim"), "error": ("✗", "red")}
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Report:
     """Everything ``kvdoctor diagnose`` outputs (spec/report.md JSON schema).
 

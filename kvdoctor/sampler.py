@@ -40,6 +40,7 @@ from kvdoctor.facts import (
     Timeline,
     VllmLog,
 )
+from kvdoctor.feeds import TimelineFeed as TimelineFeed  # re-exported; lives apart for the cold start
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -713,40 +714,6 @@ class SnapshotFeed(Protocol):
     def close(self) -> None:
         """Release what the feed holds (NVML handle, open files); never raises."""
         ...
-
-
-class TimelineFeed:
-    """A finite feed over Snapshots already read (a bundle, single artifacts, a Timeline)."""
-
-    live = False
-
-    def __init__(self, snapshots: list[Snapshot], label: str = "") -> None:
-        self._snapshots = list(snapshots)
-        self._pos = 0
-        self.label = label
-
-    def __len__(self) -> int:
-        return len(self._snapshots)
-
-    @property
-    def position(self) -> int:
-        """Index of the Snapshot :meth:`next` returns next (0-based)."""
-        return self._pos
-
-    def seek(self, index: int) -> None:
-        """Move to Snapshot ``index`` (clamped to 0..len)."""
-        self._pos = max(0, min(index, len(self._snapshots)))
-
-    def next(self) -> Snapshot | None:
-        """The next Snapshot, or None at the end."""
-        if self._pos >= len(self._snapshots):
-            return None
-        snap = self._snapshots[self._pos]
-        self._pos += 1
-        return snap
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 class LiveFeed:

@@ -8,7 +8,8 @@ here means 2**30 unless ``decimal=True``.
 from __future__ import annotations
 
 import math
-import re
+
+from kvdoctor.lazyre import lazy_re
 
 KiB = 1024
 MiB = 1024**2
@@ -33,7 +34,7 @@ _UNITS = {
     "t": TiB,
 }
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE_RE = re.compile(r"^\s*(-?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20}))\s*([A-Za-z]{0,8})\s*$")
+_SIZE_RE = lazy_re(r"^\s*(-?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20}))\s*([A-Za-z]{0,8})\s*$")
 
 
 def parse_size(text: str, *, default_unit: str = "b", decimal: bool = False) -> int:

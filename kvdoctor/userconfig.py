@@ -14,13 +14,13 @@ Unknown rule ids, unknown threshold names and values of the wrong kind are error
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.rules_engine import Rule, RuleFileError, key_line, load_yaml_with_lines, value_line
 
 ENV_VAR = "KVDOCTOR_CONFIG"
@@ -39,7 +39,8 @@ class UserConfigError(Exception):
         super().__init__(f"{where}: {reason}")
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class UserConfig:
     """Per-rule overrides. ``thresholds``: rule id → {threshold name → value};
     ``disabled``: rule ids to drop. ``origin`` is the file read (None: defaults only);
@@ -124,6 +125,8 @@ def validate_user_config(cfg: UserConfig, rules: Iterable[Rule]) -> None:
     by_id = {r.id: r for r in rules}
 
     def unknown(rid: str, name: str | None) -> None:
+        import difflib  # an unknown rule id only
+
         hint = difflib.get_close_matches(rid, list(by_id), n=1)
         extra = f" (did you mean '{hint[0]}'?)" if hint else ""
         raise UserConfigError(cfg.origin, _line(cfg, rid, name), f"unknown rule id '{rid}'{extra}")

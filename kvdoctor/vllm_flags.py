@@ -24,20 +24,22 @@ Value kinds (``Flag.kind``):
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import EngineConfig
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
 
 Version = tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class Flag:
     """One vLLM engine/server flag.
 
@@ -276,7 +278,7 @@ def lookup_option(option: str) -> tuple[Flag, bool] | None:
     return None
 
 
-_HUMAN_INT = re.compile(r"(\d{1,20}(?:\.\d{1,20})?)([kKmMgGtT])")
+_HUMAN_INT = lazy_re(r"(\d{1,20}(?:\.\d{1,20})?)([kKmMgGtT])")
 _DECIMAL_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY_MULT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -691,5 +693,7 @@ def nearest_valid_kv_cache_dtype(value: str, version: str | None) -> str:
     for cand in _KV_DTYPE_NEAREST.get(norm, ()):
         if cand in valid:
             return cand
+    import difflib  # a rejected value only
+
     close = difflib.get_close_matches(norm, valid, n=1, cutoff=0.75)
     return close[0] if close else "auto"

@@ -9,11 +9,10 @@ ask (``engines-stacked-on-one-gpu``, ``weights-not-sharded``).
 
 from __future__ import annotations
 
-import re
-
 from kvdoctor import catalog
 from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, is_vllm_process
 from kvdoctor.facts import Engine, Gpu, GpuProcess
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.units import GiB
 from kvdoctor.vllm_flags import default_max_num_seqs
 
@@ -226,7 +225,7 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     _foreign_and_orphans(s, v)
 
 
-_PP_RANK_RE = re.compile(r"PP(\d{1,3})")
+_PP_RANK_RE = lazy_re(r"PP(\d{1,3})")
 
 
 def _log_rank_spread(s: Scope, tp: int, pp: int) -> tuple[int, int, str | None, int, int, str] | None:

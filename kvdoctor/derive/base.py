@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.devices import visible_devices
 from kvdoctor.facts import (
     Engine,
@@ -27,11 +28,13 @@ from kvdoctor.facts import (
     Snapshot,
     VllmLog,
 )
+from kvdoctor.lazyre import lazy_re
 
 Vars = dict[str, Any]
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class Family:
     """One derive family: ``name``, the variables it ``writes`` (name → "unit; source"), the
     names it ``reads`` from earlier families, and ``run(scope, v)`` that writes them."""
@@ -85,7 +88,8 @@ class LogView:
 _CONFIG_KINDS = frozenset({"version", "args", "chunked_prefill", "max_model_len_used"})
 
 
-@dataclass(frozen=True)
+@shared_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class LogRuns:
     """A log split into server runs: the whole log, its latest run, where runs start (lines),
     and the pids seen in the latest run (``pids_latest``) and before it (``pids_earlier``)."""
@@ -195,7 +199,8 @@ def current_run(log: VllmLog) -> VllmLog:
     )
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Scope:
     """The facts one rule context is about (one engine, or the host when ``engine`` is None).
 
@@ -231,7 +236,7 @@ class Scope:
         return self.runs.run if self.runs is not None else None
 
 
-_VLLM_PROC_RE = re.compile(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
+_VLLM_PROC_RE = lazy_re(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
 
 
 def is_vllm_process(name: str) -> bool:

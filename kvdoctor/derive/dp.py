@@ -9,10 +9,10 @@ skew is reported once per model."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from kvdoctor.derive.base import Family, Scope, Vars, num, stats_engine
+from kvdoctor.lazyre import lazy_re
 
 WRITES: dict[str, str] = {
     "dp_samples": "list[dict]; one per sample time, oldest first: {'t': seconds or None, 'engines': {label: {'waiting', 'running', 'kv'}}} (metrics by engine label, else 'Engine NNN:' stats lines)",
@@ -23,7 +23,7 @@ WRITES: dict[str, str] = {
 }
 READS: frozenset[str] = frozenset({"dp_engine", "block_size"})
 
-_TIME_RE = re.compile(r"^(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})")
+_TIME_RE = lazy_re(r"^(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})")
 
 
 def _seconds(t: str | None) -> float | None:

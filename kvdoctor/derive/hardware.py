@@ -5,7 +5,6 @@ over the whole series given (spec/rules.md ``gpu-clock-throttled``)."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from statistics import median
 from typing import Any
 
 from kvdoctor.derive.base import Family, Scope, Vars
@@ -123,6 +122,8 @@ def _throttle_cost(s: Scope, v: Vars) -> None:
         comparable = [r for lo, r, _ in cool if abs(lo - load) <= tol]
         if not comparable:
             continue
+        from statistics import median  # a throttled series only: not imported to start
+
         ref = median(comparable)
         if ref <= 0:
             continue

@@ -7,7 +7,6 @@ with several requests admitted within a few seconds before it."""
 
 from __future__ import annotations
 
-import statistics
 from datetime import datetime
 
 from kvdoctor import kvmath
@@ -49,13 +48,18 @@ READS: frozenset[str] = frozenset(
 
 def _seconds(ev: LogEvent) -> float | None:
     """A log event's "MM-DD HH:MM:SS" as seconds (the year does not matter for a difference)."""
-    if not ev.time:
+    # by hand, not strptime: _strptime builds a dozen regexes on its first call
+    t = (ev.time or "")[:14]
+    nums = (t[0:2], t[3:5], t[6:8], t[9:11], t[12:14])
+    if len(t) != 14 or (t[2], t[5], t[8], t[11]) != ("-", " ", ":", ":"):
+        return None
+    if not all(n.isascii() and n.isdigit() for n in nums):
         return None
     try:
-        t = datetime.strptime("2000-" + ev.time[:14], "%Y-%m-%d %H:%M:%S")
-    except ValueError:
+        mo, d, h, mi, sec = (int(n) for n in nums)
+        return datetime(2000, mo, d, h, mi, sec).timestamp()
+    except ValueError:  # 02-30, 25:00:00
         return None
-    return t.timestamp()
 
 
 def derive(s: Scope, v: Vars) -> None:
@@ -71,6 +75,8 @@ def derive(s: Scope, v: Vars) -> None:
     v["log_request_count"] = len(reqs)
     if not reqs:
         return
+    import statistics  # a log with request lines only: not imported to start
+
     v["log_prompt_tokens_median"] = statistics.median(e.values["prompt_tokens"] for e in reqs)
     if v["prompt_p99_body"] is None:
         bound = TAIL_RATIO * v["log_prompt_tokens_median"]

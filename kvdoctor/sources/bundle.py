@@ -14,7 +14,6 @@ import json
 import re
 import signal
 import stat
-import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import (
     EngineConfig,
     EngineMetrics,
@@ -33,6 +33,7 @@ from kvdoctor.facts import (
     Timeline,
     VllmLog,
 )
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import redact_url_credentials
 from kvdoctor.sources.limits import (
     MAX_TAR_BYTES,
@@ -66,7 +67,8 @@ BUNDLE_FILES: dict[str, str] = {
 CORE_FILES = ("nvidia-smi.txt", "vllm.log", "metrics.txt", "cmdline.txt", "config.json")
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Artifacts:
     """Paths of single artifacts (``diagnose --nvidia-smi F --metrics F --log F …``).
 
@@ -90,7 +92,8 @@ class Artifacts:
     confine_to: Path | None = None
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class Loaded:
     """What a bundle or a set of artifacts gave: the latest snapshot with everything, plus the
     earlier metrics scrapes as a Timeline (oldest first, the full snapshot last)."""
@@ -484,6 +487,8 @@ def load_bundle(path: Path) -> Loaded:
     """
     path = Path(path)
     if path.is_file() and (path.name.endswith((".tar.gz", ".tgz", ".tar"))):
+        import tempfile  # archives only: a bundle directory does not import it (nor shutil)
+
         with _cleanup_on_sigterm(), tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-") as tmp:
             root, skipped = _extract_tar(path, Path(tmp))
             loaded = _load_dir(root, label=str(path))
@@ -514,7 +519,7 @@ def _wanted(parts: tuple[str, ...]) -> bool:
     return False
 
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SAFE_NAME = lazy_re(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _extract_tar(path: Path, dest: Path) -> tuple[Path, list[tuple[str, str]]]:

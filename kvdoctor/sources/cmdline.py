@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdoctor.facts import EngineConfig, SourceError
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import redact_argv, redact_env
 from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, MAX_ENGINES, MAX_TEXT_BYTES, guarded, read_bytes
 from kvdoctor.vllm_flags import (
@@ -45,7 +46,7 @@ from kvdoctor.vllm_flags import (
     update_config_from_args,
 )
 
-_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_ENV_ASSIGN = lazy_re(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _CONTAINER_TOOLS = {"docker", "podman", "nerdctl"}
 _SHELLS = {"sh", "bash", "zsh", "dash"}
 # docker run options that take no value; every other option takes one unless written --opt=value.
@@ -66,7 +67,7 @@ _DOCKER_BOOL_LONG = {
 _DOCKER_BOOL_SHORT = set("ditPq")
 _MAX_CONFIG_BYTES = 1 << 20
 _SHELL_OPS = {"|", "||", "&&", ";", "&", "|&"}
-_REDIRECT = re.compile(r"^(\d*>>?|<|&>)")
+_REDIRECT = lazy_re(r"^(\d*>>?|<|&>)")
 
 
 def _check_text(text: str, origin: str, allow_nul: bool) -> None:

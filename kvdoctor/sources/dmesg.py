@@ -18,22 +18,22 @@ GPU has fallen off the bus.`` (older drivers omit ``pid=``/``name=``, some print
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from kvdoctor.devices import APPLICATION_XIDS, HARDWARE_XIDS
 from kvdoctor.facts import SourceError
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.sources.limits import guarded, read_bytes
 from kvdoctor.sources.nvidia_smi import normalize_bus_id
 
 __all__ = ["APPLICATION_XIDS", "HARDWARE_XIDS", "parse_dmesg", "parse_dmesg_file"]
 
-_XID_RE = re.compile(
+_XID_RE = lazy_re(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.(?P<fn>[0-7]))?\):"
     r"\s*(?P<xid>\d+)\s*,?\s*(?P<rest>.*)$"
 )
-_PID_RE = re.compile(r"^pid=(?P<pid>[^,]*),\s*")
-_NAME_RE = re.compile(r"^name=(?P<name>[^,]*),\s*")
+_PID_RE = lazy_re(r"^pid=(?P<pid>[^,]*),\s*")
+_NAME_RE = lazy_re(r"^name=(?P<name>[^,]*),\s*")
 _MAX_BYTES = 64 * 1024 * 1024
 
 

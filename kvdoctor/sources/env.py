@@ -14,12 +14,13 @@ import shlex
 
 from kvdoctor.devices import visible_devices, visible_devices_detail
 from kvdoctor.facts import SourceError
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import redact_env
 from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, guarded
 
 __all__ = ["parse_env_text", "visible_devices", "visible_devices_detail"]
 
-_LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|set\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
+_LINE = lazy_re(r"^(?:export\s+|declare\s+-x\s+|set\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
 
 
 def _unquote(raw: str) -> str:

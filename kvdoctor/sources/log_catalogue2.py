@@ -58,9 +58,9 @@ Event kinds (``LogEvent.kind`` → ``values``); "§" cites reference/vllm-facts.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.units import GiB
 
 __all__ = ["BLOCK_KINDS", "ERROR_KINDS", "FRAME_HINTS", "SERVING_NEEDLES", "frame_hints", "match"]
@@ -101,32 +101,32 @@ def frame_hints(lines: list[str]) -> list[str]:
 
 _NUM = r"(\d{1,12}(?:\.\d{1,9})?)"
 _RE = {
-    "init_done": re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM),
-    "offloader": re.compile(r"Offloader set to (UVAOffloader|PrefetchOffloader)\b"),
-    "offloaded": re.compile(r"Total CPU offloaded parameters: " + _NUM),
-    "fi_overflow": re.compile(
+    "init_done": lazy_re(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM),
+    "offloader": lazy_re(r"Offloader set to (UVAOffloader|PrefetchOffloader)\b"),
+    "offloaded": lazy_re(r"Total CPU offloaded parameters: " + _NUM),
+    "fi_overflow": lazy_re(
         r"Buffer overflow when allocating memory for (\S{1,200}) with size (\d{1,20}) and alignment "
         r"(\d{1,20}), but only (\d{1,20}) bytes available in AlignedAllocator"
     ),
-    "fi_sparse": re.compile(
+    "fi_sparse": lazy_re(
         r"VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE=(\d{1,20}) is below the (\d{1,20}) bytes computed"
     ),
-    "backend_auto": re.compile(r"Using ([A-Z][A-Z0-9_]{1,40}) attention backend out of potential backends"),
-    "backend_user": re.compile(r"^Using ([A-Z][A-Z0-9_]{1,40}) backend\.?$"),
-    "gdn_failed": re.compile(r"GDN prefill kernel warmup \(T=(\d{1,12})\) failed for layer (\S{1,200})"),
-    "gdn_fi": re.compile(r"Using FlashInfer GDN prefill kernel on CUDA compute capability (\d{2,3})"),
-    "cc_dtype": re.compile(r"Your (.{1,80}?) GPU has compute capability (\d{1,2})\.(\d)"),
+    "backend_auto": lazy_re(r"Using ([A-Z][A-Z0-9_]{1,40}) attention backend out of potential backends"),
+    "backend_user": lazy_re(r"^Using ([A-Z][A-Z0-9_]{1,40}) backend\.?$"),
+    "gdn_failed": lazy_re(r"GDN prefill kernel warmup \(T=(\d{1,12})\) failed for layer (\S{1,200})"),
+    "gdn_fi": lazy_re(r"Using FlashInfer GDN prefill kernel on CUDA compute capability (\d{2,3})"),
+    "cc_dtype": lazy_re(r"Your (.{1,80}?) GPU has compute capability (\d{1,2})\.(\d)"),
     # anchored on the literal; the GPU name is the text before it (no leading wildcard to backtrack)
-    "cc_torch_sm": re.compile(r" with CUDA capability sm_(\d{1,2})(\d)\b"),
-    "cc_torch_found": re.compile(r"Found GPU\d{1,3} (.{1,80}?) which is of cuda capability (\d{1,2})\.(\d)"),
-    "spec_cfg": re.compile(
+    "cc_torch_sm": lazy_re(r" with CUDA capability sm_(\d{1,2})(\d)\b"),
+    "cc_torch_found": lazy_re(r"Found GPU\d{1,3} (.{1,80}?) which is of cuda capability (\d{1,2})\.(\d)"),
+    "spec_cfg": lazy_re(
         r"SpeculativeConfig\(method='?([\w-]{1,40})'?, model=[^,)]{0,300}, num_spec_tokens=(\d{1,3})\)"
     ),
-    "spec_metrics": re.compile(r"SpecDecoding metrics: Mean acceptance length: " + _NUM),
-    "sleep_freed": re.compile(
+    "spec_metrics": lazy_re(r"SpecDecoding metrics: Mean acceptance length: " + _NUM),
+    "sleep_freed": lazy_re(
         r"Sleep mode freed " + _NUM + r" GiB memory, " + _NUM + r" GiB memory is still in use"
     ),
-    "cumem_sleep": re.compile(
+    "cumem_sleep": lazy_re(
         r"CuMemAllocator: sleep freed "
         + _NUM
         + r" GiB memory in total, of which "
@@ -135,11 +135,11 @@ _RE = {
         + _NUM
         + r" GiB is discarded directly"
     ),  # fmt: skip
-    "asleep": re.compile(r"It took " + _NUM + r" seconds to fall asleep"),
-    "woke": re.compile(r"It took " + _NUM + r" seconds to wake up(?: tags ([^\n]{0,300}?))?\.?$"),
-    "wake_req": re.compile(r"wake up the engine with tags: ([^\n]{0,300})$"),
-    "cumem_oom": re.compile(r"CUDA Error: out of memory at \S{0,400}cumem_allocator\.cpp:\d{1,6}"),
-    "tags": re.compile(r"[A-Za-z_]{1,40}"),
+    "asleep": lazy_re(r"It took " + _NUM + r" seconds to fall asleep"),
+    "woke": lazy_re(r"It took " + _NUM + r" seconds to wake up(?: tags ([^\n]{0,300}?))?\.?$"),
+    "wake_req": lazy_re(r"wake up the engine with tags: ([^\n]{0,300})$"),
+    "cumem_oom": lazy_re(r"CUDA Error: out of memory at \S{0,400}cumem_allocator\.cpp:\d{1,6}"),
+    "tags": lazy_re(r"[A-Za-z_]{1,40}"),
 }
 
 

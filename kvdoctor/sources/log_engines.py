@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from kvdoctor.facts import LogEngine, VllmLog
+from kvdoctor.lazyre import lazy_re
 
 __all__ = [
     "engine_pid_line",
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 _PROMPT_IDS = "prompt_token_ids: ["
-_REDACTED_IDS_RE = re.compile(r"<redacted (\d+) tokens>\]")
+_REDACTED_IDS_RE = lazy_re(r"<redacted (\d+) tokens>\]")
 
 
 def request_prompt_tokens(message: str) -> int | None:
@@ -54,10 +55,10 @@ def request_prompt_tokens(message: str) -> int | None:
     return body.count(",") + 1
 
 
-_STARTED_RE = re.compile(
+_STARTED_RE = lazy_re(
     r"Started engine (?:core )?process with PID (\d+)|Started server process \[(\d+)\]", re.IGNORECASE
 )
-_APP_RE = re.compile(
+_APP_RE = lazy_re(
     r"\b(?:vllm|engine|enginecore|worker|llm)\b[^\n]{0,80}?\bpid\b[ =:#]*(\d{1,9})\b", re.IGNORECASE
 )
 
@@ -87,8 +88,8 @@ def engine_pid_line(message: str) -> tuple[int, str] | None:
 # utilization (0.3, 23.85 GiB) …", "Free memory on device cuda:0 (40.1/79.2 GiB) on startup is
 # less than the engine's budget after excluding external process's weights (52.3 GiB) …", and
 # the informational "Externally held weights: 14.96 GiB …" form.
-_EXTERNAL_RE = re.compile(r"Externally held weights(?: on device (\S+))?:? \(?(\d+(?:\.\d+)?) ?GiB")
-_EXTERNAL_BUDGET_RE = re.compile(
+_EXTERNAL_RE = lazy_re(r"Externally held weights(?: on device (\S+))?:? \(?(\d+(?:\.\d+)?) ?GiB")
+_EXTERNAL_BUDGET_RE = lazy_re(
     r"Free memory on device (?:(\S+) )?\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
     r"the engine's budget after excluding external process's weights(?: \((\d+(?:\.\d+)?) GiB\))?"
 )
@@ -168,7 +169,7 @@ _FAIL_KINDS = frozenset(
         "invalid_kv_cache_dtype",
     }
 )
-_TIME_RE = re.compile(r"^(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)$")
+_TIME_RE = lazy_re(r"^(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)$")
 
 
 def _seconds(time: str | None) -> float | None:

@@ -19,24 +19,24 @@ prefix named. It never raises and never removes text a vLLM line itself starts w
 
 from __future__ import annotations
 
-import re
+from kvdoctor.lazyre import lazy_re
 
 __all__ = ["strip_prefixes"]
 
 # "vllm-1  | ", "vllm_server_1 | ", "svc | " — a compose service name, spaces, a bar.
-_COMPOSE_RE = re.compile(r"^[A-Za-z0-9][\w.\-]{0,62}\s+\| ?")
+_COMPOSE_RE = lazy_re(r"^[A-Za-z0-9][\w.\-]{0,62}\s+\| ?")
 # "[pod/vllm-7d9c/vllm] " — kubectl logs --prefix.
-_KUBECTL_RE = re.compile(r"^\[pod/[\w.\-]+/[\w.\-]+\] ")
+_KUBECTL_RE = lazy_re(r"^\[pod/[\w.\-]+/[\w.\-]+\] ")
 # journald short ("Jul 01 09:12:43 host unit[pid]: ") and short-iso / short-precise.
-_JOURNALD_RE = re.compile(
+_JOURNALD_RE = lazy_re(
     r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
     r" ([\w.\-]+) [\w.@\-/]+(?:\[\d+\])?: "
 )
 # Ray: "(RayWorkerWrapper pid=380, ip=10.0.0.2) " / "(pid=380, ip=10.0.0.2) ".
-_RAY_RE = re.compile(r"^\((?:([A-Za-z][\w.\-\[\]]*) )?pid=(\d+), ip=([\w.\-:]+)\) ?")
+_RAY_RE = lazy_re(r"^\((?:([A-Za-z][\w.\-\[\]]*) )?pid=(\d+), ip=([\w.\-:]+)\) ?")
 # A timestamp after a compose column (docker compose logs --timestamps).
-_ISO_RE = re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
+_ISO_RE = lazy_re(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
 
 
 def strip_prefixes(line: str) -> tuple[str, str | None]:

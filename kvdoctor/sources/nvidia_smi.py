@@ -17,9 +17,7 @@ and line. Timestamps nvidia-smi prints (local time, no zone) are read as UTC.
 
 from __future__ import annotations
 
-import csv
 import re
-import textwrap
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from kvdoctor.devices import normalize_bus_id
 from kvdoctor.facts import Gpu, GpuProcess, SourceError
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.sources.limits import MAX_TEXT_BYTES, guarded, read_bytes
 from kvdoctor.units import MiB, parse_size
 
@@ -85,7 +84,7 @@ def _is_na(v: str) -> bool:
     )
 
 
-_NUM_RE = re.compile(r"^\s*(-?\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z%°]{0,8})\s*$")
+_NUM_RE = lazy_re(r"^\s*(-?\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z%°]{0,8})\s*$")
 
 
 def _num(v: str) -> float | None:
@@ -111,7 +110,7 @@ def _frac(v: str) -> float | None:
     return None if x is None else x / 100.0
 
 
-_CTRL_RE = re.compile("[\x00-\x08\x0b\x0e-\x1f\ufffd]")
+_CTRL_RE = lazy_re("[\x00-\x08\x0b\x0e-\x1f\ufffd]")
 
 
 def _check_text(text: object, origin: str, what: str) -> str:
@@ -146,28 +145,28 @@ def _check_failure(text: str, origin: str) -> None:
 
 # --------------------------------------------------------------------------- the table
 
-_TABLE_HEADER_RE = re.compile(r"NVIDIA-SMI\s+\S+")
+_TABLE_HEADER_RE = lazy_re(r"NVIDIA-SMI\s+\S+")
 # A shell prompt running nvidia-smi ("root@gpu-node-2:~# nvidia-smi", "user@host:~$ nvidia-smi",
 # "[user@host ~]$ nvidia-smi") or a header naming a host ("==> gpu-node-2 <==" as `tail`/`head`
 # print between files, "### gpu-node-2"): the table after it is that host's (bundle.md).
-_PROMPT_HOST_RE = re.compile(
+_PROMPT_HOST_RE = lazy_re(
     r"^\s*\[?[\w.\-]{1,64}@([A-Za-z0-9][\w.\-]{0,253})[: ][^\n]{0,200}?[#$%>] *nvidia-smi\b"
 )
-_HEADER_HOST_RE = re.compile(
+_HEADER_HOST_RE = lazy_re(
     r"^\s*(?:==> *([A-Za-z0-9][\w.\-/]{0,253}?) *<==|#{2,4} +([A-Za-z0-9][\w.\-]{0,253}))\s*$"
 )
-_DATE_RE = re.compile(r"^\s*[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}\s*$")
-_ROW1_CELL1 = re.compile(r"^\s*(\d+)\s+(.*?)\s+(On|Off|N/A|WDDM|TCC|MCDM)\s*$")
-_ROW1_CELL1_NOPM = re.compile(r"^\s*(\d+)\s+(.*?)\s*$")
-_TEMP_RE = re.compile(r"(?<![\w.])(\d+)C\b")
-_POWER_RE = re.compile(r"(?<!\S)(\S{1,32})[ \t]{0,32}/[ \t]{0,32}(\S{1,32})[ \t]*$")
-_WATTS_RE = re.compile(r"^(\d+(?:\.\d+)?)W$")
-_MEM_RE = re.compile(r"(?<!\d)(\d{1,15})MiB\s{0,32}/\s{0,32}(\d{1,15})MiB")
-_UTIL_RE = re.compile(r"^\s*(\d+)%")
-_PROC_GICI = re.compile(
+_DATE_RE = lazy_re(r"^\s*[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}\s*$")
+_ROW1_CELL1 = lazy_re(r"^\s*(\d+)\s+(.*?)\s+(On|Off|N/A|WDDM|TCC|MCDM)\s*$")
+_ROW1_CELL1_NOPM = lazy_re(r"^\s*(\d+)\s+(.*?)\s*$")
+_TEMP_RE = lazy_re(r"(?<![\w.])(\d+)C\b")
+_POWER_RE = lazy_re(r"(?<!\S)(\S{1,32})[ \t]{0,32}/[ \t]{0,32}(\S{1,32})[ \t]*$")
+_WATTS_RE = lazy_re(r"^(\d+(?:\.\d+)?)W$")
+_MEM_RE = lazy_re(r"(?<!\d)(\d{1,15})MiB\s{0,32}/\s{0,32}(\d{1,15})MiB")
+_UTIL_RE = lazy_re(r"^\s*(\d+)%")
+_PROC_GICI = lazy_re(
     r"^\|\s*(\d+|N/A)\s+(\S+)\s+(\S+)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*?)\s+(\d+MiB|N/A)\s*\|\s*$"
 )
-_PROC_PLAIN = re.compile(r"^\|\s*(\d+|N/A)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*?)\s+(\d+MiB|N/A)\s*\|\s*$")
+_PROC_PLAIN = lazy_re(r"^\|\s*(\d+|N/A)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*?)\s+(\d+MiB|N/A)\s*\|\s*$")
 
 
 def _watts(v: str) -> float | None:
@@ -201,13 +200,40 @@ class _Table:
         self.line = line
 
 
+_WEEKDAYS = frozenset(("mon", "tue", "wed", "thu", "fri", "sat", "sun"))
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1
+    )
+}
+
+
 def _parse_date(line: str) -> float | None:
-    """nvidia-smi's first line "Sat Aug 26 09:14:38 2023" → unix seconds (read as UTC)."""
-    try:
-        dt = datetime.strptime(line.strip(), "%a %b %d %H:%M:%S %Y")
-    except ValueError:
+    """nvidia-smi's first line "Sat Aug 26 09:14:38 2023" → unix seconds (read as UTC).
+
+    What ``datetime.strptime(line, "%a %b %d %H:%M:%S %Y")`` reads in the C locale, by hand:
+    ``_strptime`` builds a dozen regexes on its first call, a cold start's cost for one line."""
+    parts = line.split()
+    if len(parts) != 5:
         return None
-    return dt.replace(tzinfo=timezone.utc).timestamp()
+    wday, mon, day, hms, year = parts
+    clock = hms.split(":")
+    nums = [day, *clock, year]
+    if (
+        wday.lower() not in _WEEKDAYS
+        or mon.lower() not in _MONTHS
+        or len(clock) != 3
+        or not all(n.isascii() and n.isdigit() and len(n) <= 2 for n in nums[:4])
+        or not (year.isascii() and year.isdigit() and len(year) == 4)
+    ):
+        return None
+    try:
+        d, h, mi, sec = (int(n) for n in nums[:4])
+        dt = datetime(int(year), _MONTHS[mon.lower()], d, h, mi, sec, tzinfo=timezone.utc)
+    except ValueError:  # Feb 30, 25:00:00
+        return None
+    return dt.timestamp()
 
 
 def _gpu_rows(lines: list[str], i: int, cells: list[str], origin: str) -> tuple[Gpu, int] | None:
@@ -387,7 +413,10 @@ def parse_nvidia_smi_table(text: str, origin: str = "") -> list[list[Gpu]]:
     """
     text = _check_text(text, origin, "nvidia-smi table")
     # A table pasted with an indent (a chat, an issue's quote) is still a table.
-    text = textwrap.dedent(text)
+    if text[:1] in (" ", "\t") or "\n " in text or "\n\t" in text:
+        import textwrap  # dedent changes only text with an indented line: none, no import
+
+        text = textwrap.dedent(text)
     _check_failure(text, origin)
     tables = [t for t in _split_tables(text, origin) if t.gpus]
     if not tables:
@@ -472,7 +501,7 @@ _GPU_FIELDS: dict[str, str] = {
     "clocks_throttle_reasons.active": "clock_event_reasons",
 }
 _REASON_PREFIXES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
-_HEADER_CELL = re.compile(r"^[A-Za-z_][\w.]*(\s*\[[^\]]*\])?$")
+_HEADER_CELL = lazy_re(r"^[A-Za-z_][\w.]*(\s*\[[^\]]*\])?$")
 _TS_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S")
 
 
@@ -495,6 +524,8 @@ def _field_key(header: str) -> str:
 
 def _csv_rows(text: str, origin: str, what: str) -> list[tuple[int, list[str]]]:
     """Non-blank CSV rows with their 1-based line numbers, cells stripped."""
+    import csv  # the CSV forms only: a table-only bundle does not import it
+
     rows: list[tuple[int, list[str]]] = []
     try:
         for lineno, row in enumerate(csv.reader(text.splitlines(), skipinitialspace=True), 1):

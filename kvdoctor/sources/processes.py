@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import HostProcess, SourceError
 from kvdoctor.redact import redact_argv
 from kvdoctor.sources.limits import guarded
@@ -288,7 +289,8 @@ def _info_of(proc: psutil.Process, info: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class _Entry:
     proc: psutil.Process
     info: dict[str, Any]

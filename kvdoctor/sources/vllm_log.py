@@ -123,7 +123,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
+from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
 from kvdoctor.sources import log_catalogue2
 from kvdoctor.sources.limits import (
@@ -149,21 +151,21 @@ __all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
 
 # --------------------------------------------------------------------------- line prefix
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_ANSI_RE = lazy_re(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # Docker json-file/journald style and CRI (containerd/Kubernetes) "stdout F " prefixes.
-_TS_PREFIX_RE = re.compile(
+_TS_PREFIX_RE = lazy_re(
     r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})? (?:(?:stdout|stderr) [FP] )?"
 )
-_PROC_RE = re.compile(r"^\(([A-Za-z][\w.\-\[\]]*) pid=(\d+)\) ?")
-_LEVEL_RE = re.compile(
+_PROC_RE = lazy_re(r"^\(([A-Za-z][\w.\-\[\]]*) pid=(\d+)\) ?")
+_LEVEL_RE = lazy_re(
     r"^(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
     r"(?:\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\])(?: |$)"
 )
-_UVICORN_RE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+_UVICORN_RE = lazy_re(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 
 # "Received request X: prompt: '…', params: …, prompt_token_ids: [...]" (V0 and V1 request log).
-_PROMPT_END_RE = re.compile(r", (?:params|sampling_params|prompt_token_ids|prompt_embeds|lora_request)\b")
-_PROMPT_IDS_RE = re.compile(r"(\bprompt_token_ids: )\[([^\]]*)\]?")
+_PROMPT_END_RE = lazy_re(r", (?:params|sampling_params|prompt_token_ids|prompt_embeds|lora_request)\b")
+_PROMPT_IDS_RE = lazy_re(r"(\bprompt_token_ids: )\[([^\]]*)\]?")
 
 
 def _redact_prompt(text: str) -> str:
@@ -219,7 +221,7 @@ _SECRET_NEEDLES = (
     "ghs_",
     "ghr_",
 )
-_TOKEN_NAME_RE = re.compile(r"token(?!s)")
+_TOKEN_NAME_RE = lazy_re(r"token(?!s)")
 
 
 def _maybe_secret(text: str) -> bool:
@@ -250,7 +252,8 @@ def redact(text: str) -> str:
     return redact_text(text) if _maybe_secret(text) else text
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class ParsedLine:
     """One physical log line split into its parts (see :func:`parse_line`)."""
 
@@ -364,11 +367,11 @@ def _split_top(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-_TORCH_DTYPE_RE = re.compile(r"^torch\.(\w+)$")
+_TORCH_DTYPE_RE = lazy_re(r"^torch\.(\w+)$")
 _MAX_LITERAL_CHARS = 32 * 1024
 # "1if", "0x" … : the shapes that make the compiler print "SyntaxWarning: invalid … literal"
-_WARNS_RE = re.compile(r"\d[A-Za-z_]")
-_LONG_DIGITS_RE = re.compile(r"\d{%d}" % (MAX_DIGITS + 1))  # noqa: UP031
+_WARNS_RE = lazy_re(r"\d[A-Za-z_]")
+_LONG_DIGITS_RE = lazy_re(r"\d{%d}" % (MAX_DIGITS + 1))  # noqa: UP031
 
 
 def _literal(text: str) -> Any:
@@ -721,7 +724,7 @@ _SERVING_NEEDLES = (
 #: Messages of vLLM's request log and uvicorn's access log — the bulk of a serving log. They
 #: carry no event (a prompt's text must never become one), so only the serving marker is read.
 _REQUEST_PREFIXES = ("Received request ", "Added request ", "Finished request ", "Aborted request ")
-_ACCESS_RE = re.compile(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
+_ACCESS_RE = lazy_re(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
 # A plain INFO/DEBUG/WARNING request-log or access-log line (vllm-facts §3.1 header, then one of
 # the messages above), in pieces: the chunk scanner puts a file's own literal process prefixes
 # and file tags in front of the general pieces (_scan_re).
@@ -735,10 +738,10 @@ _BULK_BODY = rf"(?:{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?:{_BULK_TAG}) |(?:DEBUG|
 #: A line that is NOT a plain INFO/DEBUG/WARNING request-log or access-log line, found after
 #: its newline: anything else goes through the full parser. One pass at C speed (the literal
 #: "\n" first), so a 200 MB log of request lines is read at a few times line iteration.
-_NOT_REQUEST_LINE_RE = re.compile(rf"\n(?!{_BULK_BODY})")
+_NOT_REQUEST_LINE_RE = lazy_re(rf"\n(?!{_BULK_BODY})")
 #: The same line from its start, the process prefix and the file tag captured (what the chunk
 #: scanner learns a file's literal prefixes from).
-_BULK_LINE_RE = re.compile(
+_BULK_LINE_RE = lazy_re(
     rf"(?P<proc>{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?P<tag>{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
 )
 # The literal fast path's own pieces: each a subset of the general piece it stands before.
@@ -759,7 +762,7 @@ def _scan_re(procs: tuple[str, ...], tags: tuple[str, ...]) -> re.Pattern[str]:
     exactly the general pattern's; only the time to reject a bulk line changes (literals and
     ``[0-9]`` instead of ``\\w``/``\\d`` classes: a few times faster in ``re``)."""
     if not procs:
-        return _NOT_REQUEST_LINE_RE
+        return _NOT_REQUEST_LINE_RE.compiled
     p = "|".join(re.escape(x) for x in procs)
     fast = [f"(?:{p})INFO: +{_FAST_MSG}"]
     if tags:
@@ -832,7 +835,7 @@ _OOM_HINTS: dict[str, tuple[str, ...]] = {
     ),
 }
 #: lines that quote a request's parameters or configuration, not code that ran out of memory.
-_PARAMS_RE = re.compile(
+_PARAMS_RE = lazy_re(
     r"SamplingParams\(|Received request|Added request|\blogprobs=|prompt_logprobs=|chunked prefill|enable_chunked_prefill"
 )
 #: traceback frames of an offline engine's run-time step (LLM.generate → engine step → model).
@@ -856,7 +859,8 @@ def _hints(block: _Block) -> list[str]:
     return sorted(tag for tag, needles in _OOM_HINTS.items() if any(n.lower() in low for n in needles))
 
 
-@dataclass
+@shared_methods
+@dataclass(repr=False, eq=False)
 class _Block:
     """A run of one process's error/traceback lines (ended by that process's next normal line)."""
 
@@ -909,7 +913,7 @@ _MAX_BLOCKS = 64
 _MAX_PROCESS_KEYS = 4096
 
 
-_NO_PAREN_RE = re.compile(r"\n[^(]")
+_NO_PAREN_RE = lazy_re(r"\n[^(]")
 
 
 def _next_closer(text: str, pos: int, stop: int, key: Any) -> int:
@@ -2110,7 +2114,7 @@ class _Parser:
 
 #: The usual ≥ 0.12 periodic line, whole: each group is the pattern of its field regex
 #: (``_RE["st_*"]``); the device only GPU or CPU (so the text holds nothing to redact).
-_STATS_FAST_RE = re.compile(
+_STATS_FAST_RE = lazy_re(
     r"(?:Engine (\d+): )?Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s, "
     r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
     r"(GPU|CPU) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"
