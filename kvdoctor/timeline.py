@@ -153,17 +153,14 @@ def _getter(field: FieldRef) -> Callable[[EngineMetrics], float | None]:
 
 
 def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> list[tuple[float, float]]:
-    get = _getter(field)
-    pts: list[tuple[float, float]] = []
-    for m in window(series, seconds):
-        v = get(m)
-        if v is None:
-            continue
-        fv = float(v)
-        if fv == fv:  # not NaN
-            # Untimed samples only come as a window of one, where time does not matter.
-            pts.append((m.timestamp if m.timestamp is not None else 0.0, fv))
-    return pts
+    win = window(series, seconds)
+    # Untimed samples only come as a window of one, where time does not matter: 0.0 stands in.
+    # v == v drops NaN.
+    return [
+        (m.timestamp if m.timestamp is not None else 0.0, float(v))
+        for m, v in zip(win, map(_getter(field), win), strict=True)
+        if v is not None and v == v
+    ]
 
 
 def _increase(pts: list[tuple[float, float]]) -> float:
