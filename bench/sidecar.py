@@ -127,6 +127,32 @@ def baseline(url: str, runs: int = 50) -> float:
     return (time.process_time() - t0) / runs
 
 
+def parse_figures(runs: int = 50) -> tuple[float, float, float]:
+    """CPU s per page of (kvdoctor's parse with every kept line new, prometheus_client's text
+    parser over the same lines, kvdoctor's parse of a page seen before), in this process."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvdoctor.sources import metrics as m
+
+    text = PAGE.read_text()
+    lines = [ln.rstrip() for ln in m._filter_re(tuple(sorted(m.READ_HISTOGRAMS))).findall("\n" + text)]
+    pages = [text.replace("\n", f" {i}\n") for i in range(runs)]  # a timestamp: every line new
+    t0 = time.process_time()
+    for page in pages:
+        m.parse_metrics(page)
+    fresh = (time.process_time() - t0) / runs
+    joined = [" \n".join(lines).replace(" \n", f" {i}\n") for i in range(runs)]
+    t0 = time.process_time()
+    for page in joined:
+        list(text_string_to_metric_families(page))
+    library = (time.process_time() - t0) / runs
+    t0 = time.process_time()
+    for _ in range(runs):
+        m.parse_metrics(text)
+    seen = (time.process_time() - t0) / runs
+    return fresh, library, seen
+
+
 def own_share(url: str, runs: int = 30) -> tuple[float, float, float]:
     """(CPU s of one read + evaluation, of the evaluation alone, of the sidecar's own work per
     cycle: transitions, memory breakdown, rates, the /metrics view), in this process, over a
@@ -256,6 +282,7 @@ def main() -> int:
     steady = (c1 - half[0]) / max(1.0, n1 - half[1]) if half else per_cycle
     base_cpu = baseline(fake.url)
     step_cpu, eval_cpu, own_cpu = own_share(fake.url)
+    fresh_cpu, lib_cpu, seen_cpu = parse_figures()
     rss_q = rss_q or rss_end
     where = (
         "own PID namespace (pod-like)" if args.pod else f"host PID namespace, {len(psutil.pids())} processes"
@@ -273,6 +300,10 @@ def main() -> int:
     print(f"  RSS growth since then      {(rss_end - rss_q) / MiB:+.1f} MiB")
     print(f"  baseline: scrape + parse   {base_cpu * 1e3:.2f} ms CPU (same page, this process)")
     print(f"  ratio cycle / baseline     {per_cycle / base_cpu:.1f}x")
+    print(
+        f"  parse, every line new      {fresh_cpu * 1e3:.2f} ms CPU (prometheus_client on those lines "
+        f"{lib_cpu * 1e3:.2f} ms, {lib_cpu / fresh_cpu:.1f}x); a page seen before {seen_cpu * 1e3:.2f} ms"
+    )
     print(
         f"  in-process: read+evaluate  {step_cpu * 1e3:.2f} ms CPU per cycle (psutil table of this host included)"
     )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvdoctor.facts import (
     EngineConfig,
+    Gpu,
     Snapshot,
     SourceError,
     SourceStatus,
@@ -141,13 +142,17 @@ class NvmlSource:
         self.timeout_s = timeout_s
         self._factory = factory
         self._reader: Any = None
+        #: the last reading's Gpu by NVML index (unchanged parts are shared)
+        self._prev: dict[int, Gpu] = {}
 
     def warm(self) -> None:
         """Import what :meth:`read` needs (on the caller's thread, outside the timeout)."""
         import kvdoctor.sources.nvml  # noqa: F401
 
     def read(self) -> Reading:
-        """Every GPU, each stamped with the reading's unix time (one shape with a CSV loop)."""
+        """Every GPU, each stamped with the reading's unix time (one shape with a CSV loop). A
+        GPU's process list or clock event reasons equal to the previous reading's are that same
+        object (as :meth:`MetricsSource.read` shares unchanged histograms)."""
         try:
             if self._reader is None:
                 if self._factory is not None:
@@ -164,26 +169,38 @@ class NvmlSource:
             self.close()
             raise SourceError(f"NVML: {type(e).__name__}: {_one_line(e)}") from None
         now = time.time()
-        # Interned names: a Timeline of --history readings keeps one copy of each string.
-        stamped = [
-            replace(
+        prev, self._prev = self._prev, {}
+        stamped = []
+        for g in gpus:
+            before = prev.get(g.index)
+            procs = [
+                replace(
+                    p,
+                    name=_intern(p.name) or "",
+                    gpu_uuid=_intern(p.gpu_uuid),
+                    gpu_bus_id=_intern(p.gpu_bus_id),
+                )
+                for p in g.processes
+            ]
+            reasons = g.clock_event_reasons
+            if before is not None:
+                # What did not change since the last reading is that same object (facts are
+                # never modified): a Timeline of --history readings keeps one copy of it.
+                if procs == before.processes:
+                    procs = before.processes
+                if reasons == before.clock_event_reasons:
+                    reasons = before.clock_event_reasons
+            gpu = replace(
                 g,
                 timestamp=g.timestamp if g.timestamp is not None else now,
-                name=_intern(g.name),
+                name=_intern(g.name),  # interned: one copy of each string
                 uuid=_intern(g.uuid),
                 bus_id=_intern(g.bus_id),
-                processes=[
-                    replace(
-                        p,
-                        name=_intern(p.name) or "",
-                        gpu_uuid=_intern(p.gpu_uuid),
-                        gpu_bus_id=_intern(p.gpu_bus_id),
-                    )
-                    for p in g.processes
-                ],
+                processes=procs,
+                clock_event_reasons=reasons,
             )
-            for g in gpus
-        ]
+            self._prev[g.index] = gpu
+            stamped.append(gpu)
         return Reading({"gpus": stamped}, f"{len(stamped)} GPU(s)")
 
     def close(self) -> None:

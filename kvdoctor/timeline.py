@@ -18,14 +18,16 @@ import dataclasses
 import itertools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from kvdoctor.facts import EngineMetrics, HistogramData, Timeline
 
 __all__ = [
     "DEFAULT_WINDOW_S",
     "GaugeStats",
+    "Series",
     "counter_increase",
     "counter_rate",
     "engine_series",
@@ -46,17 +48,56 @@ DEFAULT_WINDOW_S = 60.0
 FieldRef = str | Callable[[EngineMetrics], float | None]
 
 
-def engine_series(
-    timeline: Timeline, engine: str | None, model_name: str | None = None
-) -> list[EngineMetrics]:
+class Series(list[EngineMetrics]):
+    """One engine's scrapes, oldest first (a ``list``), with their timestamps indexed once.
+
+    :func:`engine_series` and :func:`window` return one; any plain list works as well (it is
+    indexed on first use: one pass). A live Timeline appends a snapshot a second and every rule
+    variable reads a window of it, so the index makes each further :func:`window` a bisection
+    on the timestamps instead of a scan of every sample. The index is checked against the
+    list's length and last item on each use, so a list changed in place is indexed afresh.
+    """
+
+    __slots__ = ("_ordered", "_times", "_tail")
+
+    def __init__(self, items: Iterable[EngineMetrics] = ()) -> None:
+        super().__init__(items)
+        self._times: list[float | None] | None = None
+        self._tail: EngineMetrics | None = None
+        self._ordered = False
+
+
+def _index(series: list[EngineMetrics]) -> tuple[list[float | None], bool]:
+    """(timestamps, True when every sample is timed and they never decrease). O(1) for a
+    :class:`Series` already indexed, else one pass."""
+    if isinstance(series, Series):
+        times = series._times
+        if times is not None and len(times) == len(series) and (not series or series[-1] is series._tail):
+            return times, series._ordered
+    times = [m.timestamp for m in series]
+    # map(operator.le) runs at C speed: the check costs about as much as the list above.
+    ordered = None not in times and all(map(operator.le, times, itertools.islice(times, 1, None)))  # type: ignore[arg-type]
+    if isinstance(series, Series):
+        series._times, series._tail, series._ordered = times, (series[-1] if series else None), ordered
+    return times, ordered
+
+
+def _indexed(items: list[EngineMetrics], times: list[float | None], ordered: bool) -> Series:
+    out = Series(items)
+    out._times, out._tail, out._ordered = times, (items[-1] if items else None), ordered
+    return out
+
+
+def engine_series(timeline: Timeline, engine: str | None, model_name: str | None = None) -> Series:
     """One engine's scrapes from a Timeline, oldest first (``Snapshot.metrics`` per snapshot).
 
     ``engine`` is the ``engine`` label ("0", "1", …); None and "" both mean a page without one
     (V0). ``model_name`` narrows the match when one page serves several models. A scrape without
-    its own timestamp takes its snapshot's (a copy; the timeline is not modified). Raises nothing.
+    its own timestamp takes its snapshot's (a copy; the timeline is not modified). Returns a
+    :class:`Series` (a list). Raises nothing.
     """
     want = engine or None
-    out: list[EngineMetrics] = []
+    out = Series()
     for snap in timeline.snapshots:
         for m in snap.metrics:
             if (m.engine or None) != want:
@@ -72,19 +113,32 @@ def engine_series(
 
 def window(
     series: list[EngineMetrics], seconds: float = DEFAULT_WINDOW_S, now: float | None = None
-) -> list[EngineMetrics]:
+) -> Series:
     """The samples of the last ``seconds`` (inclusive) ending at ``now`` (default: the newest
-    sample's timestamp), oldest first.
+    sample's timestamp), oldest first, as a :class:`Series` (a new list).
 
     Samples without a timestamp are skipped; if none has one, the window is the newest sample
-    alone ("a single snapshot is a window of one"). Raises nothing.
+    alone ("a single snapshot is a window of one"). A time-ordered series (what a Timeline
+    gives) is cut by bisection on its indexed timestamps; any other order is filtered sample
+    by sample, with the same result. Raises nothing.
     """
-    timed = [m for m in series if m.timestamp is not None]
+    if not series:
+        return Series()
+    times, ordered = _index(series)
+    if ordered:
+        ts: list[Any] = times  # ordered: every sample is timed
+        end = now if now is not None else ts[-1]
+        lo = bisect.bisect_left(ts, end - seconds)
+        hi = len(ts) if now is None else bisect.bisect_right(ts, end)
+        if lo == 0 and hi == len(ts):
+            return _indexed(series, ts, True)
+        return _indexed(series[lo:hi], ts[lo:hi], True)
+    timed = [(m, t) for m, t in zip(series, times, strict=True) if t is not None]
     if not timed:
-        return series[-1:]
-    end = now if now is not None else max(m.timestamp for m in timed if m.timestamp is not None)
+        return Series(series[-1:])
+    end = now if now is not None else max(t for _, t in timed)
     start = end - seconds
-    return [m for m in timed if m.timestamp is not None and start <= m.timestamp <= end]
+    return Series(m for m, t in timed if start <= t <= end)
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(EngineMetrics))
@@ -99,17 +153,23 @@ def _getter(field: FieldRef) -> Callable[[EngineMetrics], float | None]:
 
 
 def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> list[tuple[float, float]]:
-    get = _getter(field)
-    pts: list[tuple[float, float]] = []
-    for m in window(series, seconds):
-        v = get(m)
-        if v is None:
-            continue
-        fv = float(v)
-        if not math.isnan(fv):
-            # Untimed samples only come as a window of one, where time does not matter.
-            pts.append((m.timestamp if m.timestamp is not None else 0.0, fv))
-    return pts
+    win = window(series, seconds)
+    # Untimed samples only come as a window of one, where time does not matter: 0.0 stands in.
+    # v == v drops NaN.
+    return [
+        (m.timestamp if m.timestamp is not None else 0.0, float(v))
+        for m, v in zip(win, map(_getter(field), win), strict=True)
+        if v is not None and v == v
+    ]
+
+
+def _increase(pts: list[tuple[float, float]]) -> float:
+    total = 0.0
+    prev = pts[0][1]
+    for _, b in itertools.islice(pts, 1, None):
+        total += b - prev if b >= prev else b
+        prev = b
+    return total
 
 
 def counter_increase(
@@ -126,10 +186,7 @@ def counter_increase(
     pts = _points(series, field, seconds)
     if len(pts) < 2:
         return None
-    total = 0.0
-    for (_, a), (_, b) in itertools.pairwise(pts):
-        total += b - a if b >= a else b
-    return total
+    return _increase(pts)
 
 
 def counter_rate(
@@ -147,8 +204,7 @@ def counter_rate(
     dt = pts[-1][0] - pts[0][0]
     if dt <= 0:
         return None
-    inc = counter_increase(series, field, seconds)
-    return None if inc is None else inc / dt
+    return _increase(pts) / dt
 
 
 # --------------------------------------------------------------------------- histograms

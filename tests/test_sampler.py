@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.facts import Gpu, HostProcess, SourceError, Timeline
+from kvdoctor.facts import Gpu, GpuProcess, HostProcess, SourceError, Timeline
 from kvdoctor.sampler import (
     LiveFeed,
     LiveLoop,
@@ -145,6 +145,38 @@ def test_nvml_that_fails_is_initialised_afresh_and_comes_back() -> None:
         src.read()
     got = src.read()
     assert got.values["gpus"][0].timestamp is not None and calls["n"] == 2
+
+
+def test_unchanged_gpu_processes_and_reasons_are_shared_between_readings() -> None:
+    used = {"b": 70 * 2**30}
+
+    class Reader:
+        def read(self) -> list[Gpu]:
+            return [
+                Gpu(
+                    index=i,
+                    uuid=f"GPU-{i}",
+                    utilization_gpu=0.5,
+                    clock_event_reasons=["sw_power_cap"] if i else [],
+                    processes=[GpuProcess(pid=100 + i, name="VLLM::Worker", used_bytes=used["b"])],
+                )
+                for i in range(2)
+            ]
+
+        def close(self) -> None:
+            pass
+
+    src = NvmlSource(factory=Reader)
+    a, b = src.read().values["gpus"], src.read().values["gpus"]
+    for ga, gb in zip(a, b, strict=True):
+        assert ga is not gb and gb.timestamp is not None
+        assert gb.processes is ga.processes and gb.clock_event_reasons is ga.clock_event_reasons
+    used["b"] += 2**30  # a process grew: the new reading carries the new value
+    c = src.read().values["gpus"]
+    assert all(gc.processes is not gb.processes for gc, gb in zip(c, b, strict=True))
+    assert [g.processes[0].used_bytes for g in c] == [71 * 2**30] * 2
+    assert [g.processes[0].used_bytes for g in b] == [70 * 2**30] * 2  # earlier facts unchanged
+    assert c[1].clock_event_reasons is b[1].clock_event_reasons
 
 
 def test_engines_are_discovered_as_they_start_and_stop(

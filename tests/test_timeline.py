@@ -252,3 +252,61 @@ def test_engine_series_v0_and_model_name() -> None:
     assert [m.model_name for m in engine_series(tl, None)] == ["a"]
     assert [m.model_name for m in engine_series(tl, "")] == ["a"]
     assert [m.model_name for m in engine_series(tl, None, model_name="b")] == ["b"]
+
+
+# --------------------------------------------------------------------------- indexed windows
+
+
+def _filtered(series: list[EngineMetrics], seconds: float, now: float | None) -> list[EngineMetrics]:
+    """The window by definition: every timed sample in [end - seconds, end], in series order."""
+    timed = [m for m in series if m.timestamp is not None]
+    if not timed:
+        return series[-1:]
+    end = now if now is not None else max(m.timestamp for m in timed if m.timestamp is not None)
+    return [m for m in timed if m.timestamp is not None and end - seconds <= m.timestamp <= end]
+
+
+def test_window_matches_its_definition_in_any_order() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    stamps = st.lists(st.one_of(st.none(), st.integers(0, 40).map(float)), max_size=30)
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        stamps, st.sampled_from([0.0, 1.0, 5.0, 60.0]), st.one_of(st.none(), st.integers(0, 45).map(float))
+    )
+    def check(ts: list[float | None], seconds: float, now: float | None) -> None:
+        series = [EngineMetrics(timestamp=t, num_requests_running=float(i)) for i, t in enumerate(ts)]
+        want = _filtered(series, seconds, now)
+        got = window(series, seconds, now)
+        assert [id(m) for m in got] == [id(m) for m in want]
+        # a window of a window (how derive reads it) is the same window again
+        assert [id(m) for m in window(got, seconds, now)] == [id(m) for m in want]
+        for ordered in (sorted(series, key=lambda m: m.timestamp or 0.0),):
+            assert [id(m) for m in window(ordered, seconds, now)] == [
+                id(m) for m in _filtered(ordered, seconds, now)
+            ]
+
+    check()
+
+
+def test_series_changed_in_place_is_indexed_afresh() -> None:
+    series = window(
+        [EngineMetrics(timestamp=float(t), num_preemptions_total=float(t)) for t in range(10)], 100
+    )
+    assert [m.timestamp for m in window(series, 3)] == [6.0, 7.0, 8.0, 9.0]
+    series.append(EngineMetrics(timestamp=20.0, num_preemptions_total=30.0))
+    assert [m.timestamp for m in window(series, 3)] == [20.0]
+    series[-1] = EngineMetrics(timestamp=9.5)  # same length, another last sample
+    assert [m.timestamp for m in window(series, 3)] == [7.0, 8.0, 9.0, 9.5]
+    series.insert(0, EngineMetrics(timestamp=50.0))  # no longer time-ordered: filtered instead
+    assert [m.timestamp for m in window(series, 3)] == [50.0]
+    assert counter_increase(window(series, 100), "num_preemptions_total", 100) == 9.0
+
+
+def test_counter_rate_is_increase_over_elapsed_time() -> None:
+    vals = [5.0, 7.0, 2.0, 4.0]  # a reset after the second sample
+    series = [EngineMetrics(timestamp=10.0 * i, num_preemptions_total=v) for i, v in enumerate(vals)]
+    assert counter_increase(series, "num_preemptions_total") == 2.0 + 2.0 + 2.0
+    assert counter_rate(series, "num_preemptions_total") == pytest.approx(6.0 / 30.0)

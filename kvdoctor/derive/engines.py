@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from kvdoctor.derive.base import LogRuns, LogView, log_runs
 from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot, VllmLog
+from kvdoctor.timeline import Series
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 _T = TypeVar("_T")
@@ -339,8 +340,9 @@ def recent_snapshots(snapshots: Sequence[Snapshot], window_s: float) -> tuple[li
 
 def engine_series(snapshots: Sequence[Snapshot], engine_label: str | None) -> list[EngineMetrics]:
     """One engine's scrapes (the ``engine`` label, else the page's first engine), oldest first;
-    a scrape without its own timestamp takes its snapshot's (a copy: facts are not modified)."""
-    out: list[EngineMetrics] = []
+    a scrape without its own timestamp takes its snapshot's (a copy: facts are not modified).
+    A :class:`kvdoctor.timeline.Series` (a list whose timestamps the window helpers index once)."""
+    out: list[EngineMetrics] = Series()
     for snap in snapshots:
         pick: EngineMetrics | None = None
         for m in snap.metrics:

@@ -41,10 +41,15 @@ _LOAD_TOLERANCE = 0.25
 def _slow(gpus: list[Gpu], wanted: set[int]) -> bool | None:
     """Whether the engine's GPUs (``wanted`` indices; every GPU when empty) show a slowdown
     reason in one reading; None when the reading has none of them."""
-    mine = [g for g in gpus if not wanted or g.index in wanted]
-    if not mine:
-        return None
-    return any(any(k in r for k in _SLOW) for g in mine for r in g.clock_event_reasons)
+    seen = False
+    for g in gpus:  # runs for every snapshot of the history, every cycle: no lists built
+        if wanted and g.index not in wanted:
+            continue
+        seen = True
+        for r in g.clock_event_reasons:
+            if any(k in r for k in _SLOW):
+                return True
+    return False if seen else None
 
 
 def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, bool]]:

@@ -321,7 +321,7 @@ class Sidecar:
         )
         server = self._server
         for target, name in (
-            (lambda: server.serve_forever(poll_interval=0.1), "http"),
+            (lambda: server.serve_forever(poll_interval=0.5), "http"),
             (self._run_loop, "loop"),
         ):
             t = threading.Thread(target=target, name=f"kvdoctor-sidecar-{name}", daemon=True)
@@ -355,7 +355,7 @@ def serve(sidecar: Sidecar) -> None:
     old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         sidecar.start()
-        while not sidecar.stop_event.wait(0.1):
+        while not sidecar.stop_event.wait(1.0):
             pass
     finally:
         sidecar.stop()

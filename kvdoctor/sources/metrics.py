@@ -15,11 +15,13 @@ Everything here follows reference/vllm-facts.md §1 (names, labels, rename histo
 - ``vllm:cache_config_info`` labels as strings;
 - no ``vllm:*`` but ``http_*`` series → stats disabled (``--disable-log-stats``).
 
-Parsing uses prometheus_client's text parser. It is pure Python (about 40 µs a line), so the page
-is first cut down, with one C-speed regex pass, to the lines of the families kvdoctor reads (the
-``# TYPE`` lines and samples of :data:`READ_HISTOGRAMS` and the gauges/counters below; no
-``# HELP``, ``python_*``, ``process_*``, ``_created``, ``http_*``); see ``bench`` figures in the
-module's tests.
+The page is first cut down, with one C-speed regex pass, to the sample lines of the families
+kvdoctor reads (those of :data:`READ_HISTOGRAMS` and the gauges/counters below; no ``# HELP`` /
+``# TYPE``, ``python_*``, ``process_*``, ``_created``, ``http_*``), and only those are split
+into name, labels and value by a small bounded parser of the text exposition format
+(:func:`_parse_sample`, compared in the tests with prometheus_client's parser over every page in
+tests/data; ~3-7 µs a line where the library takes ~40), a line seen on the previous page
+reused as read (``bench/sidecar.py`` prints both against the library).
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ import functools
 import math
 import os
 import re
-import sys
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -51,43 +52,9 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=1)
-def _text_parser() -> Callable[[str], Iterable[Any]]:
-    """prometheus_client's ``text_string_to_metric_families``, imported on first use.
-
-    The package's ``__init__`` imports the whole client — the HTTP exposition server, ssl,
-    wsgiref: most of a diagnose's cold start — while the parser needs three small modules of
-    it. So, when the package is not imported yet, ``prometheus_client.parser`` is loaded under
-    a stand-in package that is removed again with the modules loaded under it (a later
-    ``import prometheus_client`` loads the real package as usual). Any failure falls back to
-    the plain import."""
-    if "prometheus_client" not in sys.modules:
-        import importlib
-        import importlib.util
-        import types
-
-        before = set(sys.modules)
-        try:
-            spec = importlib.util.find_spec("prometheus_client")
-            if spec is not None and spec.submodule_search_locations:
-                stand_in = types.ModuleType("prometheus_client")
-                stand_in.__path__ = list(spec.submodule_search_locations)
-                sys.modules["prometheus_client"] = stand_in
-                return importlib.import_module("prometheus_client.parser").text_string_to_metric_families  # type: ignore[no-any-return]
-        except Exception:  # noqa: S110 - an unusual install: the plain import below
-            pass
-        finally:
-            for name in set(sys.modules) - before:
-                if name == "prometheus_client" or name.startswith("prometheus_client."):
-                    del sys.modules[name]
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return text_string_to_metric_families
-
-
 #: Histograms kvdoctor reads by default (vllm-facts.md §1.2): request lengths for the
 #: long-request and concurrency rules (spec/rules.md), iteration tokens for prefill bursts.
-#: Only these by default: the library parses ~45 µs a line and each histogram is 15-25 lines.
+#: Only these by default: each histogram is 15-25 lines to parse.
 READ_HISTOGRAMS: tuple[str, ...] = (
     "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens",
@@ -136,12 +103,67 @@ MAX_SCRAPE_FILES = 100_000
 # Every vllm:* sample line except the _created companions (reading all histograms).
 _ALL_VLLM_RE = re.compile(r"\n(vllm:[a-zA-Z0-9_:]*(?<!_created)[{ \t][^\n]*)")
 
-# Parsed sample lines, keyed by the exact line: a page scraped every second repeats most of
-# its lines (cache_config_info, idle buckets, constant gauges), and the library costs ~45 µs a
-# line. Cleared when full, so memory stays bounded.
+#: longest sample line read (vLLM's longest, ``cache_config_info``, is ~1 KB); longer ones are
+#: dropped as unparsable, so no regex ever runs over more.
+_MAX_LINE_CHARS = 16 * 1024
+
+# One sample line of the text exposition format 0.0.4 (what vLLM serves; the OpenMetrics
+# exemplar after " # " is ignored): name, {labels}, value, optional timestamp (ms). Every
+# repetition is delimited (a comma between label terms, a quote-free or escaped character in a
+# value, whitespace between value and timestamp) and the match is anchored, so a failing
+# line costs one linear pass.
+_LNAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # "unrolled": runs of plain characters at C speed
+_TERM = rf"[ \t]*{_LNAME}[ \t]*=[ \t]*{_QUOTED}[ \t]*"
+_SAMPLE_RE = re.compile(
+    rf"\A([a-zA-Z_:][a-zA-Z0-9_:]*)"
+    rf"(?:[ \t]*\{{((?:{_TERM}(?:,{_TERM})*(?:,[ \t]*)?)?|[ \t]*)\}}[ \t]*|[ \t]+)"
+    r"([^ \t#]+)(?:[ \t]+([^ \t#]+))?(?:[ \t]+#.*)?"
+)
+# (a name starts after no name character: a search never rescans a run of them)
+_LABEL_RE = re.compile(rf'(?<![a-zA-Z0-9_])({_LNAME})[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"')
+# Only these three escapes exist in label values; any other backslash stays as written.
+_ESCAPE_RE = re.compile(r'\\[\\n"]')
+_ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
 _Parsed = tuple[str, dict[str, str], float]
-_LINE_CACHE: dict[str, _Parsed] = {}
-_LINE_CACHE_MAX = 8192
+
+
+def _parse_sample(line: str) -> _Parsed:
+    """One sample line → (name, labels, value); raises ValueError for a line that is not one.
+
+    The text format as Prometheus reads it (and prometheus_client's parser, which the tests
+    compare this with over every page in tests/data): labels ``name="value"`` with ``\\``,
+    ``\"`` and ``\n`` escapes, an optional trailing comma, a Go float value (``+Inf``,
+    ``-Inf``, ``NaN``, exponents; no ``_``), an optional integer timestamp (ignored: the
+    scrape's time is used), an exemplar ignored. Lines are bounded (:data:`_MAX_LINE_CHARS`).
+    """
+    if len(line) > _MAX_LINE_CHARS:
+        raise ValueError("line too long")
+    m = _SAMPLE_RE.fullmatch(line)
+    if m is None:
+        raise ValueError("not a sample line")
+    name, body, value, stamp = m.groups()
+    labels: dict[str, str] = {}
+    if body:
+        n = 0
+        for lm in _LABEL_RE.finditer(body):
+            k, v = lm.groups()
+            if k.startswith("__"):
+                raise ValueError("reserved label name")  # __name__ and kin: Prometheus's own
+            labels[k] = _ESCAPE_RE.sub(lambda e: _ESCAPES[e.group(0)], v) if "\\" in v else v
+            n += 1
+        if n != len(labels):
+            raise ValueError("duplicate label name")
+    try:
+        if "_" in value:
+            raise ValueError
+        if stamp is not None:
+            float(stamp)  # a timestamp that is not a number makes the line bad, as for Prometheus
+        number = float(value)
+    except ValueError:
+        raise ValueError("not a number") from None  # float()'s message would quote the line
+    return name, labels, number
 
 
 @functools.lru_cache(maxsize=16)
@@ -156,49 +178,38 @@ def _filter_re(histograms: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(r"\n(vllm:(?:" + alts + r")[{ \t][^\n]*)")
 
 
-def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None, str]:
-    """Run prometheus_client's parser over the kept sample lines; salvage the good ones.
+#: The last page's parsed sample lines, keyed by the exact line: a page scraped every second
+#: repeats most of its lines (cache_config_info, idle buckets, constant gauges). Replaced by
+#: each page's own lines, so it never holds more than one page (bounded, no growth).
+_LINE_CACHE: dict[str, _Parsed] = {}
 
-    Returns (parsed samples, first bad line number in ``text`` or None, its reason). Lines go to
-    the library without ``# TYPE`` lines, so each line yields exactly one untyped family and the
-    results map back to lines one to one (we group histograms ourselves, by sample name). The
-    library stops at the first line it cannot read and gives no line number, so on failure each
-    new line is parsed alone (error path only, once per line) and bad ones are dropped.
-    """
-    cache = _LINE_CACHE
-    # Work from a local map so a concurrent clear() (another sampler thread) loses nothing.
+
+def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None, str]:
+    """Parse the kept sample lines (:func:`_parse_sample`, or the previous page's reading of
+    the same line); bad ones are dropped.
+
+    Returns (parsed samples in line order, the first bad line's number in ``text`` or None, its
+    reason)."""
+    global _LINE_CACHE
+    prev = _LINE_CACHE  # another sampler thread may replace it meanwhile: only hits are lost
     got: dict[str, _Parsed] = {}
-    todo: list[str] = []
-    for ln in dict.fromkeys(lines):
-        hit = cache.get(ln)
-        if hit is None:
-            todo.append(ln)
-        else:
-            got[ln] = hit
+    out: list[_Parsed] = []
     bad_line, reason = None, ""
-    if todo:
-        try:
-            fams = list(_text_parser()("\n".join(todo)))
-            if len(fams) != len(todo):
-                raise ValueError("line/sample mismatch")
-            for ln, fam in zip(todo, fams, strict=True):
-                smp = fam.samples[0]
-                got[ln] = (smp.name, smp.labels, float(smp.value))
-        except Exception:  # noqa: BLE001 - the library raises ValueError, IndexError, …
-            for ln in todo:
-                try:
-                    fam = next(iter(_text_parser()(ln)))
-                    smp = fam.samples[0]
-                    got[ln] = (smp.name, smp.labels, float(smp.value))
-                except Exception as exc:  # noqa: BLE001
-                    if bad_line is None:
-                        pos = text.find(ln)
-                        bad_line = _line_no(text, pos) if pos >= 0 else None
-                        reason = f"unparsable sample line ({type(exc).__name__})"
-        if len(cache) + len(todo) > _LINE_CACHE_MAX:
-            cache.clear()
-        cache.update((ln, got[ln]) for ln in todo if ln in got)
-    return [got[ln] for ln in lines if ln in got], bad_line, reason
+    for ln in lines:
+        hit = got.get(ln) or prev.get(ln)
+        if hit is None:
+            try:
+                hit = _parse_sample(ln)
+            except ValueError as exc:
+                if bad_line is None:
+                    pos = text.find(ln) if len(ln) <= _MAX_LINE_CHARS else -1
+                    bad_line = _line_no(text, pos) if pos >= 0 else None
+                    reason = f"unparsable sample line ({exc})"
+                continue
+        got[ln] = hit
+        out.append(hit)
+    _LINE_CACHE = got
+    return out, bad_line, reason
 
 
 def _line_no(text: str, pos: int) -> int:
@@ -254,7 +265,7 @@ def parse_metrics(
     URL) goes into errors; ``timestamp`` (unix seconds of the scrape) is copied into every item.
     ``histograms`` names the histogram families to read (base names, default
     :data:`READ_HISTOGRAMS`; :data:`DISPLAY_HISTOGRAMS` adds latencies; ``None`` reads every
-    ``vllm:*`` histogram). Each histogram costs ~0.7 ms on a page seen for the first time.
+    ``vllm:*`` histogram). Each histogram costs ~0.1 ms on a page seen for the first time.
 
     Values keep the metric's units: ``kv_cache_usage`` is a fraction 0..1 (the gauge already is,
     despite "perc"), counters are lifetime totals, latencies seconds, lengths tokens. Items come

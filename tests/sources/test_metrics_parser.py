@@ -1,0 +1,218 @@
+"""kvdoctor's own text-exposition parser (``kvdoctor.sources.metrics._parse_sample``) against
+prometheus_client's, over every /metrics page in tests/data, and on hostile lines."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvdoctor.facts import SourceError
+from kvdoctor.sources import metrics as M
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+PAGES = sorted(
+    p
+    for p in DATA.rglob("*")
+    if p.is_file() and p.suffix in (".txt", ".prom", "") and "\nvllm:" in "\n" + p.read_text(errors="replace")
+)
+
+
+def _library(line: str) -> tuple[str, dict[str, str], float] | None:
+    """prometheus_client's reading of one sample line (no # TYPE: one untyped family), None
+    when it refuses the line."""
+    try:
+        fams = list(text_string_to_metric_families(line))
+    except Exception:  # noqa: BLE001 - the library raises ValueError, IndexError, …
+        return None
+    if len(fams) != 1 or len(fams[0].samples) != 1:
+        return None
+    s = fams[0].samples[0]
+    return s.name, dict(s.labels), float(s.value)
+
+
+def _ours(line: str) -> tuple[str, dict[str, str], float] | None:
+    try:
+        return M._parse_sample(line)
+    except ValueError:
+        return None
+
+
+def _same(a: tuple[str, dict[str, str], float] | None, b: tuple[str, dict[str, str], float] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[:2] == b[:2] and (a[2] == b[2] or (math.isnan(a[2]) and math.isnan(b[2])))
+
+
+def test_pages_found() -> None:
+    # bundles, cases, real vLLM 0.32 captures, the bench page
+    assert len(PAGES) > 100
+    assert any("real-vllm" in str(p) for p in PAGES)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DATA)) for p in PAGES])
+def test_every_vllm_line_reads_as_prometheus_client_reads_it(page: Path) -> None:
+    text = page.read_text(errors="replace")
+    lines = [ln.rstrip() for ln in M._ALL_VLLM_RE.findall("\n" + text)]
+    assert lines
+    for ln in lines:
+        assert _same(_ours(ln), _library(ln)), ln[:200]
+
+
+def _library_parse(monkeypatch: pytest.MonkeyPatch, text: str, **kw: object) -> list[object]:
+    def lib(line: str) -> tuple[str, dict[str, str], float]:
+        got = _library(line)
+        if got is None:
+            raise ValueError("refused")
+        return got
+
+    with monkeypatch.context() as m:
+        m.setattr(M, "_parse_sample", lib)
+        return list(M.parse_metrics(text, **kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("page", PAGES[::7], ids=[str(p.relative_to(DATA)) for p in PAGES[::7]])
+@pytest.mark.parametrize("histograms", [M.READ_HISTOGRAMS, M.DISPLAY_HISTOGRAMS, None])
+def test_pages_give_the_same_engine_metrics_as_with_the_library(
+    page: Path, histograms: tuple[str, ...] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = page.read_text(errors="replace")
+    try:
+        want = _library_parse(monkeypatch, text, timestamp=1.0, histograms=histograms)
+    except SourceError:
+        with pytest.raises(SourceError):
+            M.parse_metrics(text, timestamp=1.0, histograms=histograms)
+        return
+    assert M.parse_metrics(text, timestamp=1.0, histograms=histograms) == want
+
+
+EDGE_LINES = [
+    'vllm:a{x="1",y="2",} 3',  # trailing comma
+    'vllm:a { x = "1" , y="2" } 3',  # spaces around everything
+    "vllm:a{} 1",
+    "vllm:a\t2",
+    "vllm:a 1 1712345678000",  # a timestamp (ms)
+    "vllm:a 1 abc",  # a timestamp that is not a number
+    "vllm:a +Inf",
+    "vllm:a -Inf",
+    "vllm:a NaN",
+    "vllm:a 1e-3",
+    "vllm:a -0.5E+2",
+    "vllm:a 1_000",  # Python's float() takes it; Prometheus does not
+    "vllm:a 0x10",
+    'vllm:a{x="a\\"b"} 1',  # escaped quote
+    'vllm:a{x="a\\\\"} 1',  # escaped backslash, then the closing quote
+    'vllm:a{x="a\\\\\\"} 1',  # \\ then \" : unterminated
+    'vllm:a{x="line\\nbreak"} 1',
+    'vllm:a{x="tab\\tkept"} 1',  # an unknown escape stays as written
+    'vllm:a{x="1",x="2"} 1',  # duplicate label
+    'vllm:a{x="1} 1',  # unterminated quote
+    'vllm:a{x="1"',  # unterminated labels
+    "vllm:a{x=1} 1",  # unquoted value
+    'vllm:a{="1"} 1',
+    'vllm:a{1x="1"} 1',
+    "vllm:a",
+    "vllm:a ",
+    "vllm:a 1 2 3",
+    'vllm:a{x="1"}2',
+    'vllm:a{x="é ü 中"} 4',
+]
+
+
+#: malformed lines the library reads anyway and Prometheus (its Go parser) refuses: we refuse them
+STRICTER = ["vllm:a 1 2 3"]
+
+
+@pytest.mark.parametrize("line", EDGE_LINES)
+def test_edge_lines_read_as_prometheus_client_reads_them(line: str) -> None:
+    if line in STRICTER:
+        assert _ours(line) is None and _library(line) is not None
+    else:
+        assert _same(_ours(line), _library(line))
+
+
+_VALUE_CHARS = st.sampled_from(list("ab ,}{=#\t中") + ['\\"', "\\\\", "\\n", "\\t"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,6}", fullmatch=True).filter(
+                lambda k: not k.startswith("__")  # reserved: refused by both
+            ),
+            st.lists(_VALUE_CHARS, max_size=6).map("".join),
+        ),
+        max_size=4,
+        unique_by=lambda kv: kv[0],
+    ),
+    st.sampled_from(["1", "2.5", "+Inf", "-Inf", "NaN", "-1e3", "7E+2"]),
+    st.sampled_from(["", " 123", "\t-5", ",", " , "]),
+)
+def test_generated_well_formed_lines_read_alike(pairs: list[tuple[str, str]], value: str, sep: str) -> None:
+    # escapes in values well formed, label names unique, a real number: a sample line
+    labels = ",".join(f'{k}="{v}"' for k, v in pairs)
+    trail = sep if sep.strip() == "," and pairs else ""
+    stamp = sep if sep.strip() not in (",", "") else ""
+    line = f"vllm:gen{{{labels}{trail}}} {value}{stamp}"
+    ours = _ours(line)
+    assert ours is not None, line
+    assert _same(ours, _library(line)), line
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.text(alphabet='vlm:a{}="\\, \t#1.e+-_nNIf', max_size=40))
+def test_junk_never_reads_where_the_library_refuses(tail: str) -> None:
+    # never laxer than prometheus_client: what we read, it reads the same
+    line = ("vllm:a" + tail).rstrip()
+    ours = _ours(line)
+    if ours is not None:
+        assert _same(ours, _library(line)), line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:a{x="' + "a" * 200_000 + '"} 1',  # far past the line bound
+        'vllm:a{x="' + "\\" * 15_000 + " 1",  # backslashes, unterminated
+        "vllm:a{" + 'x="1",' * 2_500 + " 1",  # many terms, no closing brace
+        "vllm:a{" + 'x="' * 5_000 + "} 1",
+        "vllm:a" + " " * 15_000 + "x y z",
+        "vllm:a{" + "=" * 15_000 + "} 1",
+    ],
+)
+def test_hostile_lines_are_bounded_and_refused(line: str) -> None:
+    t0 = time.process_time()
+    assert _ours(line) is None
+    assert time.process_time() - t0 < 0.5  # a hang guard: linear is ~1 ms
+    page = "# TYPE vllm:a gauge\n" + line + "\nvllm:num_requests_running 2\n"
+    (em,) = M.parse_metrics(page)  # the good line is still read
+    assert em.num_requests_running == 2.0
+
+
+def test_bad_line_reports_line_number_never_its_bytes() -> None:
+    secret = "hf_" + "S3CRET" * 4
+    page = '# HELP vllm:num_requests_running x\nvllm:num_requests_running{token="' + secret + "} 1\n"
+    with pytest.raises(SourceError) as err:
+        M.parse_metrics(page, origin="http://x/metrics")
+    msg = str(err.value)
+    assert ":2:" in msg and "unparsable sample line" in msg
+    assert secret not in msg and "S3CRET" not in msg
+    page = "vllm:num_requests_running 1 " + secret + "\n"
+    with pytest.raises(SourceError) as err:
+        M.parse_metrics(page)
+    assert "S3CRET" not in str(err.value)
+
+
+def test_page_parse_is_fast_without_a_line_cache() -> None:
+    # hang guard, not a benchmark: the 55 KB bench page with every line new each time
+    page = (DATA / "bench" / "vllm-0.33.0-metrics-sample.txt").read_text()
+    t0 = time.process_time()
+    for i in range(20):
+        M.parse_metrics(page.replace("} ", f"}} {i}", 1), histograms=None)
+    assert time.process_time() - t0 < 5.0
