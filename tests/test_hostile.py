@@ -283,6 +283,85 @@ def test_scrape_body_and_content_encoding_are_capped() -> None:
         srv.close()
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "identity"])
+def test_scrape_inflates_no_more_than_the_cap(encoding: str) -> None:
+    """A bomb's network reads (64 KiB of gzip'd zeros is ~64 MiB) are inflated only up to the
+    cap: peak allocation stays near max_bytes, not the bomb's inflated size."""
+    import tracemalloc
+    import zlib
+
+    plain = b"# " + b"0" * (256 << 20) + b"\n"
+    if encoding == "identity":
+        body, plain = plain[: 8 << 20], b""
+    else:
+        wbits = 31 if encoding == "gzip" else 15
+        z = zlib.compressobj(9, zlib.DEFLATED, wbits)
+        body = z.compress(plain) + z.flush()
+    del plain
+
+    def send(h) -> None:  # type: ignore[no-untyped-def]
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        if encoding != "identity":
+            h.send_header("Content-Encoding", encoding)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    srv = _Server(_handler(send))
+    try:
+        tracemalloc.start()
+        try:
+            with pytest.raises(SourceError, match="response larger than 1 MiB"):
+                metrics.scrape(srv.url, timeout=10.0, max_bytes=1 << 20)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    finally:
+        srv.close()
+    assert peak < 8 << 20, peak  # the cap (1 MiB) plus a few network reads, never 64 MiB
+
+
+def test_scrape_refuses_an_encoding_it_did_not_ask_for() -> None:
+    def send(h) -> None:  # type: ignore[no-untyped-def]
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.send_header("Content-Encoding", "br")
+        h.send_header("Content-Length", "4")
+        h.end_headers()
+        h.wfile.write(b"\x00\x01\x02\x03")
+
+    srv = _Server(_handler(send))
+    try:
+        with pytest.raises(SourceError, match="unsupported Content-Encoding") as ei:
+            metrics.scrape(srv.url, timeout=5.0)
+        assert "br" not in str(ei.value).split(":")[-1]
+    finally:
+        srv.close()
+
+
+def test_scrape_reads_a_gzip_page() -> None:
+    import gzip
+
+    page = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3.0\n'
+    body = gzip.compress(page)
+
+    def send(h) -> None:  # type: ignore[no-untyped-def]
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.send_header("Content-Encoding", "gzip")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    srv = _Server(_handler(send))
+    try:
+        text, _ts = metrics.scrape(srv.url, timeout=5.0)
+    finally:
+        srv.close()
+    assert text == page.decode()
+
+
 def test_scrape_error_never_echoes_headers_or_password() -> None:
     import socket
     import threading

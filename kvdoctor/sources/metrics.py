@@ -495,6 +495,44 @@ def _http_error(method_url: str, exc: httpx.HTTPError, timeout: float) -> Source
     return SourceError(f"{method_url}: {why}")
 
 
+class _BoundedDecoder:
+    """Content-Encoding (identity, gzip, deflate) decoded with a cap on each call's output:
+    :meth:`decode` returns at most ``limit`` bytes and sets :attr:`pending` when the input held
+    more, so a gzip bomb costs the cap, not its inflated size. Raises SourceError for another
+    encoding (we ask for these two only) or a corrupt stream."""
+
+    def __init__(self, encoding: str, label: str) -> None:
+        import zlib
+
+        codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        self._label = label
+        self.pending = False
+        self._z: Any = None
+        if not codings:
+            return
+        if len(codings) > 1 or codings[0] not in ("gzip", "x-gzip", "deflate"):
+            raise SourceError(f"{label}: unsupported Content-Encoding")
+        # wbits 47: a gzip or zlib header, told apart by the stream itself (deflate is zlib).
+        self._z = zlib.decompressobj(47)
+        self._zerror = zlib.error
+
+    def decode(self, data: bytes, limit: int) -> bytes:
+        """Up to ``limit`` (> 0) decoded bytes of ``data``."""
+        if self._z is None:
+            if len(data) > limit:
+                self.pending = True
+                return data[:limit]
+            return data
+        try:
+            out: bytes = self._z.decompress(data, max(1, limit))
+        except self._zerror:
+            raise SourceError(f"{self._label}: corrupt compressed body") from None
+        if self._z.unconsumed_tail:
+            self.pending = True
+        return out
+
+
 def scrape(
     url: str, timeout: float = 2.0, client: httpx.Client | None = None, *, max_bytes: int = MAX_HTTP_BYTES
 ) -> tuple[str, float]:
@@ -521,7 +559,10 @@ def scrape(
     deadline = time.monotonic() + timeout
     try:
         t = httpx.Timeout(timeout, connect=timeout)
-        with c.stream("GET", target, timeout=t) as resp:
+        # Only encodings decoded here, by _BoundedDecoder: httpx's own decoder inflates a whole
+        # network read at once (64 KiB of a gzip bomb is ~64 MiB) before a cap can look at it.
+        headers = {"Accept-Encoding": "gzip, deflate"}
+        with c.stream("GET", target, timeout=t, headers=headers) as resp:
             ts = time.time()
             if resp.status_code != 200:
                 raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase[:40]}".rstrip())
@@ -529,13 +570,14 @@ def scrape(
             mime = ctype.split(";", 1)[0].strip().lower()
             if mime and mime not in ("text/plain", "application/openmetrics-text"):
                 raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime[:40]})")
+            decoder = _BoundedDecoder(resp.headers.get("content-encoding", ""), label)
             body = bytearray()
             # httpcore reads the per-read timeout from this dict on every read: shrinking it to
             # what is left of the deadline makes one deadline for the whole body.
             tdict = resp.request.extensions.get("timeout")
-            for chunk in resp.iter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
+            for raw in resp.iter_raw():
+                body += decoder.decode(raw, max_bytes + 1 - len(body))
+                if len(body) > max_bytes or decoder.pending:
                     raise SourceError(f"{label}: response larger than {max_bytes >> 20} MiB")
                 left = deadline - time.monotonic()
                 if left <= 0:
