@@ -46,6 +46,14 @@ class NvmlReader:
         self._nvml: Any = nvml
         self._initialised = False
         self._lock = threading.Lock()
+        # What one NVML session does not change, read once per device index: name, UUID, bus id
+        # (three of a device's ~15 calls a read; ctypes calls cost µs each, every second).
+        self._static: dict[int, tuple[str | None, str | None, str | None]] = {}
+        # Process names of the previous read, by pid: a pid seen in two reads a cycle apart is
+        # the same process (a reused pid would first have to leave NVML's list), so psutil is
+        # asked once per GPU process, not once per read.
+        self._names: dict[int, str] = {}
+        self._names_now: dict[int, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -58,6 +66,7 @@ class NvmlReader:
             if self._nvml is None:
                 self._nvml = importlib.import_module("pynvml")
             self._nvml.nvmlInit()
+            self._static, self._names = {}, {}
         except ImportError as e:
             raise SourceError(f"NVML unavailable: cannot import pynvml ({e})") from None
         except Exception as e:  # pynvml.NVMLError_* (library not found, driver not loaded, …)
@@ -114,7 +123,11 @@ class NvmlReader:
                 count = int(nv.nvmlDeviceGetCount())
             except Exception as e:
                 raise SourceError(f"NVML: cannot count devices: {e}", origin="NVML") from None
-            return [self._read_device(i) for i in range(count)]
+            self._names_now = {}
+            try:
+                return [self._read_device(i) for i in range(count)]
+            finally:
+                self._names = self._names_now
 
     def _read_device(self, index: int) -> Gpu:
         nv = self._nvml
@@ -122,11 +135,16 @@ class NvmlReader:
         handle = self._call("nvmlDeviceGetHandleByIndex", index)
         if handle is None:
             return gpu
-        gpu.name = _text(self._call("nvmlDeviceGetName", handle))
-        gpu.uuid = _text(self._call("nvmlDeviceGetUUID", handle))
-        pci = self._call("nvmlDeviceGetPciInfo", handle)
-        if pci is not None:
-            gpu.bus_id = normalize_bus_id(_text(getattr(pci, "busId", None)))
+        static = self._static.get(index)
+        if static is None:
+            name = _text(self._call("nvmlDeviceGetName", handle))
+            uuid = _text(self._call("nvmlDeviceGetUUID", handle))
+            pci = self._call("nvmlDeviceGetPciInfo", handle)
+            bus_id = normalize_bus_id(_text(getattr(pci, "busId", None))) if pci is not None else None
+            static = (name, uuid, bus_id)
+            if None not in static:  # a field that failed is asked again next read
+                self._static[index] = static
+        gpu.name, gpu.uuid, gpu.bus_id = static
         mem = None
         if hasattr(nv, "nvmlMemory_v2"):
             mem = self._call("nvmlDeviceGetMemoryInfo", handle, version=nv.nvmlMemory_v2)
@@ -195,7 +213,17 @@ class NvmlReader:
     def _process_name(self, pid: int) -> str:
         """What nvidia-smi shows: argv[0] (``VLLM::Worker_TP0`` after setproctitle,
         ``/usr/bin/python3``), via psutil; else psutil's name; else NVML's
-        ``nvmlSystemGetProcessName``; "" when the process is invisible (other PID namespace)."""
+        ``nvmlSystemGetProcessName``; "" when the process is invisible (other PID namespace).
+        The previous read's name when that read saw the pid too."""
+        name = self._names.get(pid)
+        if name is None:
+            name = self._names_now.get(pid)
+        if name is None:
+            name = self._lookup_name(pid)
+        self._names_now[pid] = name
+        return name
+
+    def _lookup_name(self, pid: int) -> str:
         try:
             import psutil
 

@@ -262,3 +262,73 @@ def test_device_count_failure() -> None:
     fake.nvmlDeviceGetCount = broken  # type: ignore[attr-defined]
     with pytest.raises(SourceError, match="NVML: cannot count devices: Insufficient Permissions"):
         NvmlReader(fake).read()
+
+
+def _counting(mod: types.ModuleType, name: str, counts: dict[str, int]) -> None:
+    real = getattr(mod, name)
+
+    def wrapper(*a: object, **k: object) -> object:
+        counts[name] = counts.get(name, 0) + 1
+        return real(*a, **k)
+
+    setattr(mod, name, wrapper)
+
+
+def test_identity_is_read_once_per_nvml_session_and_live_fields_every_read() -> None:
+    mod = make_fake([H100, A100_MIG])
+    counts: dict[str, int] = {}
+    for name in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMemoryInfo"):
+        _counting(mod, name, counts)
+    reader = NvmlReader(mod)
+    first = reader.read()
+    assert [g.memory_used_bytes for g in reader.read()] == [g.memory_used_bytes for g in first]
+    assert [(g.name, g.uuid, g.bus_id) for g in reader.read()] == [(g.name, g.uuid, g.bus_id) for g in first]
+    assert counts["nvmlDeviceGetName"] == counts["nvmlDeviceGetUUID"] == counts["nvmlDeviceGetPciInfo"] == 2
+    assert counts["nvmlDeviceGetMemoryInfo"] >= 6  # used memory: every read
+    reader.close()
+    reader.read()  # a new NVML session: identity read afresh
+    assert counts["nvmlDeviceGetName"] == 4
+
+
+def test_identity_field_that_failed_is_asked_again() -> None:
+    mod = make_fake([H100])
+    real = mod.nvmlDeviceGetUUID
+    fails = [True]
+
+    def flaky(h: object) -> object:
+        if fails[0]:
+            raise mod.NVMLError("Unknown Error")
+        return real(h)
+
+    mod.nvmlDeviceGetUUID = flaky
+    reader = NvmlReader(mod)
+    assert reader.read()[0].uuid is None
+    fails[0] = False
+    assert reader.read()[0].uuid == "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def test_process_name_asked_once_while_the_pid_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = make_fake([H100])
+    reader = NvmlReader(mod)
+    asked: list[int] = []
+    real = NvmlReader._lookup_name
+
+    def lookup(self: NvmlReader, pid: int) -> str:
+        asked.append(pid)
+        return real(self, pid)
+
+    monkeypatch.setattr(NvmlReader, "_lookup_name", lookup)
+    names = [p.name for p in reader.read()[0].processes]
+    for _ in range(3):
+        assert [p.name for p in reader.read()[0].processes] == names
+    assert sorted(asked) == sorted({os.getpid(), NO_SUCH_PID})  # once each, over four reads
+    # a pid that leaves NVML's list is forgotten: when it comes back it is asked again
+    real_procs = mod.nvmlDeviceGetComputeRunningProcesses
+    real_gfx = mod.nvmlDeviceGetGraphicsRunningProcesses
+    mod.nvmlDeviceGetComputeRunningProcesses = lambda h: []
+    mod.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
+    assert reader.read()[0].processes == []
+    mod.nvmlDeviceGetComputeRunningProcesses = real_procs
+    mod.nvmlDeviceGetGraphicsRunningProcesses = real_gfx
+    reader.read()
+    assert len(asked) == 4
