@@ -96,6 +96,11 @@ def _throttle_cost(s: Scope, v: Vars) -> None:
     timed: list[tuple[float, bool]] = sorted((t, thr) for t, thr in readings if t is not None)
     if not timed:
         return
+    if not any(thr for _, thr in timed):
+        # Nothing throttled, nothing to compare: the pairs below would all be "cool" (the
+        # common case, and the sidecar derives it every cycle).
+        v["throttle_compared"] = 0
+        return
     series = engine_series(s.history or [s.snapshot], s.dp_label)
     points: list[tuple[float, float, bool]] = []  # (running, tokens/s, throttled)
     for prev, cur in zip(series, series[1:], strict=False):
