@@ -262,20 +262,28 @@ def test_drip_fed_scrape_ends_on_time() -> None:
         srv.close()
 
 
+def _encoded(body: bytes, encoding: str | None = "gzip"):  # type: ignore[no-untyped-def]
+    """A handler body answering 200 text/plain with ``body`` under Content-Encoding ``encoding``
+    (none when None)."""
+
+    def send(h) -> None:  # type: ignore[no-untyped-def]
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        if encoding is not None:
+            h.send_header("Content-Encoding", encoding)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    return send
+
+
 def test_scrape_body_and_content_encoding_are_capped() -> None:
     import gzip
 
     bomb = gzip.compress(b"# " + b"x" * (8 << 20) + b"\n")
 
-    def send(h) -> None:  # type: ignore[no-untyped-def]
-        h.send_response(200)
-        h.send_header("Content-Type", "text/plain")
-        h.send_header("Content-Encoding", "gzip")
-        h.send_header("Content-Length", str(len(bomb)))
-        h.end_headers()
-        h.wfile.write(bomb)
-
-    srv = _Server(_handler(send))
+    srv = _Server(_handler(_encoded(bomb)))
     try:
         with pytest.raises(SourceError, match="response larger than 1 MiB"):
             metrics.scrape(srv.url, timeout=5.0, max_bytes=1 << 20)
@@ -299,16 +307,7 @@ def test_scrape_inflates_no_more_than_the_cap(encoding: str) -> None:
         body = z.compress(plain) + z.flush()
     del plain
 
-    def send(h) -> None:  # type: ignore[no-untyped-def]
-        h.send_response(200)
-        h.send_header("Content-Type", "text/plain")
-        if encoding != "identity":
-            h.send_header("Content-Encoding", encoding)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
-    srv = _Server(_handler(send))
+    srv = _Server(_handler(_encoded(body, None if encoding == "identity" else encoding)))
     try:
         tracemalloc.start()
         try:
@@ -323,15 +322,7 @@ def test_scrape_inflates_no_more_than_the_cap(encoding: str) -> None:
 
 
 def test_scrape_refuses_an_encoding_it_did_not_ask_for() -> None:
-    def send(h) -> None:  # type: ignore[no-untyped-def]
-        h.send_response(200)
-        h.send_header("Content-Type", "text/plain")
-        h.send_header("Content-Encoding", "br")
-        h.send_header("Content-Length", "4")
-        h.end_headers()
-        h.wfile.write(b"\x00\x01\x02\x03")
-
-    srv = _Server(_handler(send))
+    srv = _Server(_handler(_encoded(b"\x00\x01\x02\x03", "br")))
     try:
         with pytest.raises(SourceError, match="unsupported Content-Encoding") as ei:
             metrics.scrape(srv.url, timeout=5.0)
@@ -346,15 +337,7 @@ def test_scrape_reads_a_gzip_page() -> None:
     page = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3.0\n'
     body = gzip.compress(page)
 
-    def send(h) -> None:  # type: ignore[no-untyped-def]
-        h.send_response(200)
-        h.send_header("Content-Type", "text/plain")
-        h.send_header("Content-Encoding", "gzip")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
-    srv = _Server(_handler(send))
+    srv = _Server(_handler(_encoded(body)))
     try:
         text, _ts = metrics.scrape(srv.url, timeout=5.0)
     finally:
