@@ -17,6 +17,16 @@ from kvdoctor.sources.processes import host_process_from_strings
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+#: the pod's vLLM API server, as its /proc cmdline reads
+SERVER_ARGV = [
+    "python3",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "/models/llama",
+    "--port",
+    "8000",
+]
 
 
 def proc(root: Path, pid: int, argv: list[str], env: dict[str, str] | None = None) -> Path:
@@ -129,15 +139,7 @@ class StubPodProcesses:
     kind, origin, timeout_s = "processes", "psutil", 1.0
 
     def read(self) -> Reading:
-        argv = [
-            "python3",
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            "/models/llama",
-            "--port",
-            "8000",
-        ]
+        argv = SERVER_ARGV
         procs = [
             host_process_from_strings(7, "python3", argv, ppid=1),
             host_process_from_strings(8, "VLLM::EngineCor", ["VLLM::EngineCore"], ppid=7),
@@ -166,15 +168,7 @@ def pod_report(
     tmp_path: Path, env: dict[str, str] | None, engine_pid: int = 887766
 ) -> tuple[Report, Snapshot]:
     root = tmp_path / "proc"
-    argv = [
-        "python3",
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        "/models/llama",
-        "--port",
-        "8000",
-    ]
+    argv = SERVER_ARGV
     d = proc(root, 7, argv, env)
     (d / "root" / "models" / "llama").mkdir(parents=True)
     (d / "root" / "models" / "llama" / "config.json").write_text(json.dumps(LLAMA_CONFIG))
@@ -237,15 +231,7 @@ def test_sidecar_gpu_info_says_gpu_uuid(tmp_path: Path) -> None:
     from kvdoctor.sidecar.server import Sidecar
 
     root = tmp_path / "proc"
-    argv = [
-        "python3",
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        "/models/llama",
-        "--port",
-        "8000",
-    ]
+    argv = SERVER_ARGV
     proc(root, 7, argv, {"NVIDIA_VISIBLE_DEVICES": UUID1})
     feed = LiveFeed(
         LiveOptions(use_nvml=False, use_processes=False),
