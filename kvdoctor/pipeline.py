@@ -18,7 +18,7 @@ from kvdoctor.facts import Snapshot, Timeline
 
 if TYPE_CHECKING:
     from kvdoctor.report import Report
-    from kvdoctor.rules_engine import Rule
+    from kvdoctor.rules_engine import Rule, RuleMemo
 
 #: spec/rules.md "Windows": length of the "recent" window rules read, seconds.
 DEFAULT_WINDOW_S = 60.0
@@ -92,18 +92,37 @@ class Pipeline:
         """Facts → engines → rule contexts → findings → :class:`~kvdoctor.report.Report`.
 
         ``now``: unix seconds stamped as ``generated_at`` (default: the clock). Never raises for missing or partial facts."""
-        return evaluate(timeline, rules=self.rules, window_s=self.window_s, now=now)
+        return evaluate(timeline, rules=self.rules, window_s=self.window_s, now=now, memo=self.memo)
+
+    @property
+    def memo(self) -> RuleMemo:
+        """The rules' results kept between this pipeline's evaluations
+        (``kvdoctor.rules_engine.RuleMemo``, made on first use; not a field): a rule whose
+        variables did not change since the last evaluation of that engine is not evaluated
+        again, with the same result."""
+        memo: RuleMemo | None = self.__dict__.get("_memo")
+        if memo is None:
+            from kvdoctor.rules_engine import RuleMemo
+
+            memo = self.__dict__["_memo"] = RuleMemo()
+        return memo
 
 
 def evaluate(
-    timeline: Timeline, *, rules: list[Rule], window_s: float = DEFAULT_WINDOW_S, now: float | None = None
+    timeline: Timeline,
+    *,
+    rules: list[Rule],
+    window_s: float = DEFAULT_WINDOW_S,
+    now: float | None = None,
+    memo: RuleMemo | None = None,
 ) -> Report:
     """Functional form of :meth:`Pipeline.evaluate`.
 
     derive (``kvdoctor.derive.build_contexts``: new engine objects, one variables dict per
     engine, reading only the window and a bounded history) → the rules
     (``kvdoctor.rules_engine.evaluate``: findings, ``caused_by`` linked from ``explains:``) →
-    ``kvdoctor.report.build_report`` (root causes first, redacted copies)."""
+    ``kvdoctor.report.build_report`` (root causes first, redacted copies). ``memo``: a
+    ``kvdoctor.rules_engine.RuleMemo`` kept across calls (same Report, fewer rules evaluated)."""
     from kvdoctor.derive import build_contexts
     from kvdoctor.report import build_report
     from kvdoctor.rules_engine import RuleContext
@@ -113,7 +132,7 @@ def evaluate(
     configs: list[Any] = list(latest.configs) if latest is not None else []
     engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
     ctxs = [RuleContext(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
-    result = run_rules(rules, ctxs)
+    result = run_rules(rules, ctxs, memo=memo)
     # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
     # context: report it once.
     seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()

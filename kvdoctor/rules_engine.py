@@ -55,10 +55,13 @@ import os
 import re
 import stat
 import sys
+import threading
 import warnings
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
+from operator import is_, is_not, ne
 from pathlib import Path
 from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -1710,11 +1713,21 @@ class Evaluation:
 
 
 class _Names(dict):  # type: ignore[type-arg]
-    """Expression names; a name no context provides reads as None (and is noted)."""
+    """Expression names; a name no context provides reads as None (and is noted).
+
+    ``base``: the names under these (the context's constants and variables, read-only): a name
+    this mapping lacks is looked up there before it counts as missing. :func:`evaluate` fills a
+    rule's own mapping with the names its expressions read and its thresholds (a copy of every
+    context variable per rule was a fifth of the rules' time) and leaves the rest to ``base``.
+    """
 
     missing: set[str]
+    base: dict[str, Any] = {}  # noqa: RUF012 - read-only default: no names under
 
-    def __missing__(self, key: str) -> None:
+    def __missing__(self, key: str) -> Any:
+        base = self.base
+        if key in base:
+            return base[key]
         self.missing.add(key)
         return None
 
@@ -1776,6 +1789,22 @@ def _functions() -> _Functions:
         out[name] = fn
     out.update(list=list, tuple=tuple, dict=dict, set=set)
     return out
+
+
+#: (the items of FUNCTIONS it was made from, :func:`_functions` of them): one evaluation's
+#: functions are the same mapping while FUNCTIONS holds the very same functions
+_FUNCTIONS_NOW: list[Any] = [None, None]
+
+
+def _current_functions() -> _Functions:
+    """:func:`_functions`, made again only when :data:`FUNCTIONS` changed (a function added,
+    removed or replaced: compared by identity); the mapping is read-only to its users."""
+    items = tuple(FUNCTIONS.items())
+    cached_items, cached = _FUNCTIONS_NOW
+    if cached is None or items != cached_items:
+        cached = _functions()
+        _FUNCTIONS_NOW[:] = [items, cached]
+    return cached  # type: ignore[no-any-return]
 
 
 class _Runner:
@@ -1961,8 +1990,296 @@ def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
             cur = by_rule.get(cur.caused_by)
 
 
+# --------------------------------------------------------------------------- the rule memo
+#
+# A long-running face (sidecar, watch) evaluates the same rules every cycle over variables that
+# mostly hold still (configs, log facts, GPU identities). :class:`RuleMemo` keeps, per engine,
+# what each rule's last evaluation gave (finding or none, and its errors) together with the
+# names that evaluation read; a rule none of whose names changed since is not evaluated again:
+# its result is rebuilt from what was kept. Exact by construction: an evaluation is a function
+# of the values of the names it reads (expressions, templates, the fix check), compared strictly
+# (:func:`_frozen`: 1, 1.0 and True differ, so do -0.0 and 0.0, and a list's or dict's order);
+# rules calling a function that is not one of the shipped (pure) ones are never kept.
+
+
+@dataclass(frozen=True)
+class _RuleInfo:
+    """What a rule reads of its context, found once per rule: ``when_reads`` the names its
+    ``let``s and ``when`` read (all a rule that does not fire reads), ``reads`` every name any
+    of its expressions read (neither counts its thresholds, nor a let's name once the let is
+    defined), ``calls`` the functions it calls."""
+
+    rule: Rule
+    when_reads: frozenset[str]
+    reads: frozenset[str]
+    calls: frozenset[str]
+
+
+def _expr_reads(expr: Expr) -> frozenset[str]:
+    """The names ``expr`` may read: its free names, plus, when it holds a comprehension, every
+    name in it (a comprehension's target may be read outside it too: a superset is safe)."""
+    if "for" not in expr.source:
+        return expr.names
+    return expr.names | {n.id for n in ast.walk(expr.node) if isinstance(n, ast.Name)}
+
+
+#: id(rule) → its :class:`_RuleInfo` (which holds the rule: an id is not reused while kept)
+_RULE_INFO: dict[int, _RuleInfo] = {}
+
+
+def _rule_info(rule: Rule) -> _RuleInfo:
+    info = _RULE_INFO.get(id(rule))
+    if info is not None and info.rule is rule:
+        return info
+    # A threshold, and a let once defined, hide the context variable of that name: the
+    # variable is read only by a let's expression at or before its own definition.
+    hidden = set(rule.thresholds)
+    early: set[str] = set()
+    for name, e in rule.let:
+        early |= _expr_reads(e)
+        if name not in early:
+            hidden.add(name)
+    first = [e for _, e in rule.let] + [rule.when]
+    every = list(_all_exprs(rule))
+    info = _RuleInfo(
+        rule,
+        frozenset().union(*map(_expr_reads, first)) - hidden,
+        frozenset().union(*map(_expr_reads, every)) - hidden,
+        frozenset().union(*(e.calls for e in every)),
+    )
+    if len(_RULE_INFO) >= 4096:
+        _RULE_INFO.clear()
+    _RULE_INFO[id(rule)] = info
+    return info
+
+
+#: the shipped functions (all pure) and the ones simpleeval adds: a rule calling only these
+#: gives the same result for the same values
+_PURE_FUNCTIONS: dict[str, Any] = {**FUNCTIONS, "list": list, "tuple": tuple, "dict": dict, "set": set}
+_ABSENT = object()
+
+
+class _Same:
+    """A value :func:`_frozen` compares by identity (an object of no builtin type: facts are
+    never mutated, so the same object reads the same); holds it, so its id is not reused."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Same and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+def _frozen(v: Any) -> Any:
+    """``v`` as a value two of which are equal only when every expression reads them alike:
+    the type is part of it (``1``, ``1.0`` and ``True`` are equal in Python, not in a rendered
+    template), so is the sign of a zero, and a container's order (iteration order decides
+    joins and "first"); containers are copied (a later change to ``v`` cannot reach it).
+    A container of one plain type (the GPU index lists, the used-bytes maps) is kept as one
+    tuple of its items with that type."""
+    t = type(v)
+    if t is str or v is None:
+        return v
+    if t is int or t is bool:
+        return (t, v)
+    if t is float:
+        return (t, v, math.copysign(1.0, v)) if v == 0 else (t, v)
+    if t is list or t is tuple or t is set or t is frozenset:
+        if not v:
+            return (t,)
+        kinds = set(map(type, v))
+        if len(kinds) == 1:
+            kind = kinds.pop()
+            if kind in _PLAIN or (kind is float and 0.0 not in v):
+                return (t, kind, tuple(v))
+        return (t, None, *[_frozen(x) for x in v])
+    if t is dict:
+        if not v:
+            return (t,)
+        keys, values = set(map(type, v)), set(map(type, v.values()))
+        if len(keys) == 1 and len(values) == 1:
+            key, value = keys.pop(), values.pop()
+            if (key in _PLAIN or (key is float and 0.0 not in v)) and (
+                value in _PLAIN or (value is float and 0.0 not in v.values())
+            ):
+                return (t, key, value, tuple(v.items()))
+        return (t, None, *[(_frozen(k), _frozen(x)) for k, x in v.items()])
+    return _Same(v)
+
+
+#: element types a container keeps as they are (equal values of one of these read alike)
+_PLAIN = frozenset({str, int, bool, type(None)})
+_SCALARS = frozenset({str, int, bool, float, type(None)})
+
+
+def _safe_frozen(v: Any) -> Any:
+    try:
+        return _frozen(v)
+    except RecursionError:  # nested too deeply to compare: never the same
+        return _Same(object())
+
+
+class _Snapshot:
+    """The values of ``names`` in one context, as compared next time: ``values`` (a scalar as
+    itself, :data:`_ABSENT` for a name the context lacked, anything else :func:`_frozen`), their
+    raw ``types``, the positions of the frozen ones and of the floats."""
+
+    __slots__ = ("names", "values", "types", "frozen", "floats")
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        values: tuple[Any, ...],
+        types: tuple[type, ...],
+        frozen: tuple[int, ...],
+        floats: tuple[int, ...],
+    ) -> None:
+        self.names, self.values, self.types, self.frozen, self.floats = names, values, types, frozen, floats
+
+
+def _snapshot(names: tuple[str, ...], raw: list[Any]) -> _Snapshot:
+    """The :class:`_Snapshot` of ``raw`` (the values of ``names``, in order; changed in place)."""
+    types = tuple(map(type, raw))
+    frozen = tuple(i for i, t in enumerate(types) if t not in _SCALARS and raw[i] is not _ABSENT)
+    for i in frozen:
+        raw[i] = _safe_frozen(raw[i])
+    return _Snapshot(names, tuple(raw), types, frozen, tuple(i for i, t in enumerate(types) if t is float))
+
+
+def _changes(before: _Snapshot, variables: dict[str, Any]) -> tuple[set[str], _Snapshot]:
+    """(the names of ``before`` whose value in ``variables`` differs, their snapshot now).
+
+    Python's ``==`` is looser than "reads alike" only across types (``1 == 1.0 == True``) and
+    for the sign of a zero: values of the same types at every position compare as one tuple
+    (in C), then the float zeros; containers compare frozen."""
+    names = before.names
+    now = list(map(variables.get, names, repeat(_ABSENT)))
+    types = tuple(map(type, now))
+    if types == before.types:
+        for i in before.frozen:
+            now[i] = _safe_frozen(now[i])
+        after = _Snapshot(names, tuple(now), types, before.frozen, before.floats)
+        retyped: set[str] = set()
+    else:
+        after = _snapshot(names, now)
+        retyped = {names[i] for i in compress(range(len(names)), map(is_not, types, before.types))}
+    old, new = before.values, after.values
+    changed = (
+        retyped
+        if old == new
+        else retyped | {names[i] for i in compress(range(len(names)), map(ne, old, new))}
+    )
+    copysign = math.copysign
+    for i in after.floats:
+        v, p = new[i], old[i]
+        if v == 0 and type(p) is float and p == 0 and copysign(1.0, v) != copysign(1.0, p):
+            changed.add(names[i])
+    return changed, after
+
+
+class _Reads(Mapping[str, Any]):
+    """A read-only view of the context that notes each name read (what the fix check reads)."""
+
+    def __init__(self, names: dict[str, Any]) -> None:
+        self.names = names
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return self.names[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return self.names.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read.add(key)
+        return key in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        raise TypeError("the fix check reads names, it does not list them")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """One rule's evaluation for one engine: the names it read (``reads``), its errors
+    (``(where, message)``) and its finding's fields (None: it did not fire)."""
+
+    rule: Rule
+    functions: Any
+    reads: frozenset[str]
+    errors: tuple[tuple[str, str], ...]
+    finding: tuple[Any, ...] | None
+
+    def replay(self, engine: str | None, errors: list[EvalError]) -> Finding | None:
+        """Its errors appended to ``errors``; a new Finding (nothing shared with the kept one)."""
+        rule = self.rule
+        errors.extend(EvalError(rule.id, engine, where, message) for where, message in self.errors)
+        if self.finding is None:
+            return None
+        severity, title, summary, evidence, flags, gpus = self.finding
+        return Finding(
+            rule=rule.id,
+            severity=severity,
+            family=rule.family,  # type: ignore[arg-type]
+            title=title,
+            summary=summary,
+            evidence=[Evidence(*e) for e in evidence],
+            suggested_flags=dict(flags),
+            gpus=list(gpus),
+            engine=engine,
+        )
+
+
+class RuleMemo:
+    """What each rule's last evaluation gave, per engine, while the names it read hold still
+    (see "the rule memo" above). One per :class:`~kvdoctor.pipeline.Pipeline`; pass it to
+    :func:`evaluate`. Bounded: the last context of at most ``max_engines`` engine ids (a
+    snapshot of its variables and one entry per rule it evaluated); entries of a rule not
+    evaluated in a cycle are dropped. Thread-safe: an evaluation that finds the memo in use by
+    another thread evaluates without it."""
+
+    def __init__(self, max_engines: int = 64) -> None:
+        self.max_engines = max_engines
+        self.lock = threading.Lock()
+        #: engine id → (snapshot of its last variables, id(rule) → _Kept)
+        self.engines: dict[str | None, _EngineMemo] = {}
+        #: rules evaluated and rules replayed (kept results), over the memo's life
+        self.evaluated = 0
+        self.replayed = 0
+
+    def clear(self) -> None:
+        """Forget everything (the next evaluation evaluates every rule)."""
+        with self.lock:
+            self.engines.clear()
+
+
+def _finding_data(f: Finding) -> tuple[Any, ...]:
+    return (
+        f.severity,
+        f.title,
+        f.summary,
+        tuple((e.fact, e.value, e.source) for e in f.evidence),
+        tuple(f.suggested_flags.items()),
+        tuple(f.gpus),
+    )
+
+
 def evaluate(
-    rules: Iterable[Rule], contexts: Iterable[RuleContext], *, reference: bool = False
+    rules: Iterable[Rule],
+    contexts: Iterable[RuleContext],
+    *,
+    reference: bool = False,
+    memo: RuleMemo | None = None,
 ) -> Evaluation:
     """Evaluate every rule over every context (one per engine).
 
@@ -1971,8 +2288,11 @@ def evaluate(
     keeping the worst severity, and sorted worst first. Never raises on run-time errors of
     expressions; they are listed in :attr:`Evaluation.errors`. ``reference``: evaluate with
     simpleeval instead of the compiled expressions (same result; tests and bench compare).
+    ``memo``: a :class:`RuleMemo` kept across calls (a long-running face's): a rule whose
+    names did not change since the last call for that engine is not evaluated again (the same
+    result, errors included); ignored with ``reference``.
     """
-    functions = _functions()
+    functions = _current_functions()
     evaluator: Any = None
     if reference:
         from simpleeval import EvalWithCompoundTypes
@@ -1980,44 +2300,151 @@ def evaluate(
         evaluator = EvalWithCompoundTypes(functions=dict(functions), names={})
         # Attribute access is refused at load; refuse it at run time too, belt and braces.
         evaluator.nodes.pop(ast.Attribute, None)
+        memo = None
+    if memo is not None and not memo.lock.acquire(blocking=False):
+        memo = None  # another thread's evaluation holds it
+    try:
+        return _evaluate(list(rules), contexts, functions, evaluator, memo)
+    finally:
+        if memo is not None:
+            memo.lock.release()
+
+
+class _EngineMemo:
+    """One engine's part of a :class:`RuleMemo`: the ``snapshot`` of the names its kept
+    results read, the ``kept`` results (id(rule) → :class:`_Kept`), and the ``plan`` made for
+    the ``rules`` and ``inputs`` of its last context."""
+
+    __slots__ = ("snapshot", "kept", "rules", "inputs", "plan")
+
+    def __init__(
+        self,
+        snapshot: _Snapshot,
+        kept: dict[int, _Kept],
+        rules: list[Rule],
+        inputs: frozenset[str],
+        plan: list[tuple[Rule, _RuleInfo, list[str] | None]],
+    ) -> None:
+        self.snapshot, self.kept, self.rules, self.inputs, self.plan = snapshot, kept, rules, inputs, plan
+
+
+def _plan(rules: list[Rule], inputs: Iterable[str]) -> list[tuple[Rule, _RuleInfo, list[str] | None]]:
+    """Per rule: (rule, what it reads, the inputs it misses or None when it runs): a rule
+    whose ``needs`` (all) or ``needs_any`` (one of) are absent is skipped."""
+    out: list[tuple[Rule, _RuleInfo, list[str] | None]] = []
+    for rule in rules:
+        missing = [n for n in rule.needs if n not in inputs]
+        if rule.needs_any and not any(n in inputs for n in rule.needs_any):
+            missing.append("|".join(rule.needs_any))
+        out.append((rule, _rule_info(rule), missing or None))
+    return out
+
+
+def _evaluate(
+    rules: list[Rule],
+    contexts: Iterable[RuleContext],
+    functions: _Functions,
+    evaluator: Any,
+    memo: RuleMemo | None,
+) -> Evaluation:
     result = Evaluation()
+    errors = result.errors
     found: dict[tuple[str, str | None], Finding] = {}
     skipped: dict[tuple[str, str | None], Skipped] = {}
-    rules = list(rules)
     for ctx in contexts:
-        base = _Names(CONSTANTS)
-        base.update(ctx.variables)
-        for rule in rules:
-            missing = [n for n in rule.needs if n not in ctx.inputs]
-            if rule.needs_any and not any(n in ctx.inputs for n in rule.needs_any):
-                missing.append("|".join(rule.needs_any))
-            if missing:
-                skipped.setdefault((rule.id, ctx.engine), Skipped(rule.id, missing, ctx.engine))
+        engine = ctx.engine
+        base: dict[str, Any] | None = None  # constants and variables, made when a rule runs
+        changed: set[str] = set()
+        kept: dict[int, _Kept] = {}
+        now: dict[int, _Kept] = {}
+        state = memo.engines.pop(engine, None) if memo is not None else None
+        inputs = frozenset(ctx.inputs)
+        if (
+            state is not None
+            and state.inputs == inputs
+            and len(state.rules) == len(rules)
+            and all(map(is_, state.rules, rules))
+        ):
+            plan = state.plan
+        else:
+            plan = _plan(rules, inputs)
+        fresh = False  # a rule was evaluated (not replayed) for this context
+        if state is not None:
+            kept = state.kept
+            changed, snapshot = _changes(state.snapshot, ctx.variables)
+        for rule, info, missing in plan:
+            if missing is not None:
+                skipped.setdefault((rule.id, engine), Skipped(rule.id, list(missing), engine))
                 continue
-            names = _Names(base)
-            names.missing = set()
-            names.update(rule.thresholds)
-            if evaluator is None:
-                run = _Runner(names, functions, rule, ctx.engine, result.errors)
+            last = kept.get(id(rule))
+            if (
+                last is not None
+                and last.rule is rule
+                and last.functions is functions
+                and changed.isdisjoint(last.reads)
+            ):
+                finding = last.replay(engine, errors)
+                now[id(rule)] = last
+                memo.replayed += 1  # type: ignore[union-attr]
             else:
-                run = _ReferenceRunner(names, functions, rule, ctx.engine, result.errors)
-                run.evaluator = evaluator
-            finding = _evaluate_rule(run, names, base)
-            if names.missing:
-                result.errors.append(
-                    EvalError(
-                        rule.id,
-                        ctx.engine,
-                        "names",
-                        f"not provided, read as None: {', '.join(sorted(names.missing))}",
-                    )
+                if base is None:
+                    base = dict(CONSTANTS)
+                    base.update(ctx.variables)
+                n_errors = len(errors)
+                names = _Names({n: base[n] for n in info.when_reads if n in base})
+                names.base = base
+                names.missing = set()
+                names.update(rule.thresholds)
+                run: _Runner
+                if evaluator is None:
+                    run = _Runner(names, functions, rule, engine, errors)
+                else:
+                    run = _ReferenceRunner(names, functions, rule, engine, errors)
+                    run.evaluator = evaluator
+                context: Any = base
+                keep = memo is not None and all(
+                    functions.get(c) is _PURE_FUNCTIONS.get(c) for c in info.calls
                 )
+                if keep and rule.fix:
+                    context = _Reads(base)
+                finding = _evaluate_rule(run, names, context)
+                if names.missing:
+                    errors.append(
+                        EvalError(
+                            rule.id,
+                            engine,
+                            "names",
+                            f"not provided, read as None: {', '.join(sorted(names.missing))}",
+                        )
+                    )
+                if memo is not None:
+                    memo.evaluated += 1
+                    fresh = True
+                    if keep:
+                        reads = info.when_reads
+                        if finding is not None:
+                            reads = info.reads | context.read if isinstance(context, _Reads) else info.reads
+                        now[id(rule)] = _Kept(
+                            rule,
+                            functions,
+                            reads,
+                            tuple((e.where, e.message) for e in errors[n_errors:]),
+                            None if finding is None else _finding_data(finding),
+                        )
             if finding is None:
                 continue
-            key = (rule.id, ctx.engine)
+            key = (rule.id, engine)
             prev = found.get(key)
             if prev is None or SEVERITY_ORDER[finding.severity] > SEVERITY_ORDER[prev.severity]:
                 found[key] = finding
+        if memo is not None:
+            if state is None or fresh or len(now) != len(kept):
+                # the names the kept results read: their values now, for the next comparison
+                watch = tuple(frozenset().union(*(k.reads for k in now.values())))
+                snapshot = _snapshot(watch, list(map(ctx.variables.get, watch, repeat(_ABSENT))))
+            while len(memo.engines) >= memo.max_engines:
+                del memo.engines[next(iter(memo.engines))]
+            memo.engines[engine] = _EngineMemo(snapshot, now, rules, inputs, plan)
     link_causes(rules, list(found.values()))
     result.findings = sort_findings(found.values())
     # A rule that fired for an engine is not also "skipped" for it.
