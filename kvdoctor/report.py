@@ -10,13 +10,22 @@ import functools
 import json
 import math
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import Engine, Snapshot, SourceStatus
-from kvdoctor.findings import FAMILIES, Finding, Health, Skipped, causal_order, depth_of, worst_health
+from kvdoctor.findings import (
+    FAMILIES,
+    Evidence,
+    Finding,
+    Health,
+    Skipped,
+    causal_order,
+    depth_of,
+    worst_health,
+)
 from kvdoctor.redact import redact_text
 
 if TYPE_CHECKING:  # rich is imported by the text renderer only: JSON/markdown start without it
@@ -144,20 +153,9 @@ def build_report(
     # The last line of defence for "secrets never leave": whatever a source echoed back
     # (an unparsable command line, a URL with credentials) is redacted here too.
     sources = [
-        SourceStatus(s.kind, redact_text(s.origin), s.status, redact_text(s.detail)) for s in snapshot.sources
+        SourceStatus(s.kind, _redacted(s.origin), s.status, _redacted(s.detail)) for s in snapshot.sources
     ]
-    shown = [
-        replace(
-            f,
-            summary=redact_text(f.summary),
-            evidence=[
-                replace(ev, value=redact_text(ev.value), source=redact_text(ev.source)) for ev in f.evidence
-            ],
-            suggested_flags=dict(f.suggested_flags),
-            gpus=list(f.gpus),
-        )
-        for f in findings
-    ]
+    shown = [_shown(f) for f in findings]
     return Report(
         generated_at=_iso_utc(now),
         # Nothing read is not "OK": findings from no facts mean nothing (spec/report.md, exit 3).
@@ -167,6 +165,43 @@ def build_report(
         engines=engine_rows,
         findings=causal_order(shown),
         skipped=sorted(skipped, key=lambda s: (s.rule, s.engine or "")),
+    )
+
+
+#: text → redact_text(text), for the texts a live face reports every cycle (the same source
+#: origins, summaries and evidence, cycle after cycle); bounded, cleared when full
+_REDACTED: dict[str, str] = {}
+_REDACTED_MAX = 2048
+
+
+def _redacted(text: str) -> str:
+    """:func:`~kvdoctor.redact.redact_text` of ``text`` (a pure function of it), kept."""
+    try:
+        return _REDACTED[text]
+    except KeyError:
+        pass
+    out = redact_text(text)
+    if len(_REDACTED) >= _REDACTED_MAX:
+        _REDACTED.clear()
+    _REDACTED[text] = out
+    return out
+
+
+def _shown(f: Finding) -> Finding:
+    """The report's copy of a finding: its own lists and dict, the summary and evidence
+    values/sources redacted (``dataclasses.replace`` with every field, without its cost)."""
+    return Finding(
+        rule=f.rule,
+        severity=f.severity,
+        family=f.family,
+        title=f.title,
+        summary=_redacted(f.summary),
+        evidence=[Evidence(ev.fact, _redacted(ev.value), _redacted(ev.source)) for ev in f.evidence],
+        suggested_flags=dict(f.suggested_flags),
+        gpus=list(f.gpus),
+        engine=f.engine,
+        docs=f.docs,
+        caused_by=f.caused_by,
     )
 
 

@@ -239,3 +239,47 @@ def test_skipped_grouped_by_missing_input() -> None:
     skipped = [Skipped("a", ["gpus"], "x"), Skipped("b", ["metrics"], "y"), Skipped("c", ["gpus"], "y")]
     md = render_markdown(build_report(snapshot(), [], skipped))
     assert "Skipped rules (missing inputs): no nvidia-smi/NVML: a[x], c[y]; no /metrics: b[y]" in md
+
+
+def test_the_report_copies_every_field_of_a_finding_and_redacts_its_texts() -> None:
+    import dataclasses
+
+    from kvdoctor import report as report_mod
+
+    secret = "--api-key sk-abcdefghijklmnopqrstuvwxyz0123"
+    f = finding(
+        summary=f"launched with {secret}",
+        evidence=[Evidence("cmdline", f"vllm serve m {secret}", f"ps {secret}")],
+        docs="kvdoctor explain x",
+        caused_by="root-rule",
+    )
+    # every field set to a value other than its default: a field the copy forgot would show
+    for fld in dataclasses.fields(Finding):
+        assert getattr(f, fld.name) != (
+            fld.default_factory() if callable(fld.default_factory) else fld.default
+        )
+    for _ in range(2):  # the second time from the kept redactions
+        shown = build_report(snapshot(), [f], [], now=NOW).findings[0]
+        want = dataclasses.replace(
+            f,
+            summary=report_mod.redact_text(f.summary),
+            evidence=[
+                dataclasses.replace(
+                    e, value=report_mod.redact_text(e.value), source=report_mod.redact_text(e.source)
+                )
+                for e in f.evidence
+            ],
+        )
+        assert shown == want
+        assert "sk-abc" not in json.dumps(shown.to_dict())
+        assert shown.suggested_flags is not f.suggested_flags and shown.gpus is not f.gpus
+        assert shown.evidence[0] is not f.evidence[0]
+    assert f.summary.endswith(secret)  # the input is left as it was
+
+
+def test_kept_redactions_are_bounded() -> None:
+    from kvdoctor import report as report_mod
+
+    for i in range(report_mod._REDACTED_MAX + 10):
+        assert report_mod._redacted(f"text {i} --api-key sk-{i:030d}") == f"text {i} --api-key ***"
+    assert len(report_mod._REDACTED) <= report_mod._REDACTED_MAX
