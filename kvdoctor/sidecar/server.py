@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO, TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
 from kvdoctor.breakdown import engine_preemption_rates, gpu_breakdown
@@ -37,7 +37,7 @@ from kvdoctor.facts import Timeline
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.redact import redact_text
 from kvdoctor.sampler import Cycle, LiveLoop, SnapshotFeed, error_status
-from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealthTracker, View
+from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealthTracker, View, exposition_text
 from kvdoctor.sidecar.transitions import Transitions, event_line, iso, rule_timings
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class Sidecar:
         self.collector = SidecarCollector(__version__)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
-        ProcessCollector(registry=self.registry)
+        self.process_collector = ProcessCollector(registry=self.registry)
         self.out = out or sys.stdout
         self.clock = clock
         self.stop_event = threading.Event()
@@ -160,22 +160,36 @@ class Sidecar:
                 f" ({'; '.join(bad)})" if bad else ""
             )
         self.cycles += 1
-        self.collector.publish(
-            View(
-                findings=self.transitions.active(),
-                breakdown=gpu_breakdown(cycle.snapshot, report),
+        # What the view shows is fixed now (this cycle's facts, report, window and source
+        # health); the memory breakdown and the rates are worked out from them when a scrape
+        # first reads the view (Prometheus scrapes less often than the sidecar cycles).
+        snapshot, window_s = cycle.snapshot, self.pipeline.window_s
+        recent = _recent(cycle.timeline, window_s)
+        findings = self.transitions.active()
+        sources = {key: h.copy() for key, h in self.health.sources.items()}  # updated in place
+        evaluations, duration_s = self.cycles, cycle.duration_s
+
+        def view() -> View:
+            return View(
+                findings=findings,
+                breakdown=gpu_breakdown(snapshot, report),
                 gpu_info=[{"index": g["index"], "uuid": g["uuid"], "name": g["name"]} for g in report.gpus],
                 engines=list(report.engines),
-                preemptions_per_s=engine_preemption_rates(
-                    _recent(cycle.timeline, self.pipeline.window_s), report, self.pipeline.window_s
-                ),
-                sources=dict(self.health.sources),
+                preemptions_per_s=engine_preemption_rates(recent, report, window_s),
+                sources=sources,
                 last_evaluation=now,
-                evaluation_duration_s=cycle.duration_s,
-                evaluations=self.cycles,
+                evaluation_duration_s=duration_s,
+                evaluations=evaluations,
             )
-        )
+
+        self.collector.publish(view)
         self._report = report
+
+    def metrics_page(self) -> bytes:
+        """The ``/metrics`` body: what ``generate_latest(self.registry)`` writes (this
+        sidecar's series, then the process collector's), with the series' text made once per
+        cycle (:meth:`SidecarCollector.text`)."""
+        return (self.collector.text() + exposition_text(self.process_collector.collect())).encode("utf-8")
 
     @property
     def report_json(self) -> str:
@@ -256,7 +270,7 @@ class Sidecar:
             def _route(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(sidecar.registry), CONTENT_TYPE_LATEST)
+                    self._send(200, sidecar.metrics_page(), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     self._send(200, b"ok\n", "text/plain; charset=utf-8")
                 elif path == "/readyz":

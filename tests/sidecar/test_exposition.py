@@ -1,0 +1,192 @@
+"""The sidecar's /metrics text: ``exposition_text`` writes what prometheus-client's
+``generate_latest`` writes, and a cycle's view is worked out only when a scrape reads it."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+
+from kvdoctor.inputs import InputOptions, open_feed
+from kvdoctor.pipeline import Pipeline
+from kvdoctor.sidecar import exposition
+from kvdoctor.sidecar import server as server_mod
+from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealth, View, exposition_text
+from kvdoctor.sidecar.server import Sidecar
+from tests.sidecar.conftest import DATA, FakeVllm, live_feed
+
+B05 = DATA / "cases" / "b05-foreign-process-blocks-startup"
+ODD = ["a\\b", "line\nbreak", 'say "hi"', "ünï ✓", "", "\\n", 'x"\\\n']
+VALUES = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.5,
+    1e22,
+    123456789.0,
+    1234567.0,
+    0.1,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    7,
+    True,
+]
+
+
+class _Fixed:
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        return self.metrics
+
+
+def _reference(metrics: list[Metric]) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(metrics))  # type: ignore[arg-type]
+    return generate_latest(registry).decode("utf-8")
+
+
+def _families() -> list[Metric]:
+    g = GaugeMetricFamily("kvdoctor_t_gauge", "doc with \\ and\nnewline", labels=["b_label", "a_label"])
+    for i, (text, value) in enumerate(zip(ODD * 2, VALUES, strict=False)):
+        g.add_metric([text, str(i)], value)
+    c = CounterMetricFamily("kvdoctor_t_things", "a counter", labels=["source"])
+    c.add_metric(["x"], 3.0)
+    c.add_metric(["y"], 0.0)
+    plain = GaugeMetricFamily("kvdoctor_t_plain", "no labels", value=-0.0)
+    empty = GaugeMetricFamily("kvdoctor_t_empty", "no samples", labels=["a"])
+    ts = GaugeMetricFamily("kvdoctor_t_stamped", "timestamped", labels=["a"])
+    ts.add_metric(["1"], 1.0, timestamp=1700000000.5)
+    odd_name = GaugeMetricFamily("kvdoctor.t.dotted", "dotted name", value=1.0)
+    odd_label = GaugeMetricFamily("kvdoctor_t_odd_label", "label with a dot", labels=["a.b"])
+    odd_label.add_metric(["1"], 1.0)
+    h = HistogramMetricFamily(
+        "kvdoctor_t_hist", "histogram", buckets=[("1.0", 1.0), ("+Inf", 2.0)], sum_value=3.0
+    )
+    s = SummaryMetricFamily("kvdoctor_t_summary", "summary", count_value=2, sum_value=1.0)
+    info = InfoMetricFamily("kvdoctor_t_build", "info", value={"version": "1"})
+    return [g, c, plain, empty, ts, odd_name, odd_label, h, s, info]
+
+
+def test_the_text_is_generate_latest_s_for_every_kind_of_metric() -> None:
+    fams = _families()
+    for _ in range(2):  # the second time from the kept label and value texts
+        assert exposition_text(fams) == _reference(fams)
+        for m in fams:
+            assert exposition_text([m]) == _reference([m]), m.name
+
+
+def test_label_texts_and_values_are_kept_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exposition, "_SERIES_TEXT_MAX", 8)
+    g = GaugeMetricFamily("kvdoctor_t_many", "many", labels=["i"])
+    for i in range(50):
+        g.add_metric([str(i)], float(i))
+    assert exposition_text([g]) == _reference([g])
+    assert len(exposition._SERIES_TEXT) <= 8 and len(exposition._VALUE_TEXT) <= 8
+
+
+def _sidecar() -> Sidecar:
+    return Sidecar(open_feed(InputOptions(bundle=B05)), Pipeline.load(), interval_s=1.0, out=io.StringIO())
+
+
+def _strip_process(text: str) -> str:
+    # the process collector's values move between two reads (CPU seconds, open fds)
+    return re.sub(r"^(process_\S+) .*$", r"\1", text, flags=re.M)
+
+
+def test_the_metrics_page_is_the_registry_s() -> None:
+    sc = _sidecar()
+    try:
+        cycle = sc.loop.step()
+        assert cycle is not None
+        sc.on_cycle(cycle)
+        page = sc.metrics_page().decode()
+        assert _strip_process(page) == _strip_process(generate_latest(sc.registry).decode())
+        assert "kvdoctor_gpu_memory_bytes{" in page and "process_cpu_seconds_total" in page
+    finally:
+        sc.feed.close()
+
+
+def test_a_cycle_s_view_is_made_by_the_first_scrape_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = server_mod.gpu_breakdown
+    monkeypatch.setattr(server_mod, "gpu_breakdown", lambda s, r: calls.append(1) or real(s, r))
+    sc = _sidecar()
+    try:
+        cycle = sc.loop.step()
+        assert cycle is not None
+        for _ in range(3):
+            sc.on_cycle(cycle)
+        assert calls == []  # three cycles, no scrape
+        first = sc.metrics_page()
+        assert calls == [1]
+        assert sc.collector.text() is sc.collector.text()  # kept for the view
+        assert _strip_process(sc.metrics_page().decode()) == _strip_process(first.decode()) and calls == [1]
+        sc.on_cycle(cycle)
+        sc.metrics_page()
+        assert calls == [1, 1]
+    finally:
+        sc.feed.close()
+
+
+def test_a_view_keeps_the_source_health_of_its_cycle() -> None:
+    sc = _sidecar()
+    try:
+        cycle = sc.loop.step()
+        assert cycle is not None
+        sc.on_cycle(cycle)
+        errors_then = {k: h.errors for k, h in sc.health.sources.items()}
+        for h in sc.health.sources.values():  # the tracker updates in place next cycle
+            h.errors += 5
+            h.up = not h.up
+        view = sc.collector.view()
+        assert {k: h.errors for k, h in view.sources.items()} == errors_then
+    finally:
+        sc.feed.close()
+
+
+def test_a_published_function_is_called_once() -> None:
+    made: list[int] = []
+    collector = SidecarCollector("1.0")
+
+    def view() -> View:
+        made.append(1)
+        return View(sources={("metrics", "http://x/metrics"): SourceHealth(up=True, errors=2)}, evaluations=3)
+
+    collector.publish(view)
+    assert made == []
+    text = collector.text()
+    assert (
+        made == [1] and 'kvdoctor_source_errors_total{origin="http://x/metrics",source="metrics"} 2.0' in text
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    assert generate_latest(registry).decode() == text and made == [1]
+
+
+def test_the_text_over_a_live_storm_is_generate_latest_s(fake_vllm: FakeVllm) -> None:
+    feed = live_feed(fake_vllm.url)
+    sc = Sidecar(feed, Pipeline.load(), interval_s=1.0, out=io.StringIO(), max_len=50)
+    only = CollectorRegistry(auto_describe=False)
+    only.register(sc.collector)
+    try:
+        for _ in range(12):
+            cycle = sc.loop.step()
+            assert cycle is not None
+            sc.on_cycle(cycle)
+            assert sc.collector.text() == generate_latest(only).decode()
+        assert "kvdoctor_engine_preemptions_per_second{" in sc.collector.text()
+    finally:
+        feed.close()
