@@ -4,7 +4,8 @@
 1. Evaluation per cycle: ``rules_engine.evaluate`` of every shipped rule over the contexts
    ``derive`` builds from the sidecar-like Timeline of ``bench/cycle.py`` (a real 55 KB vLLM
    0.33 /metrics page, 8 GPUs), compiled expressions against the simpleeval reference
-   evaluator (``evaluate(..., reference=True)``: the baseline, same rules, same contexts).
+   evaluator (``evaluate(..., reference=True)``: the baseline, same rules, same contexts);
+   and with a ``RuleMemo`` over the same contexts again (a steady engine: every rule replayed).
 2. Rules load with a warm disk cache: ``load_rules`` as a new process does it (the in-process
    cache cleared, the cache file present; expressions' code is loaded when first evaluated)
    against parsing and compiling every rule file (the baseline, the cache's cold path: what
@@ -13,7 +14,7 @@
 Medians of interleaved runs after a warm-up. Budgets: evaluation ≤ 5 ms of a cycle (issue 10);
 the load is part of the cold start ``bench/coldstart.py`` measures (issue 8).
 usage: .venv/bin/python bench/rules.py [--runs N]
-last line: eval_ms=… eval_ref_ms=… eval_ratio=… load_ms=… parse_ms=… load_ratio=…
+last line: eval_ms=… eval_ref_ms=… eval_ratio=… load_ms=… parse_ms=… load_ratio=… memo_ms=…
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def main() -> None:
     n_exprs = sum(1 for r in rules for _ in RE._all_exprs(r))
 
     has_ref = "reference" in RE.evaluate.__code__.co_varnames
+    memo = RE.RuleMemo() if hasattr(RE, "RuleMemo") else None
     compiled: list[float] = []
     ref: list[float] = []
+    kept: list[float] = []
     for i in range(10 + a.runs):
         t0 = time.perf_counter()
         RE.evaluate(rules, ctxs)
@@ -64,9 +67,13 @@ def main() -> None:
         if has_ref:
             RE.evaluate(rules, ctxs, reference=True)  # type: ignore[call-arg]
         t2 = time.perf_counter()
+        if memo is not None:  # a long-running face's: the same variables, every rule replayed
+            RE.evaluate(rules, ctxs, memo=memo)
+        t3 = time.perf_counter()
         if i >= 10:
             compiled.append(t1 - t0)
             ref.append(t2 - t1)
+            kept.append(t3 - t2)
 
     loads: list[float] = []
     parses: list[float] = []
@@ -90,17 +97,19 @@ def main() -> None:
     size = sum(f.stat().st_size for f in Path(cache.name).iterdir())
 
     ev, er = _median_ms(compiled), _median_ms(ref) if has_ref else float("nan")
+    em = _median_ms(kept) if memo is not None else float("nan")
     lo, pa = _median_ms(loads), _median_ms(parses)
     print(
         f"{len(rules)} rules, {n_exprs} expressions, {len(ctxs)} contexts, cache file(s) {size / 1024:.0f} KiB"
     )
     print(f"evaluate, compiled:           {ev:7.3f} ms per cycle")
     print(f"evaluate, simpleeval (base):  {er:7.3f} ms per cycle   ratio {ev / er:.3f}")
+    print(f"evaluate, RuleMemo, steady:   {em:7.3f} ms per cycle   ratio {em / ev:.3f} (vs compiled)")
     print(f"load_rules, warm disk cache:  {lo:7.3f} ms")
     print(f"parse + compile (base):       {pa:7.3f} ms   ratio {lo / pa:.3f}")
     print(
         f"eval_ms={ev:.3f} eval_ref_ms={er:.3f} eval_ratio={ev / er:.3f} "
-        f"load_ms={lo:.3f} parse_ms={pa:.3f} load_ratio={lo / pa:.3f}"
+        f"load_ms={lo:.3f} parse_ms={pa:.3f} load_ratio={lo / pa:.3f} memo_ms={em:.3f}"
     )
 
 

@@ -2383,9 +2383,11 @@ def _evaluate(
                 and last.functions is functions
                 and changed.isdisjoint(last.reads)
             ):
-                finding = last.replay(engine, errors)
                 now[id(rule)] = last
                 memo.replayed += 1  # type: ignore[union-attr]
+                if last.finding is None and not last.errors:
+                    continue  # did not fire, nothing to report (most rules, most cycles)
+                finding = last.replay(engine, errors)
             else:
                 if base is None:
                     base = dict(CONSTANTS)
