@@ -25,7 +25,6 @@ Series (``gpu`` is the GPU index as text, ``engine`` the report's engine id):
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -156,17 +155,20 @@ class SidecarCollector(Collector):
 # timestamps): each metric's header once, each label set's text kept while it repeats; any
 # other metric is left to generate_latest itself. A test keeps the two equal.
 
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_METRIC_CHARS = _LABEL_CHARS | {":"}
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 #: (sample name, its labels as items) → the sample's text up to its value; bounded
 _SERIES_TEXT: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
 _SERIES_TEXT_MAX = 4096
 
 
-def _plain_name(name: str, pattern: re.Pattern[str]) -> bool:
-    """A name generate_latest writes as it is (legacy character set; no reserved ``__``)."""
-    return pattern.fullmatch(name) is not None and not (pattern is _LABEL_NAME and name.startswith("__"))
+def _plain_name(name: str, chars: frozenset[str]) -> bool:
+    """A name generate_latest writes as it is: of the legacy character set (``chars``; no
+    leading digit) and, for a label, not reserved (``__``)."""
+    if not name or name[0].isdigit() or not chars.issuperset(name):
+        return False
+    return chars is _METRIC_CHARS or not name.startswith("__")
 
 
 def _series_text(name: str, labels: dict[str, str]) -> str | None:
@@ -182,7 +184,7 @@ def _series_text(name: str, labels: dict[str, str]) -> str | None:
     if not labels:
         text = name
     else:
-        if not all(type(k) is str and type(v) is str and _plain_name(k, _LABEL_NAME) for k, v in key[1]):
+        if not all(type(k) is str and type(v) is str and _plain_name(k, _LABEL_CHARS) for k, v in key[1]):
             return None
         pairs = ",".join(
             '{}="{}"'.format(k, v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
@@ -223,7 +225,7 @@ def _metric_text(metric: Metric) -> str | None:
         mname = base
     else:
         return None
-    if not _plain_name(mname, _METRIC_NAME) or not _plain_name(base, _METRIC_NAME):
+    if not _plain_name(mname, _METRIC_CHARS) or not _plain_name(base, _METRIC_CHARS):
         return None
     doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
     out = [f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n"]
@@ -232,9 +234,7 @@ def _metric_text(metric: Metric) -> str | None:
         if timestamp is not None or exemplar is not None or (len(s) > 5 and s[5] is not None):
             return None
         if name != mname and name != base:
-            if name in (base + "_created", base + "_gsum", base + "_gcount") or not _plain_name(
-                name, _METRIC_NAME
-            ):
+            if any(name == base + suffix for suffix in _OM_SUFFIXES) or not _plain_name(name, _METRIC_CHARS):
                 return None
         series = _series_text(name, labels)
         if series is None:
