@@ -2127,9 +2127,9 @@ def _safe_frozen(v: Any) -> Any:
 class _Snapshot:
     """The values of ``names`` in one context, as compared next time: ``values`` (a scalar as
     itself, :data:`_ABSENT` for a name the context lacked, anything else :func:`_frozen`), their
-    raw ``types``, the positions of the frozen ones and of the floats."""
+    raw ``types``, the positions of the frozen ones and of the floats; ``watched`` the names as a set."""
 
-    __slots__ = ("names", "values", "types", "frozen", "floats")
+    __slots__ = ("names", "values", "types", "frozen", "floats", "watched")
 
     def __init__(
         self,
@@ -2138,8 +2138,10 @@ class _Snapshot:
         types: tuple[type, ...],
         frozen: tuple[int, ...],
         floats: tuple[int, ...],
+        watched: frozenset[str] | None = None,
     ) -> None:
         self.names, self.values, self.types, self.frozen, self.floats = names, values, types, frozen, floats
+        self.watched = frozenset(names) if watched is None else watched
 
 
 def _snapshot(names: tuple[str, ...], raw: list[Any]) -> _Snapshot:
@@ -2163,7 +2165,7 @@ def _changes(before: _Snapshot, variables: dict[str, Any]) -> tuple[set[str], _S
     if types == before.types:
         for i in before.frozen:
             now[i] = _safe_frozen(now[i])
-        after = _Snapshot(names, tuple(now), types, before.frozen, before.floats)
+        after = _Snapshot(names, tuple(now), types, before.frozen, before.floats, before.watched)
         retyped: set[str] = set()
     else:
         after = _snapshot(names, now)
@@ -2263,6 +2265,24 @@ class RuleMemo:
             self.engines.clear()
 
 
+#: (id(rule info), the functions) → whether the rule calls only shipped functions; bounded
+_PURE: dict[tuple[int, int], tuple[_RuleInfo, Any, bool]] = {}
+
+
+def _pure(info: _RuleInfo, functions: Any) -> bool:
+    """Whether every function ``info``'s rule calls is, in ``functions``, the shipped one (a
+    rule calling any other is never kept: it may not give the same result twice)."""
+    key = (id(info), id(functions))
+    hit = _PURE.get(key)
+    if hit is not None and hit[0] is info and hit[1] is functions:
+        return hit[2]
+    pure = all(functions.get(c) is _PURE_FUNCTIONS.get(c) for c in info.calls)
+    if len(_PURE) >= 4096:
+        _PURE.clear()
+    _PURE[key] = (info, functions, pure)
+    return pure
+
+
 def _finding_data(f: Finding) -> tuple[Any, ...]:
     return (
         f.severity,
@@ -2323,20 +2343,20 @@ class _EngineMemo:
         kept: dict[int, _Kept],
         rules: list[Rule],
         inputs: frozenset[str],
-        plan: list[tuple[Rule, _RuleInfo, list[str] | None]],
+        plan: list[tuple[Rule, int, _RuleInfo, list[str] | None]],
     ) -> None:
         self.snapshot, self.kept, self.rules, self.inputs, self.plan = snapshot, kept, rules, inputs, plan
 
 
-def _plan(rules: list[Rule], inputs: Iterable[str]) -> list[tuple[Rule, _RuleInfo, list[str] | None]]:
-    """Per rule: (rule, what it reads, the inputs it misses or None when it runs): a rule
-    whose ``needs`` (all) or ``needs_any`` (one of) are absent is skipped."""
-    out: list[tuple[Rule, _RuleInfo, list[str] | None]] = []
+def _plan(rules: list[Rule], inputs: Iterable[str]) -> list[tuple[Rule, int, _RuleInfo, list[str] | None]]:
+    """Per rule: (rule, its id(), what it reads, the inputs it misses or None when it runs): a
+    rule whose ``needs`` (all) or ``needs_any`` (one of) are absent is skipped."""
+    out: list[tuple[Rule, int, _RuleInfo, list[str] | None]] = []
     for rule in rules:
         missing = [n for n in rule.needs if n not in inputs]
         if rule.needs_any and not any(n in inputs for n in rule.needs_any):
             missing.append("|".join(rule.needs_any))
-        out.append((rule, _rule_info(rule), missing or None))
+        out.append((rule, id(rule), _rule_info(rule), missing or None))
     return out
 
 
@@ -2372,18 +2392,19 @@ def _evaluate(
         if state is not None:
             kept = state.kept
             changed, snapshot = _changes(state.snapshot, ctx.variables)
-        for rule, info, missing in plan:
+        made: list[_Kept] = []  # the results evaluated (not replayed) this time
+        for rule, rid, info, missing in plan:
             if missing is not None:
                 skipped.setdefault((rule.id, engine), Skipped(rule.id, list(missing), engine))
                 continue
-            last = kept.get(id(rule))
+            last = kept.get(rid)
             if (
                 last is not None
                 and last.rule is rule
                 and last.functions is functions
                 and changed.isdisjoint(last.reads)
             ):
-                now[id(rule)] = last
+                now[rid] = last
                 memo.replayed += 1  # type: ignore[union-attr]
                 if last.finding is None and not last.errors:
                     continue  # did not fire, nothing to report (most rules, most cycles)
@@ -2404,9 +2425,7 @@ def _evaluate(
                     run = _ReferenceRunner(names, functions, rule, engine, errors)
                     run.evaluator = evaluator
                 context: Any = base
-                keep = memo is not None and all(
-                    functions.get(c) is _PURE_FUNCTIONS.get(c) for c in info.calls
-                )
+                keep = memo is not None and _pure(info, functions)
                 if keep and rule.fix:
                     context = _Reads(base)
                 finding = _evaluate_rule(run, names, context)
@@ -2426,13 +2445,14 @@ def _evaluate(
                         reads = info.when_reads
                         if finding is not None:
                             reads = info.reads | context.read if isinstance(context, _Reads) else info.reads
-                        now[id(rule)] = _Kept(
+                        now[rid] = _Kept(
                             rule,
                             functions,
                             reads,
                             tuple((e.where, e.message) for e in errors[n_errors:]),
                             None if finding is None else _finding_data(finding),
                         )
+                        made.append(now[rid])
             if finding is None:
                 continue
             key = (rule.id, engine)
@@ -2440,8 +2460,9 @@ def _evaluate(
             if prev is None or SEVERITY_ORDER[finding.severity] > SEVERITY_ORDER[prev.severity]:
                 found[key] = finding
         if memo is not None:
-            if state is None or fresh or len(now) != len(kept):
-                # the names the kept results read: their values now, for the next comparison
+            # the names the kept results read, with their values now, for the next comparison
+            # (names no kept result reads any more stay: a superset only costs a comparison)
+            if state is None or (fresh and not all(k.reads <= snapshot.watched for k in made)):
                 watch = tuple(frozenset().union(*(k.reads for k in now.values())))
                 snapshot = _snapshot(watch, list(map(ctx.variables.get, watch, repeat(_ABSENT))))
             while len(memo.engines) >= memo.max_engines:
