@@ -259,3 +259,53 @@ def test_block_size_from_the_logs_kv_lines(
     )
     log = parse_log(text + "\n")
     assert block_size_from_log(log, mml, log.vllm_version) == expected
+
+
+# --------------------------------------------------------------------------- per-snapshot memo
+
+
+def test_fact_memo_answers_once_per_live_object_and_forgets_freed_ones() -> None:
+    import gc
+
+    from kvdoctor.derive.base import FactMemo
+
+    memo, calls = FactMemo(limit=4), []
+
+    def count(snap: Snapshot) -> int:
+        calls.append(snap.timestamp)
+        return len(snap.gpus)
+
+    a = Snapshot(timestamp=1.0, gpus=[Gpu(index=0)])
+    assert memo.get(a, "k", count, a) == 1 and memo.get(a, "k", count, a) == 1 and calls == [1.0]
+    assert memo.get(a, "other", count, a) == 1 and calls == [1.0, 1.0]  # another key: asked again
+    del a
+    gc.collect()
+    assert len(memo) == 0  # freed with its object: a new object reusing the id is asked afresh
+    b = Snapshot(timestamp=2.0, gpus=[])
+    assert memo.get(b, "k", count, b) == 0 and calls[-1] == 2.0
+    keep = [Snapshot(timestamp=float(i)) for i in range(6)]
+    for s in keep:
+        memo.get(s, "k", count, s)
+    assert len(memo) <= 4  # bounded
+
+
+def test_contexts_over_a_rolling_timeline_match_a_fresh_evaluation_of_the_same_snapshots() -> None:
+    # What the memos keep from one cycle to the next never shows: each cycle's variables equal
+    # those of the same snapshots evaluated in a Timeline seen for the first time (copies).
+    import copy
+
+    tl = Timeline(max_len=90)
+    for i in range(200):
+        gpus = [
+            Gpu(index=j, memory_total_bytes=80 * GiB, memory_used_bytes=60 * GiB + (i * (j + 1) << 20),
+                clock_event_reasons=["sw_thermal_slowdown"] if (i // 15) % 2 and j == 0 else [],
+                processes=[GpuProcess(pid=10 + j, name="VLLM::Worker", used_bytes=50 * GiB)])
+            for j in range(2)
+        ]  # fmt: skip
+        m = EngineMetrics(timestamp=float(i), engine="0", kv_cache_usage=(i % 10) / 10, num_requests_running=i % 7,
+                          generation_tokens_total=float(37 * i), num_preemptions_total=float(i // 9))  # fmt: skip
+        tl.append(Snapshot(timestamp=float(i), gpus=gpus, metrics=[m]))
+        if i % 23 == 0 or i > 190:
+            _, got, _ = build_contexts(tl, [])
+            _, fresh, _ = build_contexts(Timeline(snapshots=copy.deepcopy(tl.snapshots), max_len=90), [])
+            assert got == fresh, i

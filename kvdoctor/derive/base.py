@@ -101,6 +101,39 @@ class LogRuns:
     pids_earlier: frozenset[int]
 
 
+class FactMemo:
+    """Results of a pure function of one fact object (a :class:`Snapshot`), kept while that
+    object lives: a live Timeline holds each snapshot for many cycles and every cycle's
+    evaluation asks the same question of most of them (the sampled history), so each is
+    answered once, when the snapshot is first seen.
+
+    Keyed on the object's identity plus a hashable ``key`` (what else the answer depends on,
+    e.g. the engine's GPU indices). A weak reference guards each entry: it is dropped when its
+    object is freed (so an id reused by a new object never hits a dead answer), and the memo
+    is emptied beyond ``limit`` entries. Facts are never mutated, so an answer stays true for
+    the object's life. Answers are shared: callers must not modify them."""
+
+    def __init__(self, limit: int = 16_384) -> None:
+        self._entries: dict[tuple[int, Any], tuple[weakref.ref[Any], Any]] = {}
+        self._limit = limit
+
+    def get(self, obj: Any, key: Any, compute: Callable[..., Any], *args: Any) -> Any:
+        """``compute(*args)``, the answer about ``obj`` under ``key``, memoised."""
+        k = (id(obj), key)
+        hit = self._entries.get(k)
+        if hit is not None and hit[0]() is obj:
+            return hit[1]
+        value = compute(*args)
+        if len(self._entries) >= self._limit:
+            self._entries.clear()
+        entries = self._entries
+        self._entries[k] = (weakref.ref(obj, lambda _ref: entries.pop(k, None)), value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 _RUNS_CACHE: dict[int, tuple[weakref.ref[VllmLog], int, LogRuns]] = {}
 
 

@@ -10,6 +10,7 @@ one evaluation does not grow with the Timeline's length.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -365,8 +366,15 @@ def bounded_history(snapshots: Sequence[_T], limit: int = MAX_HISTORY_POINTS) ->
     n = len(snapshots)
     if n <= limit:
         return list(snapshots)
+    return [snapshots[i] for i in _spaced(n, limit)]
+
+
+@functools.lru_cache(maxsize=64)
+def _spaced(n: int, limit: int) -> tuple[int, ...]:
+    """The indices :func:`bounded_history` picks of ``n`` items (a live Timeline keeps the
+    same length cycle after cycle: worked out once)."""
     step = (n - 1) / (limit - 1)
-    return [snapshots[round(i * step)] for i in range(limit)]
+    return tuple(round(i * step) for i in range(limit))
 
 
 def dp_targets(
