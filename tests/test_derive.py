@@ -264,29 +264,41 @@ def test_block_size_from_the_logs_kv_lines(
 # --------------------------------------------------------------------------- per-snapshot memo
 
 
-def test_fact_memo_answers_once_per_live_object_and_forgets_freed_ones() -> None:
+def test_timeline_columns_ask_each_snapshot_once_and_follow_appends_drops_and_rewrites() -> None:
     import gc
 
-    from kvdoctor.derive.base import FactMemo
+    from kvdoctor.derive.base import _COLUMNS, timeline_columns
 
-    memo, calls = FactMemo(limit=4), []
+    calls: list[float | None] = []
 
-    def count(snap: Snapshot) -> int:
+    def stamp(snap: Snapshot) -> float | None:
         calls.append(snap.timestamp)
-        return len(snap.gpus)
+        return snap.timestamp
 
-    a = Snapshot(timestamp=1.0, gpus=[Gpu(index=0)])
-    assert memo.get(a, "k", count, a) == 1 and memo.get(a, "k", count, a) == 1 and calls == [1.0]
-    assert memo.get(a, "other", count, a) == 1 and calls == [1.0, 1.0]  # another key: asked again
-    del a
+    tl = Timeline(max_len=5)
+    for t in range(5):
+        tl.append(Snapshot(timestamp=float(t)))
+    cols = timeline_columns(tl)
+    assert cols.pick("t", stamp, [0, 4]) == [0.0, 4.0] and calls == [0.0, 4.0]  # only those read
+    tl.append(Snapshot(timestamp=5.0))  # the oldest drops, one is appended
+    assert timeline_columns(tl) is cols
+    assert cols.pick("t", stamp, range(5)) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert calls == [0.0, 4.0, 1.0, 2.0, 3.0, 5.0]  # 4.0 was kept, not asked again
+    tl.snapshots[2] = Snapshot(timestamp=9.0)  # changed in place: the columns start afresh
+    timeline_columns(tl)
+    assert cols.pick("t", stamp, range(5)) == [1.0, 2.0, 9.0, 4.0, 5.0] and calls[-5:] == [
+        1.0,
+        2.0,
+        9.0,
+        4.0,
+        5.0,
+    ]
+    other = Timeline(snapshots=list(tl.snapshots))  # another Timeline object: columns of its own
+    assert timeline_columns(other) is not cols
+    n = len(_COLUMNS)
+    del other
     gc.collect()
-    assert len(memo) == 0  # freed with its object: a new object reusing the id is asked afresh
-    b = Snapshot(timestamp=2.0, gpus=[])
-    assert memo.get(b, "k", count, b) == 0 and calls[-1] == 2.0
-    keep = [Snapshot(timestamp=float(i)) for i in range(6)]
-    for s in keep:
-        memo.get(s, "k", count, s)
-    assert len(memo) <= 4  # bounded
+    assert len(_COLUMNS) == n - 1  # dropped with its Timeline
 
 
 def test_contexts_over_a_rolling_timeline_match_a_fresh_evaluation_of_the_same_snapshots() -> None:

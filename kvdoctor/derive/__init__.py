@@ -44,14 +44,23 @@ from kvdoctor.derive import (
     swap,
     workspace,
 )
-from kvdoctor.derive.base import Family, LogRuns, Scope, Vars, current_run, log_runs, visible_gpus
+from kvdoctor.derive.base import (
+    Family,
+    LogRuns,
+    Scope,
+    Vars,
+    current_run,
+    log_runs,
+    timeline_columns,
+    visible_gpus,
+)
 from kvdoctor.derive.engines import (
-    bounded_history,
     build_engines,
     dp_targets,
     engine_pids_of,
     engine_runs,
     engine_series,
+    history_positions,
     recent_snapshots,
     separate_log_engines,
     weight_daemon_pids,
@@ -130,7 +139,9 @@ def build_contexts(
     labels = sorted({m.engine for s in recent for m in s.metrics if m.engine is not None})
     targets, listed = dp_targets(engines, labels)
     peers = {lab: engine_series(recent, lab) for lab in labels} if len(labels) > 1 else {}
-    history = bounded_history(timeline.snapshots)
+    history_index = history_positions(len(timeline.snapshots))
+    history = [timeline.snapshots[i] for i in history_index]  # = bounded_history(timeline.snapshots)
+    columns = timeline_columns(timeline)
     runs = log_runs(snapshot.log) if snapshot.log is not None else None
     visible = visible_gpus(snapshot)
     engine_pids = engine_pids_of(snapshot, runs.run.events if runs is not None else [])
@@ -164,6 +175,7 @@ def build_contexts(
             peers=peers,
             daemon_pids=daemon_pids,
         )
+        scope.history_columns, scope.history_index = columns, history_index
         variables = derive_variables(scope)
         contexts.append((eng.id if eng else None, variables, _inputs(scope)))
         if eng is not None:

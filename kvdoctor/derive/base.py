@@ -9,6 +9,8 @@ and earlier families' variables: they never mutate a fact and never call a sourc
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 import weakref
 from collections.abc import Callable, Sequence
@@ -101,37 +103,89 @@ class LogRuns:
     pids_earlier: frozenset[int]
 
 
-class FactMemo:
-    """Results of a pure function of one fact object (a :class:`Snapshot`), kept while that
-    object lives: a live Timeline holds each snapshot for many cycles and every cycle's
-    evaluation asks the same question of most of them (the sampled history), so each is
-    answered once, when the snapshot is first seen.
+#: a column entry not worked out yet.
+_MISSING: Any = object()
 
-    Keyed on the object's identity plus a hashable ``key`` (what else the answer depends on,
-    e.g. the engine's GPU indices). A weak reference guards each entry: it is dropped when its
-    object is freed (so an id reused by a new object never hits a dead answer), and the memo
-    is emptied beyond ``limit`` entries. Facts are never mutated, so an answer stays true for
-    the object's life. Answers are shared: callers must not modify them."""
 
-    def __init__(self, limit: int = 16_384) -> None:
-        self._entries: dict[tuple[int, Any], tuple[weakref.ref[Any], Any]] = {}
-        self._limit = limit
+class Columns:
+    """Per-snapshot answers about one Timeline, aligned with its snapshots (oldest first):
+    ``column(key, fn)[i]`` is ``fn(snapshots[i])``. :meth:`sync` follows the Timeline as it
+    appends snapshots and drops the oldest (each column is trimmed and extended, nothing is
+    asked again); any other change starts the columns afresh. Entries are worked out only
+    when read (:meth:`pick`): an evaluation reads the sampled history, never the whole
+    Timeline. Holds the snapshots it indexes (until the next sync); answers are shared."""
 
-    def get(self, obj: Any, key: Any, compute: Callable[..., Any], *args: Any) -> Any:
-        """``compute(*args)``, the answer about ``obj`` under ``key``, memoised."""
-        k = (id(obj), key)
-        hit = self._entries.get(k)
-        if hit is not None and hit[0]() is obj:
-            return hit[1]
-        value = compute(*args)
-        if len(self._entries) >= self._limit:
-            self._entries.clear()
-        entries = self._entries
-        self._entries[k] = (weakref.ref(obj, lambda _ref: entries.pop(k, None)), value)
-        return value
+    __slots__ = ("__weakref__", "_cols", "_snaps")
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def __init__(self) -> None:
+        self._snaps: list[Snapshot] = []
+        self._cols: dict[Any, list[Any]] = {}
+
+    def sync(self, snapshots: Sequence[Snapshot]) -> None:
+        """Align with ``snapshots``: the same list with its oldest dropped and new ones appended
+        keeps every answer (checked object by object, at C speed); anything else resets."""
+        old, n = self._snaps, len(snapshots)
+        if old and n:
+            first = snapshots[0]
+            drop = next((i for i in range(min(len(old), 64)) if old[i] is first), None)
+            if drop is not None:
+                kept = len(old) - drop
+                if kept <= n and all(map(operator.is_, itertools.islice(old, drop, None), snapshots)):
+                    if drop or kept < n:
+                        pad = [_MISSING] * (n - kept)
+                        for col in self._cols.values():
+                            del col[:drop]
+                            col.extend(pad)
+                        self._snaps = list(snapshots)
+                    return
+        self._snaps = list(snapshots)
+        self._cols = {}
+
+    def pick(self, key: Any, fn: Callable[[Snapshot], Any], index: Sequence[int]) -> list[Any]:
+        """``fn(snapshot)`` for the snapshots at ``index`` (positions in the synced list), each
+        worked out once while that snapshot stays. ``key`` names ``fn`` and everything else it
+        depends on."""
+        col = self._cols.get(key)
+        if col is None:
+            col = self._cols[key] = [_MISSING] * len(self._snaps)
+        got = [col[i] for i in index]
+        if _MISSING in got:
+            snaps = self._snaps
+            for j, i in enumerate(index):
+                if got[j] is _MISSING:
+                    got[j] = col[i] = fn(snaps[i])
+        return got
+
+
+_COLUMNS: dict[int, tuple[weakref.ref[Any], Columns]] = {}
+
+
+def timeline_columns(timeline: Any) -> Columns:
+    """The :class:`Columns` of a Timeline (one per Timeline object, dropped with it), synced
+    with its snapshots."""
+    key = id(timeline)
+    hit = _COLUMNS.get(key)
+    if hit is None or hit[0]() is not timeline:
+        if len(_COLUMNS) > 64:
+            _COLUMNS.clear()
+        hit = (weakref.ref(timeline, lambda _ref: _COLUMNS.pop(key, None)), Columns())
+        _COLUMNS[key] = hit
+    hit[1].sync(timeline.snapshots)
+    return hit[1]
+
+
+def snapshot_timestamp(snap: Snapshot) -> float | None:
+    """``Snapshot.timestamp`` (a column function)."""
+    return snap.timestamp
+
+
+def history_values(s: Scope, key: Any, fn: Callable[[Snapshot], Any]) -> list[Any]:
+    """``fn(snapshot)`` for each snapshot of ``s.history``, oldest first; from the Timeline's
+    :class:`Columns` when the scope has them (each snapshot asked once in its life), else
+    asked here. ``key`` names ``fn`` and what else it depends on."""
+    if s.history_columns is not None and s.history_index is not None:
+        return s.history_columns.pick(key, fn, s.history_index)
+    return [fn(snap) for snap in s.history]
 
 
 _RUNS_CACHE: dict[int, tuple[weakref.ref[VllmLog], int, LogRuns]] = {}
@@ -262,6 +316,9 @@ class Scope:
     peer_series: dict[str, list[EngineMetrics]] = field(default_factory=dict)
     #: pids of a `vllm preload` weights daemon (also in ``engine_pids``): the deployment's, no engine.
     weight_daemon_pids: frozenset[int] = frozenset()
+    #: the Timeline's per-snapshot answers, and where ``history`` lies in it (``history_values``).
+    history_columns: Columns | None = None
+    history_index: Sequence[int] | None = None
 
     @property
     def log(self) -> LogView | None:

@@ -366,13 +366,15 @@ def bounded_history(snapshots: Sequence[_T], limit: int = MAX_HISTORY_POINTS) ->
     n = len(snapshots)
     if n <= limit:
         return list(snapshots)
-    return [snapshots[i] for i in _spaced(n, limit)]
+    return [snapshots[i] for i in history_positions(n, limit)]
 
 
 @functools.lru_cache(maxsize=64)
-def _spaced(n: int, limit: int) -> tuple[int, ...]:
-    """The indices :func:`bounded_history` picks of ``n`` items (a live Timeline keeps the
-    same length cycle after cycle: worked out once)."""
+def history_positions(n: int, limit: int = MAX_HISTORY_POINTS) -> tuple[int, ...]:
+    """The positions :func:`bounded_history` picks of ``n`` items, oldest first (a live
+    Timeline keeps the same length cycle after cycle: worked out once)."""
+    if n <= limit:
+        return tuple(range(n))
     step = (n - 1) / (limit - 1)
     return tuple(round(i * step) for i in range(limit))
 

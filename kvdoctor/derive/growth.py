@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterator
 
-from kvdoctor.derive.base import FactMemo, Family, Scope, Vars
+from kvdoctor.derive.base import Family, Scope, Vars, history_values
 from kvdoctor.derive.engines import bounded_history
 from kvdoctor.facts import Gpu, Snapshot
 
@@ -52,10 +51,6 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
 #: a reading: (GPU key, (time, used bytes as float), total bytes or None).
 _Reading = tuple[_Key, tuple[float, float], int | None]
 
-#: the readings of each snapshot of a live Timeline, per set of wanted GPUs: the sampled history
-#: is mostly the same snapshots from one cycle to the next.
-_READINGS_MEMO = FactMemo()
-
 
 def _gpu_readings(gpus: list[Gpu], ts: float | None, wanted: set[_Key]) -> list[_Reading]:
     out: list[_Reading] = []
@@ -75,19 +70,17 @@ def _snapshot_readings(snap: Snapshot, wanted: set[_Key]) -> list[_Reading]:
     return []
 
 
-def _readings(s: Scope, wanted: set[_Key]) -> Iterator[_Reading]:
-    """((node, GPU index), (time, used bytes), total bytes) of the engine's GPUs over time: the
-    nvidia-smi ``-l`` loop's moments when the snapshot has them, else the bounded history of
-    snapshots (a reading without its own time takes its snapshot's)."""
+def _readings(s: Scope, wanted: set[_Key]) -> list[list[_Reading]]:
+    """((node, GPU index), (time, used bytes), total bytes) of the engine's GPUs over time, one
+    list per moment: the nvidia-smi ``-l`` loop's moments when the snapshot has them, else the
+    bounded history of snapshots (a reading without its own time takes its snapshot's)."""
     moments = s.snapshot.gpu_series
     if moments:
-        for m in bounded_history(moments):
-            yield from _gpu_readings(m, None, wanted)
-        return
-    key = frozenset(wanted)
-    memo = _READINGS_MEMO.get
-    for snap in s.history:
-        yield from memo(snap, key, _snapshot_readings, snap, wanted)
+        return [_gpu_readings(m, None, wanted) for m in bounded_history(moments)]
+    # Per snapshot of a live Timeline once in its life: the sampled history is mostly the same
+    # snapshots from one cycle to the next.
+    key = ("gpu_memory_readings", frozenset(wanted))
+    return history_values(s, key, lambda snap: _snapshot_readings(snap, wanted))
 
 
 def derive(s: Scope, v: Vars) -> None:
@@ -99,13 +92,14 @@ def derive(s: Scope, v: Vars) -> None:
         wanted = {(None, int(i)) for i in v["engine_gpus"] or []}
     series: dict[_Key, list[tuple[float, float]]] = {}
     totals: dict[_Key, int] = {}
-    for idx, point, total in _readings(s, wanted):
-        pts = series.get(idx)
-        if pts is None:
-            series[idx] = pts = []
-        pts.append(point)
-        if total:
-            totals[idx] = total
+    for moment in _readings(s, wanted):
+        for idx, point, total in moment:
+            pts = series.get(idx)
+            if pts is None:
+                series[idx] = pts = []
+            pts.append(point)
+            if total:
+                totals[idx] = total
     best: tuple[float, _Key, list[tuple[float, float]]] | None = None
     for idx, pts in series.items():
         pts.sort()

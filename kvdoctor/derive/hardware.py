@@ -7,7 +7,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
-from kvdoctor.derive.base import FactMemo, Family, Scope, Vars
+from kvdoctor.derive.base import Family, Scope, Vars, history_values, snapshot_timestamp
 from kvdoctor.derive.engines import bounded_history, engine_series
 from kvdoctor.devices import APPLICATION_XIDS, HARDWARE_XIDS, normalize_bus_id
 from kvdoctor.facts import Gpu
@@ -52,11 +52,6 @@ def _slow(gpus: list[Gpu], wanted: set[int]) -> bool | None:
     return False if seen else None
 
 
-#: ``_slow`` of each snapshot of a live Timeline, per set of GPUs: the sampled history is
-#: mostly the same snapshots every cycle (their Gpu readings need not be walked again).
-_SLOW_MEMO = FactMemo()
-
-
 def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, bool]]:
     """(time, throttled) per reading of the engine's GPUs, oldest first: the nvidia-smi ``-l``
     loop's moments (``Snapshot.gpu_series``, bounded) when the snapshot has them, else the
@@ -71,12 +66,15 @@ def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, b
                 times = [g.timestamp for g in gpus if g.timestamp is not None]
                 out.append((times[0] if times else None, t))
         return out
-    key = frozenset(wanted)
-    memo = _SLOW_MEMO.get
-    for snap in s.history or [s.snapshot]:
-        t = memo(snap, key, _slow, snap.gpus, wanted)
-        if t is not None:
-            out.append((snap.timestamp, t))
+    if s.history:
+        # Per snapshot of a live Timeline once in its life: the sampled history is mostly the
+        # same snapshots from one cycle to the next.
+        slow = history_values(s, ("throttle_slow", frozenset(wanted)), lambda snap: _slow(snap.gpus, wanted))
+        stamps = history_values(s, "timestamp", snapshot_timestamp)
+        if None not in slow:
+            out = list(zip(stamps, slow, strict=True))
+        else:
+            out = [(ts, t) for ts, t in zip(stamps, slow, strict=True) if t is not None]
     if not out:
         t = _slow(s.snapshot.gpus, wanted)
         if t is not None:
