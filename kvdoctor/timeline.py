@@ -61,7 +61,7 @@ class Series(list[EngineMetrics]):
     place is indexed afresh.
     """
 
-    __slots__ = ("_cols", "_ordered", "_times", "_tail")
+    __slots__ = ("_cols", "_ordered", "_source", "_times", "_tail")
 
     def __init__(self, items: Iterable[EngineMetrics] = ()) -> None:
         super().__init__(items)
@@ -70,6 +70,30 @@ class Series(list[EngineMetrics]):
         self._ordered = False
         #: field name (or histogram name) → what was read out of the samples, for this index.
         self._cols: dict[Any, Any] = {}
+        #: (reader, offset): sample j is position offset + j of a source whose
+        #: ``reader(field, lo, hi)`` gives the (times, values) of positions lo … hi - 1 as
+        #: :func:`_read_points` would read them out of the samples (a Timeline's per-snapshot
+        #: columns, ``kvdoctor.derive.engines.engine_series_at``); None: read the samples.
+        self._source: tuple[SourceReader, int] | None = None
+
+
+#: ``reader(field, lo, hi)`` → (times, values) of one field over positions lo … hi - 1 of a
+#: source; ``reader(("histogram", name), lo, hi)`` → the histograms ``name`` there, of the
+#: samples that carry it. None: read the samples instead.
+SourceReader = Callable[[Any, int, int], Any]
+
+
+def sourced_series(
+    items: list[EngineMetrics], times: list[float | None], reader: SourceReader, offset: int
+) -> Series:
+    """A :class:`Series` of ``items`` (timestamps ``times``) whose field values ``reader``
+    gives for positions ``offset …`` (columns kept across evaluations): what the helpers would
+    read out of the samples, without reading them. ``reader`` may answer None (read them)."""
+    out = Series(items)
+    out._times, out._tail = times, (items[-1] if items else None)
+    out._ordered = None not in times and all(map(operator.le, times, itertools.islice(times, 1, None)))  # type: ignore[arg-type]
+    out._source = (reader, offset)
+    return out
 
 
 def _index(series: list[EngineMetrics]) -> tuple[list[float | None], bool]:
@@ -84,13 +108,26 @@ def _index(series: list[EngineMetrics]) -> tuple[list[float | None], bool]:
     ordered = None not in times and all(map(operator.le, times, itertools.islice(times, 1, None)))  # type: ignore[arg-type]
     if isinstance(series, Series):
         series._times, series._tail, series._ordered = times, (series[-1] if series else None), ordered
-        series._cols = {}
+        series._cols, series._source = {}, None  # changed in place: read the samples
     return times, ordered
 
 
-def _indexed(items: list[EngineMetrics], times: list[float | None], ordered: bool) -> Series:
+def indexed_times(series: list[EngineMetrics]) -> tuple[list[float | None], bool]:
+    """The samples' timestamps (unix seconds, None where a sample has none; a shared list: do
+    not modify) and whether every sample is timed and they never decrease. O(1) for a
+    :class:`Series` already indexed."""
+    return _index(series)
+
+
+def _indexed(
+    items: list[EngineMetrics],
+    times: list[float | None],
+    ordered: bool,
+    source: tuple[SourceReader, int] | None = None,
+) -> Series:
     out = Series(items)
     out._times, out._tail, out._ordered = times, (items[-1] if items else None), ordered
+    out._source = source
     return out
 
 
@@ -142,11 +179,12 @@ def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, c
         end = now if now is not None else ts[-1]
         lo = bisect.bisect_left(ts, end - seconds)
         hi = len(ts) if now is None else bisect.bisect_right(ts, end)
+        src = series._source if isinstance(series, Series) else None
         if lo == 0 and hi == len(ts):
             if not copy and isinstance(series, Series):
                 return series
-            return _indexed(series, ts, True)
-        return _indexed(series[lo:hi], ts[lo:hi], True)
+            return _indexed(series, ts, True, src)
+        return _indexed(series[lo:hi], ts[lo:hi], True, (src[0], src[1] + lo) if src is not None else None)
     timed = [(m, t) for m, t in zip(series, times, strict=True) if t is not None]
     if not timed:
         return Series(series[-1:])
@@ -176,17 +214,22 @@ def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> tup
         hit = cols.get(field)
         if hit is not None:
             return hit  # type: ignore[no-any-return]
-    got = _read_points(win, _getter(field))
+    got = _read_points(win, _getter(field), field)
     if cols is not None:
         cols[field] = got
     return got
 
 
 def _read_points(
-    win: Series, get: Callable[[EngineMetrics], float | None]
+    win: Series, get: Callable[[EngineMetrics], float | None], field: FieldRef = ""
 ) -> tuple[list[float], list[float]]:
-    raw = list(map(get, win))
     times, ordered = _index(win)
+    if ordered and win._source is not None and isinstance(field, str):
+        reader, offset = win._source
+        got = reader(field, offset, offset + len(win))
+        if got is not None:
+            return got
+    raw = list(map(get, win))
     # The common case at C speed: every sample timed and every value present (v == v drops NaN).
     if ordered and None not in raw and all(map(operator.eq, raw, raw)):
         return list(times), list(map(float, raw))  # type: ignore[arg-type]
@@ -261,7 +304,12 @@ def _with_hist(series: list[EngineMetrics], name: str) -> list[HistogramData]:
         hit = cols.get(key)
         if hit is not None:
             return hit  # type: ignore[no-any-return]
-    got = [m.histograms[name] for m in series if name in m.histograms]
+    got: list[HistogramData] | None = None
+    if isinstance(series, Series) and series._ordered and series._source is not None:
+        reader, offset = series._source
+        got = reader(key, offset, offset + len(series))  # type: ignore[assignment]
+    if got is None:
+        got = [m.histograms[name] for m in series if name in m.histograms]
     if cols is not None:
         cols[key] = got
     return got
@@ -289,11 +337,11 @@ def _no_reset(hs: list[HistogramData]) -> bool:
     started. Under it :func:`_hist_diff` of consecutive samples never falls back to the current
     sample, so their deltas telescope to last − first. O(samples + buckets), at C speed."""
     first, last = hs[0], hs[-1]
-    counts = [h.count for h in hs]
+    counts = list(map(_COUNT, hs))
     if any(map(operator.lt, itertools.islice(counts, 1, None), counts)):
         return False
     n = len(first.buckets)
-    sizes = [len(h.buckets) for h in hs]
+    sizes = list(map(len, map(_BUCKETS, hs)))
     if sizes.count(n) != len(sizes):
         return False
     if [le for le, _ in first.buckets] != [le for le, _ in last.buckets]:
@@ -346,18 +394,30 @@ def histogram_latest(series: list[EngineMetrics], name: str) -> HistogramData | 
     return None
 
 
+_COUNT = operator.attrgetter("count")
+_BUCKETS = operator.attrgetter("buckets")
+
+#: (histogram, its _monotonic buckets) of the last call: one window's quantiles and largest
+#: bucket ask about the same histogram in turn. Holds the histogram (its id is not reused).
+_MONOTONIC_LAST: tuple[HistogramData | None, list[tuple[float, float]]] = (None, [])
+
+
 def _monotonic(h: HistogramData) -> list[tuple[float, float]]:
     """Sorted cumulative buckets with +Inf last, counts forced non-decreasing (as Prometheus
-    does for float noise)."""
+    does for float noise). Shared with the next caller asking about ``h``: do not modify."""
+    global _MONOTONIC_LAST
+    last_h, last_out = _MONOTONIC_LAST
+    if last_h is h:
+        return last_out
     buckets = sorted(h.buckets)
     if not buckets or not math.isinf(buckets[-1][0]):
         last = buckets[-1][1] if buckets else 0.0
         buckets.append((math.inf, max(h.count, last)))
-    out: list[tuple[float, float]] = []
-    hi = 0.0
-    for le, c in buckets:
-        hi = max(hi, c)
-        out.append((le, hi))
+    # hi = max(hi, c) from 0.0, bucket after bucket (accumulate calls max(hi, c) in that order)
+    his = itertools.accumulate([c for _, c in buckets], max, initial=0.0)
+    next(his)
+    out = list(zip([le for le, _ in buckets], his, strict=True))
+    _MONOTONIC_LAST = (h, out)
     return out
 
 

@@ -284,15 +284,17 @@ def test_timeline_columns_ask_each_snapshot_once_and_follow_appends_drops_and_re
     assert timeline_columns(tl) is cols
     assert cols.pick("t", stamp, range(5)) == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert calls == [0.0, 4.0, 1.0, 2.0, 3.0, 5.0]  # 4.0 was kept, not asked again
+    calls.clear()
+    assert cols.span("w", stamp, 2, 5) == [3.0, 4.0, 5.0] and calls == [3.0, 4.0, 5.0]
+    tl.append(Snapshot(timestamp=6.0))
+    timeline_columns(tl)
+    assert cols.span("w", stamp, 1, 5) == [3.0, 4.0, 5.0, 6.0] and calls[3:] == [6.0]  # the new one
+    assert cols.span("w", stamp, 0, 5) == [2.0, 3.0, 4.0, 5.0, 6.0] and calls[4:] == [2.0]
+    assert cols.span("w", stamp, 0, 5) == [2.0, 3.0, 4.0, 5.0, 6.0] and len(calls) == 5
     tl.snapshots[2] = Snapshot(timestamp=9.0)  # changed in place: the columns start afresh
     timeline_columns(tl)
-    assert cols.pick("t", stamp, range(5)) == [1.0, 2.0, 9.0, 4.0, 5.0] and calls[-5:] == [
-        1.0,
-        2.0,
-        9.0,
-        4.0,
-        5.0,
-    ]
+    want = [2.0, 3.0, 9.0, 5.0, 6.0]
+    assert cols.pick("t", stamp, range(5)) == want and calls[-5:] == want
     other = Timeline(snapshots=list(tl.snapshots))  # another Timeline object: columns of its own
     assert timeline_columns(other) is not cols
     n = len(_COLUMNS)

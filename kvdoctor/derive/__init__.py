@@ -59,7 +59,7 @@ from kvdoctor.derive.engines import (
     dp_targets,
     engine_pids_of,
     engine_runs,
-    engine_series,
+    engine_series_at,
     history_positions,
     recent_snapshots,
     separate_log_engines,
@@ -136,12 +136,14 @@ def build_contexts(
     snapshot = timeline.latest or Snapshot()
     engines = build_engines(snapshot, configs)
     recent, older = recent_snapshots(timeline.snapshots, window_s)
+    columns = timeline_columns(timeline)
+    end = len(timeline.snapshots)
+    start = end - len(recent)  # the window is the Timeline's tail
     labels = sorted({m.engine for s in recent for m in s.metrics if m.engine is not None})
     targets, listed = dp_targets(engines, labels)
-    peers = {lab: engine_series(recent, lab) for lab in labels} if len(labels) > 1 else {}
-    history_index = history_positions(len(timeline.snapshots))
+    peers = {lab: engine_series_at(columns, start, end, lab) for lab in labels} if len(labels) > 1 else {}
+    history_index = history_positions(end)
     history = [timeline.snapshots[i] for i in history_index]  # = bounded_history(timeline.snapshots)
-    columns = timeline_columns(timeline)
     runs = log_runs(snapshot.log) if snapshot.log is not None else None
     visible = visible_gpus(snapshot)
     engine_pids = engine_pids_of(snapshot, runs.run.events if runs is not None else [])
@@ -157,7 +159,7 @@ def build_contexts(
     gpus_of: dict[str, list[int]] = {}
     log_engines = separate_log_engines(snapshot.log) if snapshot.log is not None else []
     for idx, (eng, label) in enumerate(targets):
-        series = engine_series(recent, label) if (label is not None or idx == 0) else []
+        series = engine_series_at(columns, start, end, label) if (label is not None or idx == 0) else []
         # one log, several engines: each engine's context reads its own lines only
         eng_runs = engine_runs(runs, eng, log_engines) if runs is not None and eng is not None else runs
         scope = _scope(

@@ -107,6 +107,11 @@ class LogRuns:
 _MISSING: Any = object()
 
 
+def _has_missing(values: list[Any]) -> bool:
+    # By identity at C speed: ``in`` would call each fact's __eq__ (Python code) in turn.
+    return any(map(operator.is_, values, itertools.repeat(_MISSING)))
+
+
 class Columns:
     """Per-snapshot answers about one Timeline, aligned with its snapshots (oldest first):
     ``column(key, fn)[i]`` is ``fn(snapshots[i])``. :meth:`sync` follows the Timeline as it
@@ -115,11 +120,14 @@ class Columns:
     when read (:meth:`pick`): an evaluation reads the sampled history, never the whole
     Timeline. Holds the snapshots it indexes (until the next sync); answers are shared."""
 
-    __slots__ = ("__weakref__", "_cols", "_snaps")
+    __slots__ = ("__weakref__", "_cols", "_filled", "_snaps")
 
     def __init__(self) -> None:
         self._snaps: list[Snapshot] = []
         self._cols: dict[Any, list[Any]] = {}
+        #: per column, [a, b): positions known worked out (a window read cycle after cycle
+        #: then only looks at what the Timeline appended since).
+        self._filled: dict[Any, list[int]] = {}
 
     def sync(self, snapshots: Sequence[Snapshot]) -> None:
         """Align with ``snapshots``: the same list with its oldest dropped and new ones appended
@@ -136,10 +144,13 @@ class Columns:
                         for col in self._cols.values():
                             del col[:drop]
                             col.extend(pad)
+                        for rng in self._filled.values():
+                            rng[0], rng[1] = max(0, rng[0] - drop), max(0, rng[1] - drop)
                         self._snaps = list(snapshots)
                     return
         self._snaps = list(snapshots)
         self._cols = {}
+        self._filled = {}
 
     def pick(self, key: Any, fn: Callable[[Snapshot], Any], index: Sequence[int]) -> list[Any]:
         """``fn(snapshot)`` for the snapshots at ``index`` (positions in the synced list), each
@@ -148,12 +159,36 @@ class Columns:
         col = self._cols.get(key)
         if col is None:
             col = self._cols[key] = [_MISSING] * len(self._snaps)
+            self._filled[key] = [0, 0]
         got = [col[i] for i in index]
-        if _MISSING in got:
+        if _has_missing(got):
             snaps = self._snaps
             for j, i in enumerate(index):
                 if got[j] is _MISSING:
                     got[j] = col[i] = fn(snaps[i])
+        return got
+
+    def span(self, key: Any, fn: Callable[[Snapshot], Any], lo: int, hi: int) -> list[Any]:
+        """:meth:`pick` of the positions ``lo … hi - 1`` (a new list)."""
+        col = self._cols.get(key)
+        if col is None:
+            col = self._cols[key] = [_MISSING] * len(self._snaps)
+            self._filled[key] = [0, 0]
+        hi = min(hi, len(col))
+        got = col[lo:hi]
+        rng = self._filled[key]
+        a, b = rng
+        if lo < a or hi > b:
+            # only what lies outside the filled range can be missing
+            if _has_missing(got[: max(0, a - lo)]) or _has_missing(got[max(0, b - lo) :]):
+                snaps = self._snaps
+                for j, x in enumerate(got):
+                    if x is _MISSING:
+                        got[j] = col[lo + j] = fn(snaps[lo + j])
+            if lo <= b and hi >= a:
+                rng[0], rng[1] = min(a, lo), max(b, hi)
+            else:
+                rng[0], rng[1] = lo, hi
         return got
 
 
