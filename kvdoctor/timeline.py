@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 import operator
@@ -54,17 +55,45 @@ class Series(list[EngineMetrics]):
     :func:`engine_series` and :func:`window` return one; any plain list works as well (it is
     indexed on first use: one pass). A live Timeline appends a snapshot a second and every rule
     variable reads a window of it, so the index makes each further :func:`window` a bisection
-    on the timestamps instead of a scan of every sample. The index is checked against the
-    list's length and last item on each use, so a list changed in place is indexed afresh.
+    on the timestamps instead of a scan of every sample, and the values of a field are read out
+    of the samples once per Series (every helper asked about the same window reuses them). The
+    index is checked against the list's length and last item on each use, so a list changed in
+    place is indexed afresh.
     """
 
-    __slots__ = ("_ordered", "_times", "_tail")
+    __slots__ = ("_cols", "_ordered", "_source", "_times", "_tail")
 
     def __init__(self, items: Iterable[EngineMetrics] = ()) -> None:
         super().__init__(items)
         self._times: list[float | None] | None = None
         self._tail: EngineMetrics | None = None
         self._ordered = False
+        #: field name (or histogram name) → what was read out of the samples, for this index.
+        self._cols: dict[Any, Any] = {}
+        #: (reader, offset): sample j is position offset + j of a source whose
+        #: ``reader(field, lo, hi)`` gives the (times, values) of positions lo … hi - 1 as
+        #: :func:`_read_points` would read them out of the samples (a Timeline's per-snapshot
+        #: columns, ``kvdoctor.derive.engines.engine_series_at``); None: read the samples.
+        self._source: tuple[SourceReader, int] | None = None
+
+
+#: ``reader(field, lo, hi)`` → (times, values) of one field over positions lo … hi - 1 of a
+#: source; ``reader(("histogram", name), lo, hi)`` → the histograms ``name`` there, of the
+#: samples that carry it. None: read the samples instead.
+SourceReader = Callable[[Any, int, int], Any]
+
+
+def sourced_series(
+    items: list[EngineMetrics], times: list[float | None], reader: SourceReader, offset: int
+) -> Series:
+    """A :class:`Series` of ``items`` (timestamps ``times``) whose field values ``reader``
+    gives for positions ``offset …`` (columns kept across evaluations): what the helpers would
+    read out of the samples, without reading them. ``reader`` may answer None (read them)."""
+    out = Series(items)
+    out._times, out._tail = times, (items[-1] if items else None)
+    out._ordered = None not in times and all(map(operator.le, times, itertools.islice(times, 1, None)))  # type: ignore[arg-type]
+    out._source = (reader, offset)
+    return out
 
 
 def _index(series: list[EngineMetrics]) -> tuple[list[float | None], bool]:
@@ -79,12 +108,26 @@ def _index(series: list[EngineMetrics]) -> tuple[list[float | None], bool]:
     ordered = None not in times and all(map(operator.le, times, itertools.islice(times, 1, None)))  # type: ignore[arg-type]
     if isinstance(series, Series):
         series._times, series._tail, series._ordered = times, (series[-1] if series else None), ordered
+        series._cols, series._source = {}, None  # changed in place: read the samples
     return times, ordered
 
 
-def _indexed(items: list[EngineMetrics], times: list[float | None], ordered: bool) -> Series:
+def indexed_times(series: list[EngineMetrics]) -> tuple[list[float | None], bool]:
+    """The samples' timestamps (unix seconds, None where a sample has none; a shared list: do
+    not modify) and whether every sample is timed and they never decrease. O(1) for a
+    :class:`Series` already indexed."""
+    return _index(series)
+
+
+def _indexed(
+    items: list[EngineMetrics],
+    times: list[float | None],
+    ordered: bool,
+    source: tuple[SourceReader, int] | None = None,
+) -> Series:
     out = Series(items)
     out._times, out._tail, out._ordered = times, (items[-1] if items else None), ordered
+    out._source = source
     return out
 
 
@@ -122,6 +165,12 @@ def window(
     gives) is cut by bisection on its indexed timestamps; any other order is filtered sample
     by sample, with the same result. Raises nothing.
     """
+    return _window(series, seconds, now, copy=True)
+
+
+def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, copy: bool) -> Series:
+    """:func:`window`; with ``copy`` False, a :class:`Series` the window covers whole is
+    returned itself (the helpers below only read it, and reuse the values it has read out)."""
     if not series:
         return Series()
     times, ordered = _index(series)
@@ -130,9 +179,12 @@ def window(
         end = now if now is not None else ts[-1]
         lo = bisect.bisect_left(ts, end - seconds)
         hi = len(ts) if now is None else bisect.bisect_right(ts, end)
+        src = series._source if isinstance(series, Series) else None
         if lo == 0 and hi == len(ts):
-            return _indexed(series, ts, True)
-        return _indexed(series[lo:hi], ts[lo:hi], True)
+            if not copy and isinstance(series, Series):
+                return series
+            return _indexed(series, ts, True, src)
+        return _indexed(series[lo:hi], ts[lo:hi], True, (src[0], src[1] + lo) if src is not None else None)
     timed = [(m, t) for m, t in zip(series, times, strict=True) if t is not None]
     if not timed:
         return Series(series[-1:])
@@ -152,21 +204,54 @@ def _getter(field: FieldRef) -> Callable[[EngineMetrics], float | None]:
     return operator.attrgetter(field)
 
 
-def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> list[tuple[float, float]]:
-    win = window(series, seconds)
+def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> tuple[list[float], list[float]]:
+    """(times, values) of the samples of the window that have the value, oldest first. Read out
+    of the samples once per window :class:`Series` and field name (a callable field is read
+    each time: it is known by nothing stable)."""
+    win = _window(series, seconds, None, copy=False)
+    cols = win._cols if isinstance(field, str) else None
+    if cols is not None:
+        hit = cols.get(field)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+    got = _read_points(win, _getter(field), field)
+    if cols is not None:
+        cols[field] = got
+    return got
+
+
+def _read_points(
+    win: Series, get: Callable[[EngineMetrics], float | None], field: FieldRef = ""
+) -> tuple[list[float], list[float]]:
+    times, ordered = _index(win)
+    if ordered and win._source is not None and isinstance(field, str):
+        reader, offset = win._source
+        got = reader(field, offset, offset + len(win))
+        if got is not None:
+            return got
+    raw = list(map(get, win))
+    # The common case at C speed: every sample timed and every value present (v == v drops NaN).
+    if ordered and None not in raw and all(map(operator.eq, raw, raw)):
+        return list(times), list(map(float, raw))  # type: ignore[arg-type]
     # Untimed samples only come as a window of one, where time does not matter: 0.0 stands in.
-    # v == v drops NaN.
-    return [
-        (m.timestamp if m.timestamp is not None else 0.0, float(v))
-        for m, v in zip(win, map(_getter(field), win), strict=True)
-        if v is not None and v == v
-    ]
+    ts: list[float] = []
+    vs: list[float] = []
+    for m, v in zip(win, raw, strict=True):
+        if v is not None and v == v:
+            ts.append(m.timestamp if m.timestamp is not None else 0.0)
+            vs.append(float(v))
+    return ts, vs
 
 
-def _increase(pts: list[tuple[float, float]]) -> float:
+def _increase(vals: list[float]) -> float:
+    rest = itertools.islice(vals, 1, None)
+    if not any(map(operator.lt, rest, vals)):
+        # No reset: the sum of consecutive deltas, added in the same order as below (reduce
+        # keeps the plain left-to-right float additions on every Python version).
+        return functools.reduce(operator.add, map(operator.sub, itertools.islice(vals, 1, None), vals), 0.0)
     total = 0.0
-    prev = pts[0][1]
-    for _, b in itertools.islice(pts, 1, None):
+    prev = vals[0]
+    for b in itertools.islice(vals, 1, None):
         total += b - prev if b >= prev else b
         prev = b
     return total
@@ -183,10 +268,10 @@ def counter_increase(
     "generation_tokens_total", "request_success_total". None with fewer than two samples that
     have the value. Raises ValueError for an unknown field name.
     """
-    pts = _points(series, field, seconds)
-    if len(pts) < 2:
+    _, vals = _points(series, field, seconds)
+    if len(vals) < 2:
         return None
-    return _increase(pts)
+    return _increase(vals)
 
 
 def counter_rate(
@@ -198,20 +283,36 @@ def counter_rate(
     "num_preemptions_total")``. None with fewer than two samples or zero elapsed time. Raises
     ValueError for an unknown field name.
     """
-    pts = _points(series, field, seconds)
-    if len(pts) < 2:
+    times, vals = _points(series, field, seconds)
+    if len(vals) < 2:
         return None
-    dt = pts[-1][0] - pts[0][0]
+    dt = times[-1] - times[0]
     if dt <= 0:
         return None
-    return _increase(pts) / dt
+    return _increase(vals) / dt
 
 
 # --------------------------------------------------------------------------- histograms
 
 
 def _with_hist(series: list[EngineMetrics], name: str) -> list[HistogramData]:
-    return [m.histograms[name] for m in series if name in m.histograms]
+    """The histograms ``name`` of the samples that carry it, oldest first (read out once per
+    :class:`Series`: do not modify the list)."""
+    cols = series._cols if isinstance(series, Series) and series._times is not None else None
+    key = ("histogram", name)
+    if cols is not None:
+        hit = cols.get(key)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+    got: list[HistogramData] | None = None
+    if isinstance(series, Series) and series._ordered and series._source is not None:
+        reader, offset = series._source
+        got = reader(key, offset, offset + len(series))  # type: ignore[assignment]
+    if got is None:
+        got = [m.histograms[name] for m in series if name in m.histograms]
+    if cols is not None:
+        cols[key] = got
+    return got
 
 
 def _hist_diff(prev: HistogramData, cur: HistogramData) -> HistogramData:
@@ -234,14 +335,15 @@ def _no_reset(hs: list[HistogramData]) -> bool:
     """No sample of ``hs`` resets against the one before: the count (the +Inf bucket) never
     drops, the bucket bounds stay those of the first sample and no bucket ends below where it
     started. Under it :func:`_hist_diff` of consecutive samples never falls back to the current
-    sample, so their deltas telescope to last − first. O(samples + buckets)."""
+    sample, so their deltas telescope to last − first. O(samples + buckets), at C speed."""
     first, last = hs[0], hs[-1]
+    counts = list(map(_COUNT, hs))
+    if any(map(operator.lt, itertools.islice(counts, 1, None), counts)):
+        return False
     n = len(first.buckets)
-    prev = first.count
-    for h in hs:
-        if h.count < prev or len(h.buckets) != n:
-            return False
-        prev = h.count
+    sizes = list(map(len, map(_BUCKETS, hs)))
+    if sizes.count(n) != len(sizes):
+        return False
     if [le for le, _ in first.buckets] != [le for le, _ in last.buckets]:
         return False
     return all(b >= a for (_, a), (_, b) in zip(first.buckets, last.buckets, strict=True))
@@ -258,7 +360,7 @@ def histogram_delta(
     None with fewer than two samples carrying it: a lifetime histogram is not "recent" (see
     :func:`histogram_latest`). Raises nothing.
     """
-    hs = _with_hist(window(series, seconds), name)
+    hs = _with_hist(_window(series, seconds, None, copy=False), name)
     if len(hs) < 2:
         return None
     if _no_reset(hs):
@@ -292,18 +394,30 @@ def histogram_latest(series: list[EngineMetrics], name: str) -> HistogramData | 
     return None
 
 
+_COUNT = operator.attrgetter("count")
+_BUCKETS = operator.attrgetter("buckets")
+
+#: (histogram, its _monotonic buckets) of the last call: one window's quantiles and largest
+#: bucket ask about the same histogram in turn. Holds the histogram (its id is not reused).
+_MONOTONIC_LAST: tuple[HistogramData | None, list[tuple[float, float]]] = (None, [])
+
+
 def _monotonic(h: HistogramData) -> list[tuple[float, float]]:
     """Sorted cumulative buckets with +Inf last, counts forced non-decreasing (as Prometheus
-    does for float noise)."""
+    does for float noise). Shared with the next caller asking about ``h``: do not modify."""
+    global _MONOTONIC_LAST
+    last_h, last_out = _MONOTONIC_LAST
+    if last_h is h:
+        return last_out
     buckets = sorted(h.buckets)
     if not buckets or not math.isinf(buckets[-1][0]):
         last = buckets[-1][1] if buckets else 0.0
         buckets.append((math.inf, max(h.count, last)))
-    out: list[tuple[float, float]] = []
-    hi = 0.0
-    for le, c in buckets:
-        hi = max(hi, c)
-        out.append((le, hi))
+    # hi = max(hi, c) from 0.0, bucket after bucket (accumulate calls max(hi, c) in that order)
+    his = itertools.accumulate([c for _, c in buckets], max, initial=0.0)
+    next(his)
+    out = list(zip([le for le, _ in buckets], his, strict=True))
+    _MONOTONIC_LAST = (h, out)
     return out
 
 
@@ -383,10 +497,9 @@ def gauge_stats(
     """min / max / mean / first / last of a gauge over the window (samples lacking the value are
     skipped). A single sample is a window of one. None when no sample has it. Raises ValueError
     for an unknown field name."""
-    pts = _points(series, field, seconds)
-    if not pts:
+    _, vals = _points(series, field, seconds)
+    if not vals:
         return None
-    vals = [v for _, v in pts]
     return GaugeStats(
         min=min(vals), max=max(vals), mean=sum(vals) / len(vals), last=vals[-1], first=vals[0], n=len(vals)
     )
@@ -396,15 +509,17 @@ def slope(series: list[EngineMetrics], field: FieldRef, seconds: float = DEFAULT
     """Least-squares slope of a value over the window, in its unit per second (e.g. waiting
     requests per second, KV usage fraction per second). None with fewer than two samples at
     distinct times. Raises ValueError for an unknown field name."""
-    pts = _points(series, field, seconds)
-    if len(pts) < 2:
+    times, ys = _points(series, field, seconds)
+    if len(ys) < 2:
         return None
-    t0 = pts[0][0]
-    xs = [t - t0 for t, _ in pts]
-    ys = [v for _, v in pts]
+    t0 = times[0]
+    xs = [t - t0 for t in times]
     mx = sum(xs) / len(xs)
     my = sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
+    dx = [x - mx for x in xs]
+    # The same float operations as sum((x - mx) ** 2 …) and sum((x - mx) * (y - my) …), in
+    # the same order, mapped at C speed.
+    sxx = sum(map(pow, dx, itertools.repeat(2)))
     if sxx == 0:
         return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return sum(map(operator.mul, dx, [y - my for y in ys])) / sxx

@@ -259,3 +259,67 @@ def test_block_size_from_the_logs_kv_lines(
     )
     log = parse_log(text + "\n")
     assert block_size_from_log(log, mml, log.vllm_version) == expected
+
+
+# --------------------------------------------------------------------------- per-snapshot memo
+
+
+def test_timeline_columns_ask_each_snapshot_once_and_follow_appends_drops_and_rewrites() -> None:
+    import gc
+
+    from kvdoctor.derive.base import _COLUMNS, timeline_columns
+
+    calls: list[float | None] = []
+
+    def stamp(snap: Snapshot) -> float | None:
+        calls.append(snap.timestamp)
+        return snap.timestamp
+
+    tl = Timeline(max_len=5)
+    for t in range(5):
+        tl.append(Snapshot(timestamp=float(t)))
+    cols = timeline_columns(tl)
+    assert cols.pick("t", stamp, [0, 4]) == [0.0, 4.0] and calls == [0.0, 4.0]  # only those read
+    tl.append(Snapshot(timestamp=5.0))  # the oldest drops, one is appended
+    assert timeline_columns(tl) is cols
+    assert cols.pick("t", stamp, range(5)) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert calls == [0.0, 4.0, 1.0, 2.0, 3.0, 5.0]  # 4.0 was kept, not asked again
+    calls.clear()
+    assert cols.span("w", stamp, 2, 5) == [3.0, 4.0, 5.0] and calls == [3.0, 4.0, 5.0]
+    tl.append(Snapshot(timestamp=6.0))
+    timeline_columns(tl)
+    assert cols.span("w", stamp, 1, 5) == [3.0, 4.0, 5.0, 6.0] and calls[3:] == [6.0]  # the new one
+    assert cols.span("w", stamp, 0, 5) == [2.0, 3.0, 4.0, 5.0, 6.0] and calls[4:] == [2.0]
+    assert cols.span("w", stamp, 0, 5) == [2.0, 3.0, 4.0, 5.0, 6.0] and len(calls) == 5
+    tl.snapshots[2] = Snapshot(timestamp=9.0)  # changed in place: the columns start afresh
+    timeline_columns(tl)
+    want = [2.0, 3.0, 9.0, 5.0, 6.0]
+    assert cols.pick("t", stamp, range(5)) == want and calls[-5:] == want
+    other = Timeline(snapshots=list(tl.snapshots))  # another Timeline object: columns of its own
+    assert timeline_columns(other) is not cols
+    n = len(_COLUMNS)
+    del other
+    gc.collect()
+    assert len(_COLUMNS) == n - 1  # dropped with its Timeline
+
+
+def test_contexts_over_a_rolling_timeline_match_a_fresh_evaluation_of_the_same_snapshots() -> None:
+    # What the memos keep from one cycle to the next never shows: each cycle's variables equal
+    # those of the same snapshots evaluated in a Timeline seen for the first time (copies).
+    import copy
+
+    tl = Timeline(max_len=90)
+    for i in range(200):
+        gpus = [
+            Gpu(index=j, memory_total_bytes=80 * GiB, memory_used_bytes=60 * GiB + (i * (j + 1) << 20),
+                clock_event_reasons=["sw_thermal_slowdown"] if (i // 15) % 2 and j == 0 else [],
+                processes=[GpuProcess(pid=10 + j, name="VLLM::Worker", used_bytes=50 * GiB)])
+            for j in range(2)
+        ]  # fmt: skip
+        m = EngineMetrics(timestamp=float(i), engine="0", kv_cache_usage=(i % 10) / 10, num_requests_running=i % 7,
+                          generation_tokens_total=float(37 * i), num_preemptions_total=float(i // 9))  # fmt: skip
+        tl.append(Snapshot(timestamp=float(i), gpus=gpus, metrics=[m]))
+        if i % 23 == 0 or i > 190:
+            _, got, _ = build_contexts(tl, [])
+            _, fresh, _ = build_contexts(Timeline(snapshots=copy.deepcopy(tl.snapshots), max_len=90), [])
+            assert got == fresh, i

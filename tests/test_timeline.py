@@ -310,3 +310,60 @@ def test_counter_rate_is_increase_over_elapsed_time() -> None:
     series = [EngineMetrics(timestamp=10.0 * i, num_preemptions_total=v) for i, v in enumerate(vals)]
     assert counter_increase(series, "num_preemptions_total") == 2.0 + 2.0 + 2.0
     assert counter_rate(series, "num_preemptions_total") == pytest.approx(6.0 / 30.0)
+
+
+# --------------------------------------------------------------------------- read-outs reused
+
+
+def _naive_increase(vals: list[float]) -> float:
+    total = 0.0
+    for a, b in zip(vals, vals[1:], strict=False):
+        total += b - a if b >= a else b
+    return total
+
+
+def _naive_slope(pts: list[tuple[float, float]]) -> float | None:
+    t0 = pts[0][0]
+    xs = [t - t0 for t, _ in pts]
+    ys = [v for _, v in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return None if sxx == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+def test_rates_and_slopes_are_bit_identical_to_their_definitions() -> None:
+    import random
+
+    rnd = random.Random(3)
+    for trial in range(200):
+        n = rnd.randint(2, 80)
+        t, c = 1_700_000_000.0, 0.0
+        samples = []
+        for i in range(n):
+            t += rnd.choice([0.5, 1.0, 1.0, 2.3, 1e-3])
+            c = c + rnd.random() * 1e3 if trial % 3 or i != n // 2 else rnd.random()  # a reset
+            samples.append(EngineMetrics(timestamp=t, generation_tokens_total=c, kv_cache_usage=rnd.random()))
+        vals = [m.generation_tokens_total for m in samples]
+        got = counter_increase(samples, "generation_tokens_total", 1e9)
+        assert got == _naive_increase(vals)  # type: ignore[arg-type]
+        pts = [(m.timestamp, m.kv_cache_usage) for m in samples]
+        assert slope(samples, "kv_cache_usage", 1e9) == _naive_slope(pts)  # type: ignore[arg-type]
+        stats = gauge_stats(samples, "kv_cache_usage", 1e9)
+        kv = [m.kv_cache_usage for m in samples]
+        assert stats is not None and stats.mean == sum(kv) / len(kv)  # type: ignore[arg-type]
+
+
+def test_values_read_out_of_a_window_follow_the_list_when_it_changes() -> None:
+    series = window([_em(float(t), kv_cache_usage=0.1 * t) for t in range(5)], 100)
+    assert gauge_stats(series, "kv_cache_usage", 100).max == pytest.approx(0.4)  # type: ignore[union-attr]
+    series.append(_em(5.0, kv_cache_usage=0.9))  # the list grew: read afresh, not the cached values
+    assert gauge_stats(series, "kv_cache_usage", 100).max == pytest.approx(0.9)  # type: ignore[union-attr]
+    series[-1] = _em(5.0, kv_cache_usage=0.05)
+    got = gauge_stats(series, "kv_cache_usage", 100)
+    assert got is not None and got.n == 6 and got.last == pytest.approx(0.05) and got.min == 0.0
+    # a NaN or a missing value drops that sample only, cached or not
+    series.append(_em(6.0, kv_cache_usage=math.nan))
+    series.append(_em(7.0))
+    for _ in range(2):
+        got = gauge_stats(series, "kv_cache_usage", 100)
+        assert got is not None and got.n == 6 and got.last == pytest.approx(0.05)

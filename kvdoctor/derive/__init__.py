@@ -44,14 +44,23 @@ from kvdoctor.derive import (
     swap,
     workspace,
 )
-from kvdoctor.derive.base import Family, LogRuns, Scope, Vars, current_run, log_runs, visible_gpus
+from kvdoctor.derive.base import (
+    Family,
+    LogRuns,
+    Scope,
+    Vars,
+    current_run,
+    log_runs,
+    timeline_columns,
+    visible_gpus,
+)
 from kvdoctor.derive.engines import (
-    bounded_history,
     build_engines,
     dp_targets,
     engine_pids_of,
     engine_runs,
-    engine_series,
+    engine_series_at,
+    history_positions,
     recent_snapshots,
     separate_log_engines,
     weight_daemon_pids,
@@ -127,10 +136,14 @@ def build_contexts(
     snapshot = timeline.latest or Snapshot()
     engines = build_engines(snapshot, configs)
     recent, older = recent_snapshots(timeline.snapshots, window_s)
+    columns = timeline_columns(timeline)
+    end = len(timeline.snapshots)
+    start = end - len(recent)  # the window is the Timeline's tail
     labels = sorted({m.engine for s in recent for m in s.metrics if m.engine is not None})
     targets, listed = dp_targets(engines, labels)
-    peers = {lab: engine_series(recent, lab) for lab in labels} if len(labels) > 1 else {}
-    history = bounded_history(timeline.snapshots)
+    peers = {lab: engine_series_at(columns, start, end, lab) for lab in labels} if len(labels) > 1 else {}
+    history_index = history_positions(end)
+    history = [timeline.snapshots[i] for i in history_index]  # = bounded_history(timeline.snapshots)
     runs = log_runs(snapshot.log) if snapshot.log is not None else None
     visible = visible_gpus(snapshot)
     engine_pids = engine_pids_of(snapshot, runs.run.events if runs is not None else [])
@@ -146,7 +159,7 @@ def build_contexts(
     gpus_of: dict[str, list[int]] = {}
     log_engines = separate_log_engines(snapshot.log) if snapshot.log is not None else []
     for idx, (eng, label) in enumerate(targets):
-        series = engine_series(recent, label) if (label is not None or idx == 0) else []
+        series = engine_series_at(columns, start, end, label) if (label is not None or idx == 0) else []
         # one log, several engines: each engine's context reads its own lines only
         eng_runs = engine_runs(runs, eng, log_engines) if runs is not None and eng is not None else runs
         scope = _scope(
@@ -164,6 +177,7 @@ def build_contexts(
             peers=peers,
             daemon_pids=daemon_pids,
         )
+        scope.history_columns, scope.history_index = columns, history_index
         variables = derive_variables(scope)
         contexts.append((eng.id if eng else None, variables, _inputs(scope)))
         if eng is not None:

@@ -9,6 +9,8 @@ and earlier families' variables: they never mutate a fact and never call a sourc
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 import weakref
 from collections.abc import Callable, Sequence
@@ -99,6 +101,126 @@ class LogRuns:
     starts: list[int]
     pids_latest: frozenset[int]
     pids_earlier: frozenset[int]
+
+
+#: a column entry not worked out yet.
+_MISSING: Any = object()
+
+
+def _has_missing(values: list[Any]) -> bool:
+    # By identity at C speed: ``in`` would call each fact's __eq__ (Python code) in turn.
+    return any(map(operator.is_, values, itertools.repeat(_MISSING)))
+
+
+class Columns:
+    """Per-snapshot answers about one Timeline, aligned with its snapshots (oldest first):
+    ``column(key, fn)[i]`` is ``fn(snapshots[i])``. :meth:`sync` follows the Timeline as it
+    appends snapshots and drops the oldest (each column is trimmed and extended, nothing is
+    asked again); any other change starts the columns afresh. Entries are worked out only
+    when read (:meth:`pick`): an evaluation reads the sampled history, never the whole
+    Timeline. Holds the snapshots it indexes (until the next sync); answers are shared."""
+
+    __slots__ = ("__weakref__", "_cols", "_filled", "_snaps")
+
+    def __init__(self) -> None:
+        self._snaps: list[Snapshot] = []
+        self._cols: dict[Any, list[Any]] = {}
+        #: per column, [a, b): positions known worked out (a window read cycle after cycle
+        #: then only looks at what the Timeline appended since).
+        self._filled: dict[Any, list[int]] = {}
+
+    def sync(self, snapshots: Sequence[Snapshot]) -> None:
+        """Align with ``snapshots``: the same list with its oldest dropped and new ones appended
+        keeps every answer (checked object by object, at C speed); anything else resets."""
+        old, n = self._snaps, len(snapshots)
+        if old and n:
+            first = snapshots[0]
+            drop = next((i for i in range(min(len(old), 64)) if old[i] is first), None)
+            if drop is not None:
+                kept = len(old) - drop
+                if kept <= n and all(map(operator.is_, itertools.islice(old, drop, None), snapshots)):
+                    if drop or kept < n:
+                        pad = [_MISSING] * (n - kept)
+                        for col in self._cols.values():
+                            del col[:drop]
+                            col.extend(pad)
+                        for rng in self._filled.values():
+                            rng[0], rng[1] = max(0, rng[0] - drop), max(0, rng[1] - drop)
+                        self._snaps = list(snapshots)
+                    return
+        self._snaps = list(snapshots)
+        self._cols = {}
+        self._filled = {}
+
+    def pick(self, key: Any, fn: Callable[[Snapshot], Any], index: Sequence[int]) -> list[Any]:
+        """``fn(snapshot)`` for the snapshots at ``index`` (positions in the synced list), each
+        worked out once while that snapshot stays. ``key`` names ``fn`` and everything else it
+        depends on."""
+        col = self._cols.get(key)
+        if col is None:
+            col = self._cols[key] = [_MISSING] * len(self._snaps)
+            self._filled[key] = [0, 0]
+        got = [col[i] for i in index]
+        if _has_missing(got):
+            snaps = self._snaps
+            for j, i in enumerate(index):
+                if got[j] is _MISSING:
+                    got[j] = col[i] = fn(snaps[i])
+        return got
+
+    def span(self, key: Any, fn: Callable[[Snapshot], Any], lo: int, hi: int) -> list[Any]:
+        """:meth:`pick` of the positions ``lo … hi - 1`` (a new list)."""
+        col = self._cols.get(key)
+        if col is None:
+            col = self._cols[key] = [_MISSING] * len(self._snaps)
+            self._filled[key] = [0, 0]
+        hi = min(hi, len(col))
+        got = col[lo:hi]
+        rng = self._filled[key]
+        a, b = rng
+        if lo < a or hi > b:
+            # only what lies outside the filled range can be missing
+            if _has_missing(got[: max(0, a - lo)]) or _has_missing(got[max(0, b - lo) :]):
+                snaps = self._snaps
+                for j, x in enumerate(got):
+                    if x is _MISSING:
+                        got[j] = col[lo + j] = fn(snaps[lo + j])
+            if lo <= b and hi >= a:
+                rng[0], rng[1] = min(a, lo), max(b, hi)
+            else:
+                rng[0], rng[1] = lo, hi
+        return got
+
+
+_COLUMNS: dict[int, tuple[weakref.ref[Any], Columns]] = {}
+
+
+def timeline_columns(timeline: Any) -> Columns:
+    """The :class:`Columns` of a Timeline (one per Timeline object, dropped with it), synced
+    with its snapshots."""
+    key = id(timeline)
+    hit = _COLUMNS.get(key)
+    if hit is None or hit[0]() is not timeline:
+        if len(_COLUMNS) > 64:
+            _COLUMNS.clear()
+        hit = (weakref.ref(timeline, lambda _ref: _COLUMNS.pop(key, None)), Columns())
+        _COLUMNS[key] = hit
+    hit[1].sync(timeline.snapshots)
+    return hit[1]
+
+
+def snapshot_timestamp(snap: Snapshot) -> float | None:
+    """``Snapshot.timestamp`` (a column function)."""
+    return snap.timestamp
+
+
+def history_values(s: Scope, key: Any, fn: Callable[[Snapshot], Any]) -> list[Any]:
+    """``fn(snapshot)`` for each snapshot of ``s.history``, oldest first; from the Timeline's
+    :class:`Columns` when the scope has them (each snapshot asked once in its life), else
+    asked here. ``key`` names ``fn`` and what else it depends on."""
+    if s.history_columns is not None and s.history_index is not None:
+        return s.history_columns.pick(key, fn, s.history_index)
+    return [fn(snap) for snap in s.history]
 
 
 _RUNS_CACHE: dict[int, tuple[weakref.ref[VllmLog], int, LogRuns]] = {}
@@ -229,6 +351,9 @@ class Scope:
     peer_series: dict[str, list[EngineMetrics]] = field(default_factory=dict)
     #: pids of a `vllm preload` weights daemon (also in ``engine_pids``): the deployment's, no engine.
     weight_daemon_pids: frozenset[int] = frozenset()
+    #: the Timeline's per-snapshot answers, and where ``history`` lies in it (``history_values``).
+    history_columns: Columns | None = None
+    history_index: Sequence[int] | None = None
 
     @property
     def log(self) -> LogView | None:

@@ -10,12 +10,15 @@ one evaluation does not grow with the Timeline's length.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from kvdoctor.derive.base import LogRuns, LogView, log_runs
+from kvdoctor.derive.base import Columns, LogRuns, LogView, log_runs
 from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot, VllmLog
-from kvdoctor.timeline import Series
+from kvdoctor.timeline import Series, sourced_series
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 _T = TypeVar("_T")
@@ -358,6 +361,86 @@ def engine_series(snapshots: Sequence[Snapshot], engine_label: str | None) -> li
     return out
 
 
+def _pick_raw(snap: Snapshot, engine_label: str | None) -> EngineMetrics | None:
+    """The scrape :func:`engine_series` takes of one snapshot, as read (unstamped), or None."""
+    for m in snap.metrics:
+        if engine_label is None or m.engine == engine_label:
+            return m
+    return snap.metrics[0] if snap.metrics else None
+
+
+def _pick(snap: Snapshot, engine_label: str | None) -> EngineMetrics | None:
+    """:func:`_pick_raw`, stamped with the snapshot's time when it has none of its own (a
+    copy: facts are not modified)."""
+    pick = _pick_raw(snap, engine_label)
+    if pick is not None and pick.timestamp is None and snap.timestamp is not None:
+        pick = dataclasses.replace(pick, timestamp=snap.timestamp)
+    return pick
+
+
+def _pick_time(snap: Snapshot, engine_label: str | None) -> float | None:
+    """The timestamp of :func:`_pick`'s scrape (without copying it)."""
+    pick = _pick_raw(snap, engine_label)
+    if pick is None:
+        return None
+    return pick.timestamp if pick.timestamp is not None else snap.timestamp
+
+
+def _clean(v: Any) -> float | None:
+    """A field's value as the window helpers keep it: None when absent or NaN, else a float."""
+    return None if v is None or v != v else float(v)
+
+
+def engine_series_at(columns: Columns, start: int, end: int, engine_label: str | None) -> list[EngineMetrics]:
+    """:func:`engine_series` of the synced Timeline's snapshots ``start … end - 1`` (the window),
+    from ``columns``: each snapshot's scrape is picked once in its life, and each field's
+    values over the window are column slices the window helpers read instead of the samples
+    (``kvdoctor.timeline.sourced_series``). Same samples, same values."""
+    key = ("engine_pick", engine_label)
+    picks = columns.span(key, lambda snap: _pick(snap, engine_label), start, end)
+    if any(map(operator.is_, picks, itertools.repeat(None))):
+        # a snapshot without a scrape: positions and samples part ways (and identity: ``in``
+        # would call each scrape's __eq__)
+        return Series(m for m in picks if m is not None)
+    times = [m.timestamp for m in picks]
+
+    def reader(field: Any, lo: int, hi: int) -> Any:
+        if isinstance(field, tuple) and field[0] == "histogram":
+            name = field[1]
+            hs = columns.span(
+                ("engine_histogram", engine_label, name),
+                lambda snap: getattr(_pick_raw(snap, engine_label), "histograms", {}).get(name),
+                lo,
+                hi,
+            )
+            if any(map(operator.is_, hs, itertools.repeat(None))):
+                return [h for h in hs if h is not None]
+            return hs
+        if field == "timestamp" or field not in _METRIC_FIELDS:
+            return None
+        vals = columns.span(
+            ("engine_value", engine_label, field),
+            lambda snap: _clean(getattr(_pick_raw(snap, engine_label), field)),
+            lo,
+            hi,
+        )
+        ts = columns.span(
+            ("engine_time", engine_label),
+            lambda snap: _pick_time(snap, engine_label),
+            lo,
+            hi,
+        )
+        if None not in vals:
+            return ts, vals
+        kept = [(t, v) for t, v in zip(ts, vals, strict=True) if v is not None]
+        return [t for t, _ in kept], [v for _, v in kept]
+
+    return sourced_series(picks, times, reader, start)
+
+
+_METRIC_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineMetrics))
+
+
 def bounded_history(snapshots: Sequence[_T], limit: int = MAX_HISTORY_POINTS) -> list[_T]:
     """At most ``limit`` items (snapshots, nvidia-smi ``-l`` moments) evenly spaced over the
     series, first and newest included (a least-squares slope over them matches the full
@@ -365,8 +448,17 @@ def bounded_history(snapshots: Sequence[_T], limit: int = MAX_HISTORY_POINTS) ->
     n = len(snapshots)
     if n <= limit:
         return list(snapshots)
+    return [snapshots[i] for i in history_positions(n, limit)]
+
+
+@functools.lru_cache(maxsize=64)
+def history_positions(n: int, limit: int = MAX_HISTORY_POINTS) -> tuple[int, ...]:
+    """The positions :func:`bounded_history` picks of ``n`` items, oldest first (a live
+    Timeline keeps the same length cycle after cycle: worked out once)."""
+    if n <= limit:
+        return tuple(range(n))
     step = (n - 1) / (limit - 1)
-    return [snapshots[round(i * step)] for i in range(limit)]
+    return tuple(round(i * step) for i in range(limit))
 
 
 def dp_targets(

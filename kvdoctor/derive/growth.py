@@ -5,9 +5,12 @@ is the rule's threshold (``gpu-memory-growth`` ``plateau_ratio``). The history r
 
 from __future__ import annotations
 
-from kvdoctor.derive.base import Family, Scope, Vars
+import itertools
+import operator
+
+from kvdoctor.derive.base import Family, Scope, Vars, history_values
 from kvdoctor.derive.engines import bounded_history
-from kvdoctor.facts import Gpu
+from kvdoctor.facts import Gpu, Snapshot
 
 WRITES: dict[str, str] = {
     "mem_growth_gpu": "int; the engine GPU whose used memory rises fastest",
@@ -31,40 +34,53 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     if len(points) < 2:
         return None
     n = len(points)
-    mt = sum(t for t, _ in points) / n
-    my = sum(y for _, y in points) / n
-    var = sum((t - mt) ** 2 for t, _ in points)
+    ts = [t for t, _ in points]
+    ys = [y for _, y in points]
+    mt = sum(ts) / n
+    my = sum(ys) / n
+    dt = [t - mt for t in ts]
+    # sum((t - mt) ** 2 …) and sum((t - mt) * (y - my) …): the same float operations in the
+    # same order, mapped at C speed (this runs for every engine GPU every cycle).
+    var = sum(map(pow, dt, itertools.repeat(2)))
     if var <= 0:
         return None
-    cov = sum((t - mt) * (y - my) for t, y in points)
+    cov = sum(map(operator.mul, dt, [y - my for y in ys]))
     return cov / var * 3600.0
 
 
-def _readings(s: Scope, wanted: set[_Key]) -> list[tuple[_Key, float, Gpu]]:
-    """((node, GPU index), time, reading) of the engine's GPUs over time: the nvidia-smi ``-l`` loop's
-    moments when the snapshot has them, else the bounded history of snapshots (a reading
-    without its own time takes its snapshot's)."""
-    out: list[tuple[_Key, float, Gpu]] = []
-    timed: list[tuple[float | None, list[Gpu]]]
+#: a reading: (GPU key, (time, used bytes as float), total bytes or None).
+_Reading = tuple[_Key, tuple[float, float], int | None]
+
+
+def _gpu_readings(gpus: list[Gpu], ts: float | None, wanted: set[_Key]) -> list[_Reading]:
+    out: list[_Reading] = []
+    for g in gpus:
+        key = (g.node, g.index)
+        if wanted and key not in wanted:
+            continue
+        t = g.timestamp if g.timestamp is not None else ts
+        if t is not None and g.memory_used_bytes is not None:
+            out.append((key, (t, float(g.memory_used_bytes)), g.memory_total_bytes))
+    return out
+
+
+def _snapshot_readings(snap: Snapshot, wanted: set[_Key]) -> list[_Reading]:
+    if snap.gpus and (snap.timestamp is not None or all(g.timestamp is not None for g in snap.gpus)):
+        return _gpu_readings(snap.gpus, snap.timestamp, wanted)
+    return []
+
+
+def _readings(s: Scope, wanted: set[_Key]) -> list[list[_Reading]]:
+    """((node, GPU index), (time, used bytes), total bytes) of the engine's GPUs over time, one
+    list per moment: the nvidia-smi ``-l`` loop's moments when the snapshot has them, else the
+    bounded history of snapshots (a reading without its own time takes its snapshot's)."""
     moments = s.snapshot.gpu_series
     if moments:
-        moments = bounded_history(moments)
-        timed = [(None, m) for m in moments]
-    else:
-        timed = [
-            (snap.timestamp, snap.gpus)
-            for snap in s.history
-            if snap.gpus and (snap.timestamp is not None or all(g.timestamp is not None for g in snap.gpus))
-        ]
-    for ts, gpus in timed:
-        for g in gpus:
-            key = (g.node, g.index)
-            if wanted and key not in wanted:
-                continue
-            t = g.timestamp if g.timestamp is not None else ts
-            if t is not None and g.memory_used_bytes is not None:
-                out.append((key, t, g))
-    return out
+        return [_gpu_readings(m, None, wanted) for m in bounded_history(moments)]
+    # Per snapshot of a live Timeline once in its life: the sampled history is mostly the same
+    # snapshots from one cycle to the next.
+    key = ("gpu_memory_readings", frozenset(wanted))
+    return history_values(s, key, lambda snap: _snapshot_readings(snap, wanted))
 
 
 def derive(s: Scope, v: Vars) -> None:
@@ -76,10 +92,14 @@ def derive(s: Scope, v: Vars) -> None:
         wanted = {(None, int(i)) for i in v["engine_gpus"] or []}
     series: dict[_Key, list[tuple[float, float]]] = {}
     totals: dict[_Key, int] = {}
-    for idx, t, g in _readings(s, wanted):
-        series.setdefault(idx, []).append((t, float(g.memory_used_bytes or 0)))
-        if g.memory_total_bytes:
-            totals[idx] = g.memory_total_bytes
+    for moment in _readings(s, wanted):
+        for idx, point, total in moment:
+            pts = series.get(idx)
+            if pts is None:
+                series[idx] = pts = []
+            pts.append(point)
+            if total:
+                totals[idx] = total
     best: tuple[float, _Key, list[tuple[float, float]]] | None = None
     for idx, pts in series.items():
         pts.sort()

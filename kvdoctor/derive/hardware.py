@@ -7,7 +7,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
-from kvdoctor.derive.base import Family, Scope, Vars
+from kvdoctor.derive.base import Family, Scope, Vars, history_values, snapshot_timestamp
 from kvdoctor.derive.engines import bounded_history, engine_series
 from kvdoctor.devices import APPLICATION_XIDS, HARDWARE_XIDS, normalize_bus_id
 from kvdoctor.facts import Gpu
@@ -66,10 +66,15 @@ def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, b
                 times = [g.timestamp for g in gpus if g.timestamp is not None]
                 out.append((times[0] if times else None, t))
         return out
-    for snap in s.history or [s.snapshot]:
-        t = _slow(snap.gpus, wanted)
-        if t is not None:
-            out.append((snap.timestamp, t))
+    if s.history:
+        # Per snapshot of a live Timeline once in its life: the sampled history is mostly the
+        # same snapshots from one cycle to the next.
+        slow = history_values(s, ("throttle_slow", frozenset(wanted)), lambda snap: _slow(snap.gpus, wanted))
+        stamps = history_values(s, "timestamp", snapshot_timestamp)
+        if None not in slow:
+            out = list(zip(stamps, slow, strict=True))
+        else:
+            out = [(ts, t) for ts, t in zip(stamps, slow, strict=True) if t is not None]
     if not out:
         t = _slow(s.snapshot.gpus, wanted)
         if t is not None:

@@ -4,6 +4,8 @@ the log's stats lines where no scrape says."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvdoctor import timeline as tl
 from kvdoctor.derive.base import Family, Scope, Vars, num
 
@@ -66,7 +68,9 @@ def _scrapes(v: Vars, s: Scope) -> None:
     v["running"] = latest.num_requests_running
     v["waiting"] = latest.num_requests_waiting
     win = tl.window(series, window_s)
-    ts = [m.timestamp for m in win if m.timestamp is not None]
+    times, ordered = tl.indexed_times(win)
+    # in time order (what a Timeline gives) the newest and oldest are the extremes
+    ts: list[Any] = times if ordered else [t for t in times if t is not None]
     v["window_seconds"] = (max(ts) - min(ts)) if len(ts) >= 2 else 0.0
     kv = tl.gauge_stats(win, "kv_cache_usage", window_s)
     if kv is not None:
