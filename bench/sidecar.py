@@ -115,15 +115,18 @@ class FakeVllm:
 
 def baseline(url: str, runs: int = 50) -> float:
     """CPU seconds of one bare scrape + parse of the page, in this process (median-ish mean)."""
-    from kvdoctor.sources.metrics import parse_metrics, scrape
+    from kvdoctor.sources.metrics import ScrapeClient, parse_metrics, scrape
 
-    with httpx.Client(timeout=2.0) as client:  # one client, as the sampler keeps
+    client = ScrapeClient()  # one client, as the sampler keeps
+    try:
         for _ in range(5):
             parse_metrics(scrape(url, timeout=10.0, client=client)[0])
         t0 = time.process_time()
         for _ in range(runs):
             text, ts = scrape(url, timeout=10.0, client=client)
             parse_metrics(text, timestamp=ts)
+    finally:
+        client.close()
     return (time.process_time() - t0) / runs
 
 

@@ -258,28 +258,31 @@ class ProcessSource:
 
 
 class MetricsSource:
-    """One vLLM ``/metrics`` endpoint over HTTP (``kvdoctor.sources.metrics.scrape``, httpx)."""
+    """One vLLM ``/metrics`` endpoint over HTTP (``kvdoctor.sources.metrics.scrape``: stdlib
+    http.client, one keep-alive connection kept by a :class:`~kvdoctor.sources.metrics.ScrapeClient`)."""
 
     kind = "metrics"
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.origin = url
         self.timeout_s = timeout_s
-        # One HTTP client for every scrape of this endpoint: building one costs ~40 ms (its TLS
-        # context), more than the rest of a sidecar cycle.
+        # One HTTP client for every scrape of this endpoint: it keeps the connection alive and
+        # its TLS context (~40 ms to build, more than the rest of a sidecar cycle).
         self._client: Any = None
         #: the last scrape's EngineMetrics by engine label (unchanged parts are shared)
         self._prev: dict[str | None, Any] = {}
 
     def warm(self) -> None:
-        """Import what :meth:`read` needs and build the HTTP client (httpx costs tens of ms;
-        on the caller's thread, outside the timeout)."""
-        import httpx
+        """Import what :meth:`read` needs and build the HTTP client (http.client, and for an
+        https URL its SSL context, ~40 ms; on the caller's thread, outside the timeout)."""
+        import http.client  # noqa: F401
 
-        import kvdoctor.sources.metrics  # noqa: F401
+        from kvdoctor.sources.metrics import ScrapeClient
 
         if self._client is None:
-            self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.timeout_s))
+            self._client = ScrapeClient()
+            if self.origin.lower().startswith("https:"):
+                self._client.ssl_context()
 
     def read(self) -> Reading:
         """One scrape parsed into EngineMetrics; the page text kept in ``raw``. A histogram or
