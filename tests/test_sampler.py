@@ -351,3 +351,26 @@ def test_unchanged_histograms_are_shared_between_scrapes(fake_metrics_server: Fa
     assert b.cache_config is a.cache_config
     changed = [k for k in c.histograms if c.histograms[k] != b.histograms.get(k)]
     assert changed and all(c.histograms[k] is not b.histograms[k] for k in changed)  # new values kept
+
+
+def test_the_sampler_copy_of_a_fact_is_dataclasses_replace() -> None:
+    """``_with`` (the sampler's cheap copy of every GPU reading) gives what ``replace`` gives,
+    leaves the original as it was, and defers to ``replace`` where ``__init__`` does more."""
+    import dataclasses
+
+    from kvdoctor.sampler import _with
+
+    g = Gpu(index=3, name="H100", processes=[GpuProcess(pid=7)], clock_event_reasons=["hw_slowdown"])
+    got = _with(g, timestamp=12.5, name="NVIDIA H100")
+    assert got == dataclasses.replace(g, timestamp=12.5, name="NVIDIA H100") and got is not g
+    assert (g.timestamp, g.name) == (None, "H100") and got.processes is g.processes
+
+    @dataclasses.dataclass
+    class Checked:
+        x: int
+        doubled: int = 0
+
+        def __post_init__(self) -> None:
+            self.doubled = 2 * self.x
+
+    assert _with(Checked(1), x=5).doubled == 10
