@@ -169,37 +169,87 @@ def _parse_sample(line: str) -> _Parsed:
 @functools.lru_cache(maxsize=16)
 def _filter_re(histograms: tuple[str, ...]) -> re.Pattern[str]:
     """The regex that keeps only the sample lines of the families we read (applied to
-    ``"\\n" + text``; a literal first character keeps the scan at C speed)."""
-    names = sorted(n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO, _SLEEP})
-    hists = sorted(h[len("vllm:") :] for h in histograms if h.startswith("vllm:"))
-    alts = "|".join(re.escape(n) for n in names)
-    if hists:
-        alts += "|(?:" + "|".join(re.escape(h) for h in hists) + ")(?:_bucket|_count|_sum)"
-    return re.compile(r"\n(vllm:(?:" + alts + r")[{ \t][^\n]*)")
+    ``"\\n" + text``; a literal first character keeps the scan at C speed). The names are one
+    trie (:func:`_trie`): a line of a family we skip fails after a character or two."""
+    names = [n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO, _SLEEP}]
+    hists = [h[len("vllm:") :] for h in histograms if h.startswith("vllm:")]
+    words = names + [h + suffix for h in hists for suffix in ("_bucket", "_count", "_sum")]
+    return re.compile(r"\n(vllm:" + _trie(words) + r"[{ \t][^\n]*)")
+
+
+def _trie(words: list[str]) -> str:
+    """A regex matching exactly ``words`` (one of them, whole), as a trie of their characters:
+    ``num_(?:preemptions_total|requests_(?:running|waiting))``."""
+    root: dict[str, Any] = {}
+    for w in words:
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # a word ends here
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(node[ch]) for ch in sorted(k for k in node if k)]
+        if not alts:
+            return ""
+        if len(alts) == 1 and "" not in node:
+            return alts[0]
+        return "(?:" + "|".join(alts) + ")" + ("?" if "" in node else "")
+
+    return emit(root) if words else "(?!)"
+
+
+# What parse_metrics does with a sample, decided once per line (see _Sample).
+_K_OTHER, _K_INFO, _K_SLEEP, _K_SCALAR, _K_BUCKET, _K_COUNT, _K_SUM = range(7)
+
+#: A parsed sample line and what it is: (name, labels, value, kind, (engine, model_name), the
+#: histogram base name or sleep_state, the bucket's ``le`` as a number). All of it follows from
+#: the line alone, so a line seen on the previous page is reused whole.
+_Sample = tuple[str, dict[str, str], float, int, tuple[str | None, str | None], str, float | None]
+
+
+def _classify(parsed: _Parsed) -> _Sample:
+    name, labels, value = parsed
+    key = (labels.get("engine"), labels.get("model_name"))
+    base, le = "", None
+    if name == _INFO:
+        kind = _K_INFO
+    elif name == _SLEEP:
+        kind, base = _K_SLEEP, labels.get("sleep_state") or ""
+    elif name in _SCALAR_NAMES:
+        kind = _K_SCALAR
+    elif name.endswith("_bucket") and "le" in labels:
+        kind, base, le = _K_BUCKET, name[: -len("_bucket")], _num(labels["le"])
+    elif name.endswith("_count"):
+        kind, base = _K_COUNT, name[: -len("_count")]
+    elif name.endswith("_sum"):
+        kind, base = _K_SUM, name[: -len("_sum")]
+    else:
+        kind = _K_OTHER  # a family we do not read (reading every histogram: any other series)
+    return name, labels, value, kind, key, base, le
 
 
 #: The last page's parsed sample lines, keyed by the exact line: a page scraped every second
 #: repeats most of its lines (cache_config_info, idle buckets, constant gauges). Replaced by
 #: each page's own lines, so it never holds more than one page (bounded, no growth).
-_LINE_CACHE: dict[str, _Parsed] = {}
+_LINE_CACHE: dict[str, _Sample] = {}
 
 
-def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None, str]:
-    """Parse the kept sample lines (:func:`_parse_sample`, or the previous page's reading of
-    the same line); bad ones are dropped.
+def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Sample], int | None, str]:
+    """Parse the kept sample lines (:func:`_parse_sample` and :func:`_classify`, or the
+    previous page's reading of the same line); bad ones are dropped.
 
-    Returns (parsed samples in line order, the first bad line's number in ``text`` or None, its
+    Returns (samples in line order, the first bad line's number in ``text`` or None, its
     reason)."""
     global _LINE_CACHE
     prev = _LINE_CACHE  # another sampler thread may replace it meanwhile: only hits are lost
-    got: dict[str, _Parsed] = {}
-    out: list[_Parsed] = []
+    got: dict[str, _Sample] = {}
+    out: list[_Sample] = []
     bad_line, reason = None, ""
     for ln in lines:
         hit = got.get(ln) or prev.get(ln)
         if hit is None:
             try:
-                hit = _parse_sample(ln)
+                hit = _classify(_parse_sample(ln))
             except ValueError as exc:
                 if bad_line is None:
                     pos = text.find(ln) if len(ln) <= _MAX_LINE_CHARS else -1
@@ -296,45 +346,36 @@ def parse_metrics(
     accs: dict[tuple[str | None, str | None], _Acc] = {}
     infos: list[dict[str, str]] = []
     seen: set[str] = set()
-    for name, labels, value in samples:
-        if name == _INFO:
+    isnan = math.isnan
+    for name, labels, value, kind, key, base, le in samples:
+        if kind == _K_INFO:
             infos.append(labels)
             continue
-        if math.isnan(value):
+        if kind == _K_OTHER or isnan(value):
             continue
-        if name == _SLEEP:
-            skey = (labels.get("engine"), labels.get("model_name"))
-            sacc = accs.setdefault(skey, _Acc(model_name=skey[1], engine=skey[0]))
-            sacc.sleep[labels.get("sleep_state") or ""] = value
-            continue
-        if name in _SCALAR_NAMES:
-            kind = "scalar"
-        elif name.endswith("_bucket") and "le" in labels:
-            kind = "bucket"
-        elif name.endswith(("_count", "_sum")):
-            kind = name[name.rindex("_") + 1 :]
-        else:
-            continue  # a family we do not read (reading every histogram: any other series)
-        key = (labels.get("engine"), labels.get("model_name"))
         acc = accs.get(key)
+        if kind == _K_SLEEP:
+            if acc is None:
+                acc = accs[key] = _Acc(model_name=key[1], engine=key[0])
+            acc.sleep[base] = value
+            continue
         if acc is None:
             if len(accs) >= MAX_ENGINES:
                 continue  # a page with thousands of engine labels is not a vLLM server's
             acc = accs[key] = _Acc(model_name=key[1], engine=key[0])
         seen.add(name)
-        if kind == "scalar":
+        if kind == _K_SCALAR:
             # Counters and gauges summed over their extra labels (finished_reason, …).
             acc.scalars[name] = acc.scalars.get(name, 0.0) + value
-        elif kind == "bucket":
-            le = _num(labels["le"])
+        elif kind == _K_BUCKET:
             if le is not None:
-                b = acc.buckets.setdefault(name[: -len("_bucket")], {})
+                b = acc.buckets.get(base)
+                if b is None:
+                    b = acc.buckets[base] = {}
                 b[le] = b.get(le, 0.0) + value
-        elif kind == "count":
-            base = name[: -len("_count")]
+        elif kind == _K_COUNT:
             acc.counts[base] = acc.counts.get(base, 0.0) + value
         else:
-            base = name[: -len("_sum")]
             acc.sums[base] = acc.sums.get(base, 0.0) + value
 
     if not accs:
