@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
@@ -776,22 +776,15 @@ class ScrapeClient:
         if old is not None:
             old.close()
 
-    def get(self, url: str, label: str, timeout: float, max_bytes: int) -> tuple[str, float]:
+    def _get(self, t: _Target, timeout: float, max_bytes: int) -> tuple[str, float]:
         """One scrape (see :func:`scrape`, which checks the URL and calls this)."""
         import http.client
 
-        parts = urlsplit(url)
-        scheme, host = parts.scheme, parts.hostname or ""
-        port = parts.port or (443 if scheme == "https" else 80)
-        key = (scheme, host, port)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        if not path.isascii():  # percent-encoded, as httpx sent it
-            from urllib.parse import quote
-
-            path = quote(path, safe="".join(map(chr, range(0x21, 0x7F))))
+        label, scheme, path = t.label, t.scheme, t.path
+        key = (scheme, t.host, t.port)
         headers = dict(_SCRAPE_HEADERS)
-        if parts.username is not None:
-            headers["Authorization"] = _basic(parts.username, parts.password)
+        if t.auth is not None:
+            headers["Authorization"] = t.auth
         deadline = time.monotonic() + timeout
         for attempt in (0, 1):
             conn = None
@@ -799,8 +792,7 @@ class ScrapeClient:
             try:
                 conn, reused = self._connection(key, timeout)
                 if conn.kv_proxy is not None and scheme == "http":
-                    hostport = parts.netloc.rpartition("@")[2]
-                    target = f"http://{hostport}{path}"
+                    target = f"http://{t.hostport}{path}"
                     if conn.kv_proxy[2]:
                         headers["Proxy-Authorization"] = conn.kv_proxy[2]
                 else:
@@ -929,22 +921,59 @@ def scrape(
     text (Content-Type: text/html)`` / ``response larger than 64 MiB`` / ``bad URL``; the URL's
     credentials are never shown.
     """
-    try:
-        target = _metrics_url(url)
-        parts = urlsplit(target)
-        parts.port  # noqa: B018  (a bad port raises ValueError here)
-    except ValueError:
-        raise SourceError(f"GET {_redact_url(url)}: bad URL") from None
-    label = f"GET {_redact_url(target)}"
-    if parts.scheme not in ("http", "https") or not parts.hostname or _BAD_URL_CHARS.search(target):
-        raise SourceError(f"{label}: bad URL")
+    t = _target(url)
+    if isinstance(t, str):
+        raise SourceError(t)
     own = client is None
     c = client if client is not None else ScrapeClient()
     try:
-        return c.get(target, label, timeout, max_bytes)
+        return c._get(t, timeout, max_bytes)
     finally:
         if own:
             c.close()
+
+
+class _Target(NamedTuple):
+    """What a scrape URL asks for, worked out once per URL (:func:`_target`)."""
+
+    label: str  # "GET http://host:8000/metrics", credentials removed
+    scheme: str  # "http" | "https"
+    host: str  # lower-case, an IPv6 address without brackets
+    port: int
+    path: str  # path and query, percent-encoded ASCII
+    hostport: str  # the URL's host[:port] as written (an absolute URL for a proxy)
+    auth: str | None  # "Basic …" from the URL's userinfo
+
+
+@functools.lru_cache(maxsize=64)
+def _target(url: str) -> _Target | str:
+    """The :class:`_Target` of a scrape URL, or the one-line error for a bad one (a sampler
+    scrapes the same URL every second: its parsing and redaction are done once)."""
+    try:
+        target = _metrics_url(url)
+        parts = urlsplit(target)
+        port = parts.port  # a bad port raises ValueError here
+    except ValueError:
+        return f"GET {_redact_url(url)}: bad URL"
+    label = f"GET {_redact_url(target)}"
+    scheme = parts.scheme
+    if scheme not in ("http", "https") or not parts.hostname or _BAD_URL_CHARS.search(target):
+        return f"{label}: bad URL"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if not path.isascii():  # percent-encoded, as httpx sent it
+        from urllib.parse import quote
+
+        path = quote(path, safe="".join(map(chr, range(0x21, 0x7F))))
+    auth = _basic(parts.username, parts.password) if parts.username is not None else None
+    return _Target(
+        label=label,
+        scheme=scheme,
+        host=parts.hostname,
+        port=port or (443 if scheme == "https" else 80),
+        path=path,
+        hostport=parts.netloc.rpartition("@")[2],
+        auth=auth,
+    )
 
 
 def probe_endpoints(
