@@ -374,3 +374,44 @@ def test_the_sampler_copy_of_a_fact_is_dataclasses_replace() -> None:
             self.doubled = 2 * self.x
 
     assert _with(Checked(1), x=5).doubled == 10
+
+
+def test_each_source_reads_on_its_own_thread_and_close_ends_them() -> None:
+    """One reader thread per source, reused read after read; close() ends the idle ones and
+    does not wait for one whose read hangs (a daemon: it never holds the process at exit)."""
+    release = threading.Event()
+
+    class Hung:
+        kind, origin, timeout_s = "log", "hung.log", 0.2
+
+        def read(self) -> Reading:
+            release.wait(10)
+            return Reading({}, "late")
+
+        def close(self) -> None:
+            pass
+
+    gpus = FakeGpus()
+    before = set(threading.enumerate())  # other tests' hung readers may still be running
+    sampler = Sampler(_opts(), sources=[gpus, Hung()])
+    try:
+        started = []
+        for _ in range(3):
+            snap = sampler.sample()
+            started.append(set(threading.enumerate()) - before)
+        assert {s.kind: s.status for s in snap.sources} == {"nvml": "ok", "log": "error"}
+        assert started[0] == started[2] and len(started[0]) == 2
+        readers = {t.name: t for t in started[0]}
+        assert set(readers) == {"kvdoctor-source-nvml", "kvdoctor-source-log"}
+        assert all(t.daemon for t in readers.values())
+    finally:
+        t0 = time.monotonic()
+        sampler.close()
+        assert time.monotonic() - t0 < 1.0
+    readers["kvdoctor-source-nvml"].join(5)
+    assert not readers["kvdoctor-source-nvml"].is_alive()
+    assert readers["kvdoctor-source-log"].is_alive()  # still in its hung read
+    release.set()
+    readers["kvdoctor-source-log"].join(5)
+    assert not readers["kvdoctor-source-log"].is_alive()  # and gone once it returned
+    assert gpus.reads == 3
