@@ -310,8 +310,9 @@ class ProcessTable:
       seconds, and on the read after NVML's GPU pid set changed (:meth:`note_gpu_pids`: an
       engine started or stopped).
     - Between rescans: ``psutil.pids()`` (one listing of /proc); a pid not seen before is read
-      alone, a python process younger than ``young_s`` seconds is re-read (vLLM retitles its
-      spawned processes, ``setproctitle``, after they start), a vanished one is dropped; only the vLLM processes
+      alone, a python process younger than ``young_s`` seconds is re-read (its argv, and its
+      name when the argv changed: vLLM retitles its spawned processes, ``setproctitle``, after
+      they start), a vanished one is dropped; only the vLLM processes
       are read in full (``cpu_percent``, ``memory_info``). Ports stay those of the last rescan
       (other roles': those of their first read). The roles (V0 spawn children included) and the
       young candidates are derived again only when the entries change: a read of a host whose
@@ -436,9 +437,11 @@ class ProcessTable:
             if pid in fresh_pids:
                 continue  # just read
             # a young python process may have retitled itself (vLLM's spawned engine core
-            # and workers call setproctitle): its name and argv only
+            # and workers call setproctitle, which rewrites argv and the name together): its
+            # argv, and its name only when the argv changed (one /proc read a second, not 2-3)
             try:
-                name, argv = e.proc.name(), [str(a) for a in e.proc.cmdline()]
+                argv = [str(a) for a in e.proc.cmdline()]
+                name = e.proc.name() if argv != e.info["cmdline"] else e.info.get("name")
             except _errors():
                 del entries[pid]
                 self._listed = set()

@@ -45,12 +45,12 @@ class FakeHost:
                 return {k: host.procs[pid].get(k) for k in attrs}
 
             def name(self) -> str:
-                host.title_reads.append(pid)
                 if pid not in host.procs:
                     raise psutil.NoSuchProcess(pid)
                 return str(host.procs[pid]["name"])
 
             def cmdline(self) -> list[str]:
+                host.title_reads.append(pid)  # a re-read of a young process starts here
                 if pid not in host.procs:
                     raise psutil.NoSuchProcess(pid)
                 return list(host.procs[pid]["cmdline"])
