@@ -298,6 +298,10 @@ class _Entry:
     argv: list[str] | None = None  # redacted, once the process is listed
     launch: dict[str, Any] | None = None
     ports: list[int] | None = None  # read on the full rescans only
+    #: a multiprocessing child without a role of its own (worker if its parent is vLLM's)
+    spawn: bool = False
+    #: a python process (argv[0]), the kind that may retitle itself
+    python: bool = False
 
 
 class ProcessTable:
@@ -355,7 +359,10 @@ class ProcessTable:
 
     def _entry(self, proc: psutil.Process, info: dict[str, Any]) -> _Entry:
         info = _info_of(proc, info)
-        return _Entry(proc, info, vllm_role(info.get("name") or "", info["cmdline"]))
+        argv = info["cmdline"]
+        role = vllm_role(info.get("name") or "", argv)
+        spawn = role is None and _is_spawn_child(argv)
+        return _Entry(proc, info, role, spawn=spawn, python=bool(argv) and _is_python(argv[0]))
 
     def _read_pid(self, pid: int) -> _Entry | None:
         import psutil
@@ -392,10 +399,10 @@ class ProcessTable:
         again: the candidates are recomputed only when the entries change)."""
         out = []
         for pid, e in entries.items():
-            ctime = e.info.get("create_time")
-            argv = e.info["cmdline"]
-            if ctime is not None and wall - ctime < self.young_s and argv and _is_python(argv[0]):
-                out.append(pid)
+            if e.python:
+                ctime = e.info.get("create_time")
+                if ctime is not None and wall - ctime < self.young_s:
+                    out.append(pid)
         return out
 
     def _refresh(self) -> None:
@@ -457,14 +464,12 @@ class ProcessTable:
         entry, from the entries (after a change only)."""
         entries = self._entries
         roles = {pid: e.role for pid, e in entries.items()}
-        # V0 workers: spawn children of a vLLM process (as list_processes).
-        for _ in range(3):
-            for pid, e in entries.items():
-                if (
-                    roles[pid] is None
-                    and roles.get(e.info.get("ppid") or -1)
-                    and _is_spawn_child(e.info["cmdline"])
-                ):
+        # V0 workers: spawn children of a vLLM process (as list_processes; only the spawn
+        # children can change, walked in the table's order).
+        spawned = [(pid, e.info.get("ppid") or -1) for pid, e in entries.items() if e.spawn]
+        for _ in range(3 if spawned else 0):
+            for pid, ppid in spawned:
+                if roles[pid] is None and roles.get(ppid):
                     roles[pid] = "worker"
         self._roles = [(pid, r) for pid, r in sorted(roles.items()) if r is not None]
         self._live = {(pid, e.info.get("create_time")) for pid, e in entries.items()}

@@ -234,3 +234,24 @@ def test_a_young_process_is_no_longer_reread_once_old(
         now[0] += 1
         table.read()
     assert host.title_reads == [41, 41, 41, 42]
+
+
+def test_spawn_children_of_vllm_are_workers_as_in_a_one_shot_listing(host: FakeHost) -> None:
+    spawn = [
+        "python3",
+        "-c",
+        "from multiprocessing.spawn import spawn_main; spawn_main()",
+        "--multiprocessing-fork",
+    ]
+    host.add(60, "python3", spawn, ppid=10)  # the server's V0 worker
+    host.add(61, "python3", spawn, ppid=60)  # and its own child
+    host.add(62, "python3", spawn, ppid=12)  # a child of bash: not vLLM's
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    roles = {p.pid: p.vllm_role for p in table.read()}
+    assert roles == {p.pid: p.vllm_role for p in list_processes()}
+    assert roles == {10: "api_server", 11: "engine_core", 60: "worker", 61: "worker"}
+    scans = host.iter_calls
+    host.add(63, "python3", spawn, ppid=61)  # appears between rescans
+    now[0] += 1
+    assert {p.pid: p.vllm_role for p in table.read()}[63] == "worker" and host.iter_calls == scans
