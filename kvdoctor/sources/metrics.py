@@ -741,11 +741,13 @@ class ScrapeClient:
             if sock is not None and not hasattr(sock, "pending"):  # plain HTTP: a cheap check
                 import select
 
-                try:
-                    ready = select.select([sock], [], [], 0)[0]
-                except (OSError, ValueError):
-                    ready = [sock]
-                if ready:  # EOF (the server closed it) or stray bytes: not usable
+                try:  # (poll, not select: a descriptor past 1023 is fine)
+                    poller = select.poll()
+                    poller.register(sock, select.POLLIN)
+                    ready = bool(poller.poll(0))
+                except (OSError, ValueError, AttributeError):
+                    ready = True
+                if ready:  # EOF (the server closed it), stray bytes, an error: not usable
                     conn.close()
                     conn = None
             if conn is not None and conn.sock is not None:
@@ -814,7 +816,7 @@ class ScrapeClient:
                     raise
                 ts = time.time()
                 text = self._read(resp, label, max_bytes)
-                if resp.will_close or conn.sock is None:
+                if resp.will_close or conn.sock is None or not resp.isclosed():
                     conn.close()
                 else:
                     self._keep(key, conn)
