@@ -581,7 +581,7 @@ _SCRAPE_HEADERS = {
     "Accept": "*/*",
 }
 #: an HTTP token (RFC 9110 §5.6.2): what a header name may be.
-_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CHARSET_RE = re.compile(r";\s*charset\s*=\s*\"?([^\";\s]+)", re.I)
 # what http.client refuses in a request line (it would raise only once connected)
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
@@ -850,7 +850,7 @@ class ScrapeClient:
             # a header line that is not one (the email parser took it for the body's start)
             raise SourceError(f"{label}: InvalidHeader (the server's response is not valid HTTP)")
         for name in resp.msg.keys():
-            if not _TOKEN_RE.match(name):
+            if not _TOKEN_RE.fullmatch(name):
                 raise SourceError(f"{label}: InvalidHeader (the server's response is not valid HTTP)")
         if status != 200:
             reason = "".join(ch for ch in str(resp.reason)[:40] if ch.isprintable())
