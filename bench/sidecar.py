@@ -3,7 +3,9 @@
 
 Runs ``kvdoctor sidecar --interval 1`` as its own process against a local fake vLLM serving a
 real-size /metrics page (tests/data/bench/vllm-0.33.0-metrics-sample.txt, 55 KB, its
-``vllm:num_preemptions_total`` rising; a connection per scrape) and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
+``vllm:num_preemptions_total`` rising; the connection kept alive between scrapes, as vLLM's
+uvicorn keeps it for 5 s and the sidecar scrapes every second; ``--close-per-scrape``: HTTP/1.0,
+a connection per scrape, the pessimistic model of earlier runs) and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
 answering like 8 H100s, each with one vLLM process), scrapes the sidecar's /metrics like
 Prometheus every 5 s, and prints:
 
@@ -80,16 +82,19 @@ _PREEMPT = re.compile(r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$", re
 
 
 class FakeVllm:
-    """Serves the page; each scrape adds 1 to the preemption counter (a live engine)."""
+    """Serves the page; each scrape adds 1 to the preemption counter (a live engine).
+    ``keep_alive``: HTTP/1.1 with TCP_NODELAY, as uvicorn's asyncio sockets (without NODELAY
+    the page's second write waits for the delayed ACK of the first, ~40 ms a scrape: the
+    stalls earlier keep-alive runs saw); else HTTP/1.0, one connection per scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_alive: bool = True) -> None:
         self.page = PAGE.read_text()
         self.n = 0
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            # HTTP/1.0, one connection per scrape (pessimistic: uvicorn keeps them alive). Two
-            # 10-minute runs with keep-alive stalled on a host at load 8 on 2 cores; not pursued.
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+            disable_nagle_algorithm = keep_alive
 
             def log_message(self, *a: object) -> None:
                 pass
@@ -109,21 +114,25 @@ class FakeVllm:
                     pass  # the sidecar gave up on a slow answer (its --timeout): fine
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True  # kept connections end with the bench
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
 
 
 def baseline(url: str, runs: int = 50) -> float:
     """CPU seconds of one bare scrape + parse of the page, in this process (median-ish mean)."""
-    from kvdoctor.sources.metrics import parse_metrics, scrape
+    from kvdoctor.sources.metrics import ScrapeClient, parse_metrics, scrape
 
-    with httpx.Client(timeout=2.0) as client:  # one client, as the sampler keeps
+    client = ScrapeClient()  # one client, as the sampler keeps
+    try:
         for _ in range(5):
             parse_metrics(scrape(url, timeout=10.0, client=client)[0])
         t0 = time.process_time()
         for _ in range(runs):
             text, ts = scrape(url, timeout=10.0, client=client)
             parse_metrics(text, timestamp=ts)
+    finally:
+        client.close()
     return (time.process_time() - t0) / runs
 
 
@@ -204,6 +213,12 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--history", type=float, default=600.0, help="the sidecar's --history, seconds")
     ap.add_argument(
+        "--close-per-scrape",
+        action="store_true",
+        help="the fake vLLM answers HTTP/1.0, a connection per scrape (pessimistic; vLLM keeps "
+        "connections alive)",
+    )
+    ap.add_argument(
         "--pod",
         action="store_true",
         help="run the sidecar in a PID namespace of its own (unshare; root), like a pod that sees a "
@@ -211,7 +226,7 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    fake = FakeVllm()
+    fake = FakeVllm(keep_alive=not args.close_per_scrape)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -287,8 +302,10 @@ def main() -> int:
     where = (
         "own PID namespace (pod-like)" if args.pod else f"host PID namespace, {len(psutil.pids())} processes"
     )
+    conn = "a connection per scrape" if args.close_per_scrape else "kept alive"
     print(
-        f"sidecar, {args.duration:.0f} s at {args.interval:g} s interval, 55 KB /metrics page, 8 GPUs, {where}"
+        f"sidecar, {args.duration:.0f} s at {args.interval:g} s interval, 55 KB /metrics page ({conn}), "
+        f"8 GPUs, {where}"
     )
     print(f"  cycles                     {n1 - n0:.0f}   (/metrics scrapes past 5 s: {slow})")
     print(

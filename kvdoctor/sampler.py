@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kvdoctor.facts import (
     EngineConfig,
@@ -44,11 +44,11 @@ from kvdoctor.facts import (
 from kvdoctor.feeds import TimelineFeed as TimelineFeed  # re-exported; lives apart for the cold start
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from kvdoctor.pipeline import Pipeline
     from kvdoctor.report import Report
 
+
+_D = TypeVar("_D")
 
 # --------------------------------------------------------------------------- live sources
 
@@ -173,24 +173,26 @@ class NvmlSource:
         stamped = []
         for g in gpus:
             before = prev.get(g.index)
-            procs = [
-                replace(
-                    p,
-                    name=_intern(p.name) or "",
-                    gpu_uuid=_intern(p.gpu_uuid),
-                    gpu_bus_id=_intern(p.gpu_bus_id),
-                )
-                for p in g.processes
-            ]
+            # What did not change since the last reading is that same object (facts are never
+            # modified): a Timeline of --history readings keeps one copy of it. Compared before
+            # interning (equal either way): an unchanged list costs no copies.
+            procs = g.processes
+            if before is not None and procs == before.processes:
+                procs = before.processes
+            else:
+                procs = [
+                    _with(
+                        p,
+                        name=_intern(p.name) or "",
+                        gpu_uuid=_intern(p.gpu_uuid),
+                        gpu_bus_id=_intern(p.gpu_bus_id),
+                    )
+                    for p in procs
+                ]
             reasons = g.clock_event_reasons
-            if before is not None:
-                # What did not change since the last reading is that same object (facts are
-                # never modified): a Timeline of --history readings keeps one copy of it.
-                if procs == before.processes:
-                    procs = before.processes
-                if reasons == before.clock_event_reasons:
-                    reasons = before.clock_event_reasons
-            gpu = replace(
+            if before is not None and reasons == before.clock_event_reasons:
+                reasons = before.clock_event_reasons
+            gpu = _with(
                 g,
                 timestamp=g.timestamp if g.timestamp is not None else now,
                 name=_intern(g.name),  # interned: one copy of each string
@@ -258,28 +260,31 @@ class ProcessSource:
 
 
 class MetricsSource:
-    """One vLLM ``/metrics`` endpoint over HTTP (``kvdoctor.sources.metrics.scrape``, httpx)."""
+    """One vLLM ``/metrics`` endpoint over HTTP (``kvdoctor.sources.metrics.scrape``: stdlib
+    http.client, one keep-alive connection kept by a :class:`~kvdoctor.sources.metrics.ScrapeClient`)."""
 
     kind = "metrics"
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.origin = url
         self.timeout_s = timeout_s
-        # One HTTP client for every scrape of this endpoint: building one costs ~40 ms (its TLS
-        # context), more than the rest of a sidecar cycle.
+        # One HTTP client for every scrape of this endpoint: it keeps the connection alive and
+        # its TLS context (~40 ms to build, more than the rest of a sidecar cycle).
         self._client: Any = None
         #: the last scrape's EngineMetrics by engine label (unchanged parts are shared)
         self._prev: dict[str | None, Any] = {}
 
     def warm(self) -> None:
-        """Import what :meth:`read` needs and build the HTTP client (httpx costs tens of ms;
-        on the caller's thread, outside the timeout)."""
-        import httpx
+        """Import what :meth:`read` needs and build the HTTP client (http.client, and for an
+        https URL its SSL context, ~40 ms; on the caller's thread, outside the timeout)."""
+        import http.client  # noqa: F401
 
-        import kvdoctor.sources.metrics  # noqa: F401
+        from kvdoctor.sources.metrics import ScrapeClient
 
         if self._client is None:
-            self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=self.timeout_s))
+            self._client = ScrapeClient()
+            if self.origin.lower().startswith("https:"):
+                self._client.ssl_context()
 
     def read(self) -> Reading:
         """One scrape parsed into EngineMetrics; the page text kept in ``raw``. A histogram or
@@ -374,18 +379,86 @@ class LogSource:
         """Nothing to release."""
 
 
+class _Call:
+    """One read of a source on its reader thread: :meth:`wait` for it, then ``result``
+    (Reading, seconds it took) or ``error``. A lock released when the read ends is all the
+    hand-off costs (a Future's Condition and the pool's queue cost ~2x, every source every
+    second)."""
+
+    __slots__ = ("_done", "result", "error")
+
+    def __init__(self) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.result: tuple[Reading, float] | None = None
+        self.error: BaseException | None = None
+
+    def run(self, fn: Callable[[], Reading]) -> None:
+        t0 = time.monotonic()
+        try:
+            self.result = (fn(), time.monotonic() - t0)
+        except BaseException as e:  # noqa: BLE001 - handed to the sampler, which reports it
+            self.error = e
+        finally:
+            self._done.release()
+
+    def done(self) -> bool:
+        """True once the read has ended (returned or raised)."""
+        return self.wait(0.0)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the read to end; True when it has."""
+        if self._done.acquire(timeout=max(0.0, timeout)):
+            self._done.release()
+            return True
+        return False
+
+
+class _Reader:
+    """The thread that reads one source, one read at a time (a daemon: a read that hangs,
+    an NVML call stuck in the driver, never holds the process at exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._go = threading.Lock()
+        self._go.acquire()
+        self._job: tuple[Callable[[], Reading], _Call] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Reading]) -> _Call:
+        """Start one read (the previous one has ended: the sampler never starts a source's
+        read behind one that hangs)."""
+        call = _Call()
+        self._job = (fn, call)
+        self._go.release()
+        return call
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            job, self._job = self._job, None
+            if self._closed or job is None:
+                return
+            job[1].run(job[0])
+
+    def close(self) -> None:
+        """End the thread after its current read, if any; never raises."""
+        self._closed = True
+        try:
+            self._go.release()
+        except RuntimeError:  # released already: a read was just submitted and is running
+            pass
+
+
 @dataclass
 class _State:
     source: LiveSource
     health: SourceHealth
-    future: Future[tuple[Reading, float]] | None = None
+    future: _Call | None = None
     started: float = 0.0
     next_attempt: float = 0.0
-
-
-def _timed(fn: Callable[[], Reading]) -> tuple[Reading, float]:
-    t0 = time.monotonic()
-    return fn(), time.monotonic() - t0
+    reader: _Reader | None = None
 
 
 class Sampler:
@@ -417,9 +490,6 @@ class Sampler:
         self._model_paths: dict[tuple[str, ...], Path | None] = {}
         self._rng = rng or random.Random()
         self._clock = clock
-        from concurrent.futures import ThreadPoolExecutor  # live sampling only: not to start
-
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kvdoctor-source")
         self._states: dict[str, _State] = {}
         self._fixed_urls = list(opts.metrics_urls)
         #: /metrics page texts of the last read, origin → (unix seconds, text)
@@ -483,7 +553,9 @@ class Sampler:
             now = self._clock()
         st.started = now
         st.health.last_attempt_ts = time.time()
-        st.future = self._pool.submit(_timed, st.source.read)
+        if st.reader is None:
+            st.reader = _Reader(f"kvdoctor-source-{st.source.kind}")
+        st.future = st.reader.submit(st.source.read)
 
     def _finish(self, st: _State, snap: Snapshot, statuses: dict[str, SourceStatus]) -> None:
         key = f"{st.source.kind}\0{st.source.origin}"
@@ -491,20 +563,19 @@ class Sampler:
         if fut is None or key in statuses:
             return
         remaining = st.started + st.source.timeout_s - self._clock()
-        from concurrent.futures import TimeoutError as FutureTimeout
-
-        try:
-            reading, duration = fut.result(timeout=max(0.0, remaining))
-        except FutureTimeout:
+        if not fut.wait(remaining):
             self._fail(st, f"timed out after {st.source.timeout_s:g}s", self._clock(), None)
             statuses[key] = self._status(st, st.health.last_error or "")
             return
-        except Exception as e:
-            st.future = None
+        st.future = None
+        if fut.result is None:
+            e = fut.error if fut.error is not None else RuntimeError("no reading")
+            if not isinstance(e, Exception):
+                raise e  # KeyboardInterrupt, SystemExit in a read: not a source failure
             self._fail(st, _one_line(e), self._clock(), self._clock() - st.started)
             statuses[key] = self._status(st, st.health.last_error or "")
             return
-        st.future = None
+        reading, duration = fut.result
         h = st.health
         h.up, h.last_success_ts, h.last_duration_s = True, time.time(), duration
         h.consecutive_errors, h.last_error, h.next_attempt_ts = 0, None, None
@@ -571,6 +642,10 @@ class Sampler:
             if st.source.kind == "metrics" and st.source.origin not in urls
         ]
         if gone:  # those engines stopped
+            for k in gone:
+                reader = self._states[k].reader
+                if reader is not None:
+                    reader.close()
             self._states = {k: st for k, st in self._states.items() if k not in gone}
             for k in gone:
                 self.last_raw.pop(k.split("\0", 1)[1], None)
@@ -691,7 +766,22 @@ class Sampler:
                 st.source.close()
             except Exception:
                 pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            if st.reader is not None:
+                st.reader.close()
+
+
+def _with(obj: _D, **changes: Any) -> _D:
+    """``dataclasses.replace(obj, **changes)`` for a plain dataclass (fields set by ``__init__``
+    only, no ``__post_init__``: nothing to run again), as a copy of its ``__dict__``: a few
+    times cheaper, and the sampler copies every GPU every read. Another object goes through
+    ``replace``."""
+    cls = type(obj)
+    if hasattr(cls, "__post_init__") or not hasattr(obj, "__dict__"):
+        return replace(obj, **changes)  # type: ignore[type-var]
+    new = object.__new__(cls)
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def _intern(text: str | None) -> str | None:

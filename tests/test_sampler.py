@@ -351,3 +351,67 @@ def test_unchanged_histograms_are_shared_between_scrapes(fake_metrics_server: Fa
     assert b.cache_config is a.cache_config
     changed = [k for k in c.histograms if c.histograms[k] != b.histograms.get(k)]
     assert changed and all(c.histograms[k] is not b.histograms[k] for k in changed)  # new values kept
+
+
+def test_the_sampler_copy_of_a_fact_is_dataclasses_replace() -> None:
+    """``_with`` (the sampler's cheap copy of every GPU reading) gives what ``replace`` gives,
+    leaves the original as it was, and defers to ``replace`` where ``__init__`` does more."""
+    import dataclasses
+
+    from kvdoctor.sampler import _with
+
+    g = Gpu(index=3, name="H100", processes=[GpuProcess(pid=7)], clock_event_reasons=["hw_slowdown"])
+    got = _with(g, timestamp=12.5, name="NVIDIA H100")
+    assert got == dataclasses.replace(g, timestamp=12.5, name="NVIDIA H100") and got is not g
+    assert (g.timestamp, g.name) == (None, "H100") and got.processes is g.processes
+
+    @dataclasses.dataclass
+    class Checked:
+        x: int
+        doubled: int = 0
+
+        def __post_init__(self) -> None:
+            self.doubled = 2 * self.x
+
+    assert _with(Checked(1), x=5).doubled == 10
+
+
+def test_each_source_reads_on_its_own_thread_and_close_ends_them() -> None:
+    """One reader thread per source, reused read after read; close() ends the idle ones and
+    does not wait for one whose read hangs (a daemon: it never holds the process at exit)."""
+    release = threading.Event()
+
+    class Hung:
+        kind, origin, timeout_s = "log", "hung.log", 0.2
+
+        def read(self) -> Reading:
+            release.wait(10)
+            return Reading({}, "late")
+
+        def close(self) -> None:
+            pass
+
+    gpus = FakeGpus()
+    before = set(threading.enumerate())  # other tests' hung readers may still be running
+    sampler = Sampler(_opts(), sources=[gpus, Hung()])
+    try:
+        started = []
+        for _ in range(3):
+            snap = sampler.sample()
+            started.append(set(threading.enumerate()) - before)
+        assert {s.kind: s.status for s in snap.sources} == {"nvml": "ok", "log": "error"}
+        assert started[0] == started[2] and len(started[0]) == 2
+        readers = {t.name: t for t in started[0]}
+        assert set(readers) == {"kvdoctor-source-nvml", "kvdoctor-source-log"}
+        assert all(t.daemon for t in readers.values())
+    finally:
+        t0 = time.monotonic()
+        sampler.close()
+        assert time.monotonic() - t0 < 1.0
+    readers["kvdoctor-source-nvml"].join(5)
+    assert not readers["kvdoctor-source-nvml"].is_alive()
+    assert readers["kvdoctor-source-log"].is_alive()  # still in its hung read
+    release.set()
+    readers["kvdoctor-source-log"].join(5)
+    assert not readers["kvdoctor-source-log"].is_alive()  # and gone once it returned
+    assert gpus.reads == 3

@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
@@ -169,37 +169,87 @@ def _parse_sample(line: str) -> _Parsed:
 @functools.lru_cache(maxsize=16)
 def _filter_re(histograms: tuple[str, ...]) -> re.Pattern[str]:
     """The regex that keeps only the sample lines of the families we read (applied to
-    ``"\\n" + text``; a literal first character keeps the scan at C speed)."""
-    names = sorted(n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO, _SLEEP})
-    hists = sorted(h[len("vllm:") :] for h in histograms if h.startswith("vllm:"))
-    alts = "|".join(re.escape(n) for n in names)
-    if hists:
-        alts += "|(?:" + "|".join(re.escape(h) for h in hists) + ")(?:_bucket|_count|_sum)"
-    return re.compile(r"\n(vllm:(?:" + alts + r")[{ \t][^\n]*)")
+    ``"\\n" + text``; a literal first character keeps the scan at C speed). The names are one
+    trie (:func:`_trie`): a line of a family we skip fails after a character or two."""
+    names = [n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO, _SLEEP}]
+    hists = [h[len("vllm:") :] for h in histograms if h.startswith("vllm:")]
+    words = names + [h + suffix for h in hists for suffix in ("_bucket", "_count", "_sum")]
+    return re.compile(r"\n(vllm:" + _trie(words) + r"[{ \t][^\n]*)")
+
+
+def _trie(words: list[str]) -> str:
+    """A regex matching exactly ``words`` (one of them, whole), as a trie of their characters:
+    ``num_(?:preemptions_total|requests_(?:running|waiting))``."""
+    root: dict[str, Any] = {}
+    for w in words:
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # a word ends here
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(node[ch]) for ch in sorted(k for k in node if k)]
+        if not alts:
+            return ""
+        if len(alts) == 1 and "" not in node:
+            return alts[0]
+        return "(?:" + "|".join(alts) + ")" + ("?" if "" in node else "")
+
+    return emit(root) if words else "(?!)"
+
+
+# What parse_metrics does with a sample, decided once per line (see _Sample).
+_K_OTHER, _K_INFO, _K_SLEEP, _K_SCALAR, _K_BUCKET, _K_COUNT, _K_SUM = range(7)
+
+#: A parsed sample line and what it is: (name, labels, value, kind, (engine, model_name), the
+#: histogram base name or sleep_state, the bucket's ``le`` as a number). All of it follows from
+#: the line alone, so a line seen on the previous page is reused whole.
+_Sample = tuple[str, dict[str, str], float, int, tuple[str | None, str | None], str, float | None]
+
+
+def _classify(parsed: _Parsed) -> _Sample:
+    name, labels, value = parsed
+    key = (labels.get("engine"), labels.get("model_name"))
+    base, le = "", None
+    if name == _INFO:
+        kind = _K_INFO
+    elif name == _SLEEP:
+        kind, base = _K_SLEEP, labels.get("sleep_state") or ""
+    elif name in _SCALAR_NAMES:
+        kind = _K_SCALAR
+    elif name.endswith("_bucket") and "le" in labels:
+        kind, base, le = _K_BUCKET, name[: -len("_bucket")], _num(labels["le"])
+    elif name.endswith("_count"):
+        kind, base = _K_COUNT, name[: -len("_count")]
+    elif name.endswith("_sum"):
+        kind, base = _K_SUM, name[: -len("_sum")]
+    else:
+        kind = _K_OTHER  # a family we do not read (reading every histogram: any other series)
+    return name, labels, value, kind, key, base, le
 
 
 #: The last page's parsed sample lines, keyed by the exact line: a page scraped every second
 #: repeats most of its lines (cache_config_info, idle buckets, constant gauges). Replaced by
 #: each page's own lines, so it never holds more than one page (bounded, no growth).
-_LINE_CACHE: dict[str, _Parsed] = {}
+_LINE_CACHE: dict[str, _Sample] = {}
 
 
-def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Parsed], int | None, str]:
-    """Parse the kept sample lines (:func:`_parse_sample`, or the previous page's reading of
-    the same line); bad ones are dropped.
+def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Sample], int | None, str]:
+    """Parse the kept sample lines (:func:`_parse_sample` and :func:`_classify`, or the
+    previous page's reading of the same line); bad ones are dropped.
 
-    Returns (parsed samples in line order, the first bad line's number in ``text`` or None, its
+    Returns (samples in line order, the first bad line's number in ``text`` or None, its
     reason)."""
     global _LINE_CACHE
     prev = _LINE_CACHE  # another sampler thread may replace it meanwhile: only hits are lost
-    got: dict[str, _Parsed] = {}
-    out: list[_Parsed] = []
+    got: dict[str, _Sample] = {}
+    out: list[_Sample] = []
     bad_line, reason = None, ""
     for ln in lines:
         hit = got.get(ln) or prev.get(ln)
         if hit is None:
             try:
-                hit = _parse_sample(ln)
+                hit = _classify(_parse_sample(ln))
             except ValueError as exc:
                 if bad_line is None:
                     pos = text.find(ln) if len(ln) <= _MAX_LINE_CHARS else -1
@@ -296,45 +346,36 @@ def parse_metrics(
     accs: dict[tuple[str | None, str | None], _Acc] = {}
     infos: list[dict[str, str]] = []
     seen: set[str] = set()
-    for name, labels, value in samples:
-        if name == _INFO:
+    isnan = math.isnan
+    for name, labels, value, kind, key, base, le in samples:
+        if kind == _K_INFO:
             infos.append(labels)
             continue
-        if math.isnan(value):
+        if kind == _K_OTHER or isnan(value):
             continue
-        if name == _SLEEP:
-            skey = (labels.get("engine"), labels.get("model_name"))
-            sacc = accs.setdefault(skey, _Acc(model_name=skey[1], engine=skey[0]))
-            sacc.sleep[labels.get("sleep_state") or ""] = value
-            continue
-        if name in _SCALAR_NAMES:
-            kind = "scalar"
-        elif name.endswith("_bucket") and "le" in labels:
-            kind = "bucket"
-        elif name.endswith(("_count", "_sum")):
-            kind = name[name.rindex("_") + 1 :]
-        else:
-            continue  # a family we do not read (reading every histogram: any other series)
-        key = (labels.get("engine"), labels.get("model_name"))
         acc = accs.get(key)
+        if kind == _K_SLEEP:
+            if acc is None:
+                acc = accs[key] = _Acc(model_name=key[1], engine=key[0])
+            acc.sleep[base] = value
+            continue
         if acc is None:
             if len(accs) >= MAX_ENGINES:
                 continue  # a page with thousands of engine labels is not a vLLM server's
             acc = accs[key] = _Acc(model_name=key[1], engine=key[0])
         seen.add(name)
-        if kind == "scalar":
+        if kind == _K_SCALAR:
             # Counters and gauges summed over their extra labels (finished_reason, …).
             acc.scalars[name] = acc.scalars.get(name, 0.0) + value
-        elif kind == "bucket":
-            le = _num(labels["le"])
+        elif kind == _K_BUCKET:
             if le is not None:
-                b = acc.buckets.setdefault(name[: -len("_bucket")], {})
+                b = acc.buckets.get(base)
+                if b is None:
+                    b = acc.buckets[base] = {}
                 b[le] = b.get(le, 0.0) + value
-        elif kind == "count":
-            base = name[: -len("_count")]
+        elif kind == _K_COUNT:
             acc.counts[base] = acc.counts.get(base, 0.0) + value
         else:
-            base = name[: -len("_sum")]
             acc.sums[base] = acc.sums.get(base, 0.0) + value
 
     if not accs:
@@ -533,72 +574,408 @@ class _BoundedDecoder:
         return out
 
 
+_SCRAPE_HEADERS = {
+    # Only encodings decoded here, by _BoundedDecoder (a whole network read of a gzip bomb is
+    # never inflated at once).
+    "Accept-Encoding": "gzip, deflate",
+    "Accept": "*/*",
+}
+#: an HTTP token (RFC 9110 §5.6.2): what a header name may be.
+_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CHARSET_RE = re.compile(r";\s*charset\s*=\s*\"?([^\";\s]+)", re.I)
+# what http.client refuses in a request line (it would raise only once connected)
+_BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
+#: idle keep-alive connections one ScrapeClient keeps (one per endpoint a sampler scrapes).
+_MAX_IDLE = 8
+
+
+def _left(deadline: float) -> float:
+    """Seconds to the deadline; raises TimeoutError when it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline")
+    return left
+
+
+@functools.lru_cache(maxsize=1)
+def _socket_classes() -> tuple[type, type]:
+    """Socket classes whose every receive waits at most the time left to the scrape's deadline
+    (``deadline`` attribute, monotonic seconds): http.client reads the status line, headers
+    and body through ``recv_into``, so one deadline bounds a drip-fed response whatever it
+    drips (a per-recv timeout alone would restart on every byte)."""
+    import socket
+    import ssl
+
+    class DeadlineSocket(socket.socket):
+        deadline = 0.0  # set per scrape; outside one, a receive times out at once
+
+        def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+            self.settimeout(_left(self.deadline))
+            return super().recv_into(buffer, nbytes, flags)
+
+        def recv(self, bufsize: int, flags: int = 0) -> bytes:
+            self.settimeout(_left(self.deadline))
+            return super().recv(bufsize, flags)
+
+    class DeadlineSSLSocket(ssl.SSLSocket):
+        deadline = 0.0
+
+        def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+            self.settimeout(_left(self.deadline))
+            return super().recv_into(buffer, nbytes, flags)  # type: ignore[arg-type]
+
+        def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+            self.settimeout(_left(self.deadline))
+            return super().recv(buflen, flags)
+
+    return DeadlineSocket, DeadlineSSLSocket
+
+
+def _create_connection(
+    address: tuple[str, int], timeout: Any = None, source_address: Any = None, *, deadline: float
+) -> Any:
+    """socket.create_connection, the socket made a deadline-aware one (same descriptor; a proxy's
+    CONNECT answer is read through it too)."""
+    import socket
+
+    plain = socket.create_connection(address, timeout, source_address)
+    cls = _socket_classes()[0]
+    sock = cls(plain.family, plain.type, plain.proto, fileno=plain.detach())
+    sock.settimeout(timeout)
+    sock.deadline = deadline
+    return sock
+
+
+def _basic(user: str | None, password: str | None) -> str:
+    """``Basic base64(user:password)`` from a URL's (percent-encoded) userinfo, as httpx sends it."""
+    import base64
+    from urllib.parse import unquote
+
+    pair = f"{unquote(user or '')}:{unquote(password or '')}"
+    return "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+
+
+class _Failed(Exception):
+    """A scrape failure before any response byte on a reused connection (the server closed an
+    idle keep-alive connection): retried once on a new one."""
+
+
+class ScrapeClient:
+    """HTTP GETs of ``/metrics`` pages over the standard library's ``http.client``, one
+    keep-alive connection per endpoint kept between scrapes (uvicorn, vLLM's server, keeps
+    them open; httpx's pure-Python HTTP parsing cost ~1.5-2 ms CPU per 55 KB page, this ~0.5).
+
+    - A connection the server closed while idle is noticed before the request (plain HTTP: the
+      socket reads as ready) or by the request failing before any response byte: the scrape
+      reconnects once. A connection whose response was not read to its end (an error, a
+      timeout, a refused page) is closed, never reused; ``Connection: close`` and HTTP/1.0
+      answers are read to their end and not kept.
+    - Proxies from the environment as httpx's ``trust_env`` read them
+      (``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``, ``NO_PROXY`` through
+      ``urllib.request.proxy_bypass_environment``), read once when the client is made:
+      ``http://`` targets are forwarded (absolute URL), ``https://`` ones tunnelled
+      (``CONNECT``); the proxy URL's userinfo is sent as ``Proxy-Authorization: Basic``. Only
+      ``http://`` proxies are spoken to (a socks or https proxy is an error, never bypassed).
+    - https: one default SSL context per client (system CAs, or ``SSL_CERT_FILE`` /
+      ``SSL_CERT_DIR``, as httpx reads them; certifi's bundle when installed and neither is set),
+      built on the first https scrape (it costs ~40 ms).
+
+    Idle connections are bounded (:data:`_MAX_IDLE`). Safe to share between threads (a
+    connection is taken out of the pool while in use). :meth:`close` releases them all.
+    """
+
+    def __init__(self) -> None:
+        import threading
+        from urllib.request import getproxies_environment
+
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, str, int], Any] = {}
+        self._proxies: dict[str, str] = dict(getproxies_environment())
+        self._ssl: Any = None
+
+    def ssl_context(self) -> Any:
+        """The client's SSL context (built once; ~40 ms)."""
+        if self._ssl is None:
+            import ssl
+
+            cafile = os.environ.get("SSL_CERT_FILE") or None
+            capath = None if cafile else (os.environ.get("SSL_CERT_DIR") or None)
+            if cafile is None and capath is None:
+                try:
+                    import certifi
+
+                    cafile = certifi.where()
+                except ImportError:  # the system's CAs
+                    pass
+            ctx = ssl.create_default_context(cafile=cafile, capath=capath)
+            ctx.sslsocket_class = _socket_classes()[1]
+            self._ssl = ctx
+        return self._ssl
+
+    def _proxy_for(self, scheme: str, host: str, port: int) -> tuple[str, int, str | None] | None:
+        """(host, port, Proxy-Authorization) of the environment's proxy for this target, None
+        for a direct connection. Raises ValueError for a proxy this client cannot speak to."""
+        if not self._proxies:
+            return None
+        from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]
+
+        proxy = self._proxies.get(scheme) or self._proxies.get("all")
+        if not proxy or proxy_bypass_environment(f"{host}:{port}", self._proxies):
+            return None
+        if "://" not in proxy:
+            proxy = "http://" + proxy
+        pp = urlsplit(proxy)
+        if pp.scheme != "http" or not pp.hostname:
+            raise ValueError("unsupported proxy")
+        auth = _basic(pp.username, pp.password) if pp.username is not None else None
+        return pp.hostname, pp.port or 80, auth
+
+    def _connection(self, key: tuple[str, str, int], timeout: float) -> tuple[Any, bool]:
+        """An idle connection for ``key`` (scheme, host, port), or a new one; True when reused."""
+        import http.client
+
+        with self._lock:
+            conn = self._idle.pop(key, None)
+        if conn is not None:
+            sock = conn.sock
+            if sock is not None and not hasattr(sock, "pending"):  # plain HTTP: a cheap check
+                import select
+
+                try:  # (poll, not select: a descriptor past 1023 is fine)
+                    poller = select.poll()
+                    poller.register(sock, select.POLLIN)
+                    ready = bool(poller.poll(0))
+                except (OSError, ValueError, AttributeError):
+                    ready = True
+                if ready:  # EOF (the server closed it), stray bytes, an error: not usable
+                    conn.close()
+                    conn = None
+            if conn is not None and conn.sock is not None:
+                return conn, True
+            if conn is not None:
+                conn.close()
+        scheme, host, port = key
+        proxy = self._proxy_for(scheme, host, port)
+        if scheme == "https":
+            if proxy is not None:
+                conn = http.client.HTTPSConnection(
+                    proxy[0], proxy[1], timeout=timeout, context=self.ssl_context()
+                )
+                conn.set_tunnel(host, port, headers={"Proxy-Authorization": proxy[2]} if proxy[2] else None)
+            else:
+                conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self.ssl_context())
+        else:
+            conn = http.client.HTTPConnection(*(proxy[:2] if proxy else (host, port)), timeout=timeout)
+        conn.kv_proxy = proxy
+        return conn, False
+
+    def _keep(self, key: tuple[str, str, int], conn: Any) -> None:
+        with self._lock:
+            old = self._idle.pop(key, None)  # another thread's, for the same endpoint
+            if old is None and len(self._idle) >= _MAX_IDLE:
+                old = self._idle.pop(next(iter(self._idle)))  # the oldest
+            self._idle[key] = conn
+        if old is not None:
+            old.close()
+
+    def _get(self, t: _Target, timeout: float, max_bytes: int) -> tuple[str, float]:
+        """One scrape (see :func:`scrape`, which checks the URL and calls this)."""
+        import http.client
+
+        label, scheme, path = t.label, t.scheme, t.path
+        key = (scheme, t.host, t.port)
+        headers = dict(_SCRAPE_HEADERS)
+        if t.auth is not None:
+            headers["Authorization"] = t.auth
+        deadline = time.monotonic() + timeout
+        for attempt in (0, 1):
+            conn = None
+            connected = False
+            try:
+                conn, reused = self._connection(key, timeout)
+                if conn.kv_proxy is not None and scheme == "http":
+                    target = f"http://{t.hostport}{path}"
+                    if conn.kv_proxy[2]:
+                        headers["Proxy-Authorization"] = conn.kv_proxy[2]
+                else:
+                    target = path
+                if conn.sock is None:
+                    conn.timeout = _left(deadline)
+                    # deadline-aware sockets (see _socket_classes)
+                    conn._create_connection = functools.partial(_create_connection, deadline=deadline)
+                    conn.connect()
+                connected = True
+                conn.sock.deadline = deadline
+                conn.sock.settimeout(_left(deadline))
+                try:
+                    conn.request("GET", target, headers=headers)
+                    resp = conn.getresponse()
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                    if reused and attempt == 0:
+                        raise _Failed() from None
+                    raise
+                ts = time.time()
+                text = self._read(resp, label, max_bytes)
+                if resp.will_close or conn.sock is None or not resp.isclosed():
+                    conn.close()
+                else:
+                    self._keep(key, conn)
+                conn = None
+                return text, ts
+            except _Failed:
+                continue  # the server had closed the idle connection: once more, a new one
+            except SourceError:
+                raise
+            except TimeoutError:
+                raise SourceError(f"{label}: timed out after {timeout:g} s") from None
+            except OSError as exc:  # (ssl's certificate error is a ValueError too: first)
+                raise SourceError(f"{label}: {_os_error(exc, connected)}") from None
+            except (http.client.HTTPException, ValueError, UnicodeError) as exc:
+                if not connected:  # a host name IDNA cannot encode, a proxy we cannot speak to
+                    why = "unsupported proxy" if str(exc) == "unsupported proxy" else "bad URL"
+                    raise SourceError(f"{label}: {why}") from None
+                # its text may quote what the server sent: the type only
+                raise SourceError(
+                    f"{label}: {type(exc).__name__} (the server's response is not valid HTTP)"
+                ) from None
+            finally:
+                if conn is not None:
+                    conn.close()  # a half-read or refused response: never reused
+        raise SourceError(f"{label}: connection lost")  # not reached: attempt 1 never retries
+
+    @staticmethod
+    def _read(resp: Any, label: str, max_bytes: int) -> str:
+        status = resp.status
+        if resp.msg.defects or resp.msg.get_payload():
+            # a header line that is not one (the email parser took it for the body's start)
+            raise SourceError(f"{label}: InvalidHeader (the server's response is not valid HTTP)")
+        for name in resp.msg.keys():
+            if not _TOKEN_RE.fullmatch(name):
+                raise SourceError(f"{label}: InvalidHeader (the server's response is not valid HTTP)")
+        if status != 200:
+            reason = "".join(ch for ch in str(resp.reason)[:40] if ch.isprintable())
+            raise SourceError(f"{label}: HTTP {status} {reason}".rstrip())
+        ctype = resp.getheader("content-type", "") or ""
+        mime = ctype.split(";", 1)[0].strip().lower()
+        if mime and mime not in ("text/plain", "application/openmetrics-text"):
+            raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime[:40]})")
+        decoder = _BoundedDecoder(resp.getheader("content-encoding", "") or "", label)
+        body = bytearray()
+        while True:
+            raw = resp.read(65536)
+            if not raw:
+                break
+            body += decoder.decode(raw, max_bytes + 1 - len(body))
+            if len(body) > max_bytes or decoder.pending:
+                raise SourceError(f"{label}: response larger than {max_bytes >> 20} MiB")
+        m = _CHARSET_RE.search(ctype)
+        try:
+            text = body.decode(m.group(1) if m else "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know
+            text = body.decode("utf-8", errors="replace")
+        if text.lstrip()[:1] in ("<", "{", "["):
+            raise SourceError(f"{label}: not Prometheus text (an HTML or JSON body)")
+        return text
+
+    def close(self) -> None:
+        """Close every idle connection; never raises."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conn in idle.values():
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+
+def _os_error(exc: OSError, connected: bool) -> str:
+    """The reason of a socket error, in the words the messages used with httpx: the OS's
+    reason only, nothing the peer sent."""
+    import ssl
+
+    msg = str(exc)
+    if isinstance(exc, ssl.SSLError):
+        return f"cannot connect (TLS: {str(exc.reason or 'error')[:60].lower().replace('_', ' ')})"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if msg.startswith("Tunnel connection failed"):
+        return "cannot connect (the proxy refused the CONNECT)"
+    if not connected:
+        errno_text = msg if msg.startswith("[Errno") and len(msg) < 120 else "error"
+        return "connection refused" if "refused" in msg.lower() else f"cannot connect ({errno_text})"
+    return f"connection lost ({type(exc).__name__})"
+
+
 def scrape(
-    url: str, timeout: float = 2.0, client: httpx.Client | None = None, *, max_bytes: int = MAX_HTTP_BYTES
+    url: str, timeout: float = 2.0, client: ScrapeClient | None = None, *, max_bytes: int = MAX_HTTP_BYTES
 ) -> tuple[str, float]:
     """GET vLLM's ``/metrics`` (vllm-facts.md §5) and return ``(text, unix seconds)``.
 
     ``url`` is the metrics URL or the server's base URL (``/metrics`` is appended when the path
-    is empty). ``timeout`` (seconds) is one deadline for the whole scrape — connect, headers and
-    body together, so a drip-fed response ends on time; ``max_bytes`` caps the body after
-    Content-Encoding (a gzip bomb stops there). ``client`` lets a sampler reuse one connection
-    pool. Raises SourceError with one line: ``GET http://…/metrics: connection refused`` /
-    ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus text (Content-Type:
-    text/html)`` / ``response larger than 64 MiB``; the URL's credentials are never shown.
+    is empty; ``http://`` or ``https://``; userinfo is sent as Basic auth). ``timeout``
+    (seconds) is one deadline for the whole scrape — connect, headers and body together, so a
+    drip-fed response ends on time; ``max_bytes`` caps the body after Content-Encoding (a gzip
+    bomb stops there). ``client`` (:class:`ScrapeClient`) lets a sampler keep one keep-alive
+    connection (and SSL context) between scrapes; without one a connection is made and closed.
+    Redirects are not followed (an error, like any status but 200). The unix time is taken
+    when the headers arrived. Raises SourceError with one line: ``GET http://…/metrics:
+    connection refused`` / ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus
+    text (Content-Type: text/html)`` / ``response larger than 64 MiB`` / ``bad URL``; the URL's
+    credentials are never shown.
     """
-    import httpx
-
-    try:
-        target = _metrics_url(url)
-    except ValueError:
-        raise SourceError(f"GET {_redact_url(url)}: bad URL") from None
-    label = f"GET {_redact_url(target)}"
-    deadline = time.monotonic() + timeout
+    t = _target(url)
+    if isinstance(t, str):
+        raise SourceError(t)
     own = client is None
-    c = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=timeout))
-    deadline = time.monotonic() + timeout
+    c = client if client is not None else ScrapeClient()
     try:
-        t = httpx.Timeout(timeout, connect=timeout)
-        # Only encodings decoded here, by _BoundedDecoder: httpx's own decoder inflates a whole
-        # network read at once (64 KiB of a gzip bomb is ~64 MiB) before a cap can look at it.
-        headers = {"Accept-Encoding": "gzip, deflate"}
-        with c.stream("GET", target, timeout=t, headers=headers) as resp:
-            ts = time.time()
-            if resp.status_code != 200:
-                raise SourceError(f"{label}: HTTP {resp.status_code} {resp.reason_phrase[:40]}".rstrip())
-            ctype = resp.headers.get("content-type", "")
-            mime = ctype.split(";", 1)[0].strip().lower()
-            if mime and mime not in ("text/plain", "application/openmetrics-text"):
-                raise SourceError(f"{label}: not Prometheus text (Content-Type: {mime[:40]})")
-            decoder = _BoundedDecoder(resp.headers.get("content-encoding", ""), label)
-            body = bytearray()
-            # httpcore reads the per-read timeout from this dict on every read: shrinking it to
-            # what is left of the deadline makes one deadline for the whole body.
-            tdict = resp.request.extensions.get("timeout")
-            for raw in resp.iter_raw():
-                body += decoder.decode(raw, max_bytes + 1 - len(body))
-                if len(body) > max_bytes or decoder.pending:
-                    raise SourceError(f"{label}: response larger than {max_bytes >> 20} MiB")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise httpx.ReadTimeout("deadline")
-                if isinstance(tdict, dict):
-                    tdict["read"] = left
-    except httpx.HTTPError as exc:
-        raise _http_error(label, exc, timeout) from None
-    except (httpx.InvalidURL, ValueError):  # malformed URL
-        raise SourceError(f"{label}: bad URL") from None
+        return c._get(t, timeout, max_bytes)
     finally:
         if own:
             c.close()
+
+
+class _Target(NamedTuple):
+    """What a scrape URL asks for, worked out once per URL (:func:`_target`)."""
+
+    label: str  # "GET http://host:8000/metrics", credentials removed
+    scheme: str  # "http" | "https"
+    host: str  # lower-case, an IPv6 address without brackets
+    port: int
+    path: str  # path and query, percent-encoded ASCII
+    hostport: str  # the URL's host[:port] as written (an absolute URL for a proxy)
+    auth: str | None  # "Basic …" from the URL's userinfo
+
+
+@functools.lru_cache(maxsize=64)
+def _target(url: str) -> _Target | str:
+    """The :class:`_Target` of a scrape URL, or the one-line error for a bad one (a sampler
+    scrapes the same URL every second: its parsing and redaction are done once)."""
     try:
-        text = body.decode(resp.charset_encoding or "utf-8", errors="replace")
-    except LookupError:  # a charset Python does not know
-        text = body.decode("utf-8", errors="replace")
-    stripped = text.lstrip()
-    if stripped[:1] in ("<", "{", "["):
-        raise SourceError(f"{label}: not Prometheus text (an HTML or JSON body)")
-    return text, ts
+        target = _metrics_url(url)
+        parts = urlsplit(target)
+        port = parts.port  # a bad port raises ValueError here
+    except ValueError:
+        return f"GET {_redact_url(url)}: bad URL"
+    label = f"GET {_redact_url(target)}"
+    scheme = parts.scheme
+    if scheme not in ("http", "https") or not parts.hostname or _BAD_URL_CHARS.search(target):
+        return f"{label}: bad URL"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if not path.isascii():  # percent-encoded, as httpx sent it
+        from urllib.parse import quote
+
+        path = quote(path, safe="".join(map(chr, range(0x21, 0x7F))))
+    auth = _basic(parts.username, parts.password) if parts.username is not None else None
+    return _Target(
+        label=label,
+        scheme=scheme,
+        host=parts.hostname,
+        port=port or (443 if scheme == "https" else 80),
+        path=path,
+        hostport=parts.netloc.rpartition("@")[2],
+        auth=auth,
+    )
 
 
 def probe_endpoints(

@@ -298,6 +298,10 @@ class _Entry:
     argv: list[str] | None = None  # redacted, once the process is listed
     launch: dict[str, Any] | None = None
     ports: list[int] | None = None  # read on the full rescans only
+    #: a multiprocessing child without a role of its own (worker if its parent is vLLM's)
+    spawn: bool = False
+    #: a python process (argv[0]), the kind that may retitle itself
+    python: bool = False
 
 
 class ProcessTable:
@@ -310,10 +314,13 @@ class ProcessTable:
       seconds, and on the read after NVML's GPU pid set changed (:meth:`note_gpu_pids`: an
       engine started or stopped).
     - Between rescans: ``psutil.pids()`` (one listing of /proc); a pid not seen before is read
-      alone, a python process younger than ``young_s`` seconds is re-read (vLLM retitles its
-      spawned processes, ``setproctitle``, after they start), a vanished one is dropped; only the vLLM processes
+      alone, a python process younger than ``young_s`` seconds is re-read (its argv, and its
+      name when the argv changed: vLLM retitles its spawned processes, ``setproctitle``, after
+      they start), a vanished one is dropped; only the vLLM processes
       are read in full (``cpu_percent``, ``memory_info``). Ports stay those of the last rescan
-      (other roles': those of their first read).
+      (other roles': those of their first read). The roles (V0 spawn children included) and the
+      young candidates are derived again only when the entries change: a read of a host whose
+      listing did not change walks the vLLM processes, not every process.
 
     :meth:`read` gives what :func:`list_processes` gives (vLLM processes only); psutil errors
     never escape. ``clock`` is monotonic seconds (tests step it).
@@ -334,6 +341,14 @@ class ProcessTable:
         self._gpu_changed = False
         #: full rescans done (tests, the bench)
         self.rescans = 0
+        # What only changes with the entries, derived once per change (a read of an unchanged
+        # host then walks the vLLM processes, not the whole table): the pids psutil listed,
+        # the python processes still young enough to retitle themselves, the vLLM roles.
+        self._listed: set[int] = set()
+        self._young: list[int] = []
+        self._changed = True
+        self._roles: list[tuple[int, str]] = []
+        self._live: set[tuple[int, float | None]] = set()
 
     def note_gpu_pids(self, pids: set[int] | frozenset[int]) -> None:
         """NVML's GPU process pids of the latest read: a change rescans on the next read."""
@@ -344,7 +359,10 @@ class ProcessTable:
 
     def _entry(self, proc: psutil.Process, info: dict[str, Any]) -> _Entry:
         info = _info_of(proc, info)
-        return _Entry(proc, info, vllm_role(info.get("name") or "", info["cmdline"]))
+        argv = info["cmdline"]
+        role = vllm_role(info.get("name") or "", argv)
+        spawn = role is None and _is_spawn_child(argv)
+        return _Entry(proc, info, role, spawn=spawn, python=bool(argv) and _is_python(argv[0]))
 
     def _read_pid(self, pid: int) -> _Entry | None:
         import psutil
@@ -372,6 +390,20 @@ class ProcessTable:
         self._last_full = now
         self._gpu_changed = False
         self.rescans += 1
+        self._listed = set(entries)
+        self._young = self._young_candidates(entries, time.time())
+        self._changed = True
+
+    def _young_candidates(self, entries: dict[int, _Entry], wall: float) -> list[int]:
+        """Pids of the python processes younger than ``young_s`` (an old one never gets young
+        again: the candidates are recomputed only when the entries change)."""
+        out = []
+        for pid, e in entries.items():
+            if e.python:
+                ctime = e.info.get("create_time")
+                if ctime is not None and wall - ctime < self.young_s:
+                    out.append(pid)
+        return out
 
     def _refresh(self) -> None:
         import psutil
@@ -381,31 +413,67 @@ class ProcessTable:
         except _errors():
             self._rescan(self._clock())
             return
-        entries = {pid: e for pid, e in self._entries.items() if pid in pids}
         wall = time.time()
-        for pid in pids:
+        fresh_pids: set[int] = set()
+        if pids != self._listed:
+            entries = {pid: e for pid, e in self._entries.items() if pid in pids}
+            unread = False
+            for pid in pids:
+                if pid not in entries:
+                    fresh = self._read_pid(pid)
+                    if fresh is not None:
+                        entries[pid] = fresh
+                        fresh_pids.add(pid)
+                    else:
+                        unread = True  # listed but unreadable: tried again next read
+            self._listed = set() if unread else pids
+            if entries.keys() != self._entries.keys():
+                self._young = self._young_candidates(entries, wall)
+                self._changed = True
+            self._entries = entries
+        entries = self._entries
+        young = []
+        for pid in self._young:
             e = entries.get(pid)
-            ctime = e.info.get("create_time") if e is not None else None
             if e is None:
-                fresh = self._read_pid(pid)
-                if fresh is not None:
-                    entries[pid] = fresh
-            elif (
-                ctime is not None
-                and wall - ctime < self.young_s
-                and bool(e.info["cmdline"])
-                and _is_python(e.info["cmdline"][0])
-            ):
-                # a young python process may have retitled itself (vLLM's spawned engine core
-                # and workers call setproctitle): its name and argv only
-                try:
-                    name, argv = e.proc.name(), [str(a) for a in e.proc.cmdline()]
-                except _errors():
-                    del entries[pid]
-                    continue
-                if name != e.info.get("name") or argv != e.info["cmdline"]:
-                    entries[pid] = self._entry(e.proc, {**e.info, "name": name, "cmdline": argv})
-        self._entries = entries
+                continue
+            ctime = e.info.get("create_time")
+            if ctime is None or wall - ctime >= self.young_s:
+                continue  # grown old: never re-read again
+            young.append(pid)
+            if pid in fresh_pids:
+                continue  # just read
+            # a young python process may have retitled itself (vLLM's spawned engine core
+            # and workers call setproctitle, which rewrites argv and the name together): its
+            # argv, and its name only when the argv changed (one /proc read a second, not 2-3)
+            try:
+                argv = [str(a) for a in e.proc.cmdline()]
+                name = e.proc.name() if argv != e.info["cmdline"] else e.info.get("name")
+            except _errors():
+                del entries[pid]
+                self._listed = set()
+                self._changed = True
+                continue
+            if name != e.info.get("name") or argv != e.info["cmdline"]:
+                entries[pid] = self._entry(e.proc, {**e.info, "name": name, "cmdline": argv})
+                self._changed = True
+        self._young = young
+
+    def _derive_roles(self) -> None:
+        """The vLLM processes' (pid, role) in pid order, and the (pid, create_time) of every
+        entry, from the entries (after a change only)."""
+        entries = self._entries
+        roles = {pid: e.role for pid, e in entries.items()}
+        # V0 workers: spawn children of a vLLM process (as list_processes; only the spawn
+        # children can change, walked in the table's order).
+        spawned = [(pid, e.info.get("ppid") or -1) for pid, e in entries.items() if e.spawn]
+        for _ in range(3 if spawned else 0):
+            for pid, ppid in spawned:
+                if roles[pid] is None and roles.get(ppid):
+                    roles[pid] = "worker"
+        self._roles = [(pid, r) for pid, r in sorted(roles.items()) if r is not None]
+        self._live = {(pid, e.info.get("create_time")) for pid, e in entries.items()}
+        self._changed = False
 
     def read(self) -> list[HostProcess]:
         """The vLLM processes now (see the class doc), pid order of psutil's listing."""
@@ -418,30 +486,22 @@ class ProcessTable:
                 self._refresh()
         except _errors():
             return []
+        if self._changed:
+            self._derive_roles()
         entries = self._entries
-        roles = {pid: e.role for pid, e in entries.items()}
-        # V0 workers: spawn children of a vLLM process (as list_processes).
-        for _ in range(3):
-            for pid, e in entries.items():
-                if (
-                    roles[pid] is None
-                    and roles.get(e.info.get("ppid") or -1)
-                    and _is_spawn_child(e.info["cmdline"])
-                ):
-                    roles[pid] = "worker"
         out: list[HostProcess] = []
-        for pid in sorted(p for p, r in roles.items() if r is not None):
+        for pid, role in self._roles:
             e = entries[pid]
             if e.argv is None:
                 e.argv = redact_argv(e.info["cmdline"])
                 e.launch = launch_fields(e.argv)
-            if e.ports is None or (full and roles[pid] == "api_server"):
+            if e.ports is None or (full and role == "api_server"):
                 # the server's port is what discovery needs; /proc/net/tcp costs ~20 ms a read
                 e.ports = _listen_ports(e.proc)
             out.append(
-                _process_from_psutil(e.proc, e.info, roles[pid], ports=e.ports, argv=e.argv, launch=e.launch)
+                _process_from_psutil(e.proc, e.info, role, ports=e.ports, argv=e.argv, launch=e.launch)
             )
-        live = {(pid, e.info.get("create_time")) for pid, e in entries.items()}
+        live = self._live
         for key in [k for k in _SEEN if k not in live]:
             del _SEEN[key]
         return out

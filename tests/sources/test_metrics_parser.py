@@ -73,7 +73,10 @@ def _library_parse(monkeypatch: pytest.MonkeyPatch, text: str, **kw: object) -> 
 
     with monkeypatch.context() as m:
         m.setattr(M, "_parse_sample", lib)
-        return list(M.parse_metrics(text, **kw))  # type: ignore[arg-type]
+        m.setattr(M, "_LINE_CACHE", {})  # no line read by our parser before
+        got = list(M.parse_metrics(text, **kw))  # type: ignore[arg-type]
+    monkeypatch.setattr(M, "_LINE_CACHE", {})  # nor by the library, for the comparison
+    return got
 
 
 @pytest.mark.parametrize("page", PAGES[::7], ids=[str(p.relative_to(DATA)) for p in PAGES[::7]])
@@ -216,3 +219,30 @@ def test_page_parse_is_fast_without_a_line_cache() -> None:
     for i in range(20):
         M.parse_metrics(page.replace("} ", f"}} {i}", 1), histograms=None)
     assert time.process_time() - t0 < 5.0
+
+
+@pytest.mark.parametrize("histograms", [M.READ_HISTOGRAMS, M.DISPLAY_HISTOGRAMS, ()])
+def test_the_line_filter_keeps_exactly_the_families_read(histograms: tuple[str, ...]) -> None:
+    """The one-regex filter (a trie of the names) keeps a line iff its metric name is one we
+    read, whole, followed by ``{``, a space or a tab: as a plain Python filter over every page."""
+    rx = M._filter_re(tuple(sorted(histograms)))
+    wanted = set(M._SCALAR_NAMES) | {M._INFO, M._SLEEP}
+    wanted |= {h + s for h in histograms for s in ("_bucket", "_count", "_sum")}
+    # near misses: a longer name, a shorter one, a prefix of a kept one
+    extra = "".join(f'{n}x 1\n{n[:-1]} 1\n{n}_total 1\n{n}{{a="1"}} 2\n{n}\t3\n' for n in sorted(wanted))
+    for text in [p.read_text(errors="replace") for p in PAGES[::5]] + [extra]:
+        want = []
+        for line in text.split("\n"):
+            i = next((k for k, ch in enumerate(line) if ch in "{ \t"), -1)
+            if i > 0 and line[:i] in wanted:
+                want.append(line)
+        assert rx.findall("\n" + text) == want
+
+
+def test_the_name_trie_matches_exactly_its_words() -> None:
+    import re
+
+    words = ["ab", "a", "abc", "b", "x.y"]
+    rx = re.compile("(?:" + M._trie(words) + r")\Z")
+    probes = ["", "a", "ab", "abc", "abcd", "ac", "b", "ba", "x.y", "xzy", "c"]
+    assert [w for w in probes if rx.match(w)] == ["a", "ab", "abc", "b", "x.y"]

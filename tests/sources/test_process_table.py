@@ -45,12 +45,12 @@ class FakeHost:
                 return {k: host.procs[pid].get(k) for k in attrs}
 
             def name(self) -> str:
-                host.title_reads.append(pid)
                 if pid not in host.procs:
                     raise psutil.NoSuchProcess(pid)
                 return str(host.procs[pid]["name"])
 
             def cmdline(self) -> list[str]:
+                host.title_reads.append(pid)  # a re-read of a young process starts here
                 if pid not in host.procs:
                     raise psutil.NoSuchProcess(pid)
                 return list(host.procs[pid]["cmdline"])
@@ -181,3 +181,77 @@ def test_psutil_listing_failure_gives_a_rescan_not_an_error(
     monkeypatch.setattr(processes.psutil, "pids", boom)
     now[0] += 1
     assert [p.pid for p in table.read()] == [10, 11] and host.iter_calls == 2
+
+
+def test_a_listed_pid_that_could_not_be_read_is_tried_again(
+    host: FakeHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pid psutil lists but cannot read yet (it vanished, or /proc raced) is read again on
+    the next read, even when the listing did not change."""
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    table.read()
+    host.add(50, "VLLM::Worker_TP1", ["VLLM::Worker_TP1"], ppid=10)
+    make = host.process
+    fail = [True]
+
+    def flaky(pid: int) -> Any:
+        if pid == 50 and fail[0]:
+            raise psutil.NoSuchProcess(pid)
+        return make(pid)
+
+    monkeypatch.setattr(processes.psutil, "Process", flaky)
+    now[0] += 1
+    assert 50 not in {p.pid for p in table.read()}
+    fail[0] = False
+    now[0] += 1
+    assert {p.pid: p.vllm_role for p in table.read()}[50] == "worker"
+    assert host.iter_calls == 1
+
+
+def test_a_young_process_is_no_longer_reread_once_old(
+    host: FakeHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0.0]
+    wall = [time.time()]
+    monkeypatch.setattr(processes, "time", SimpleNamespace(time=lambda: wall[0], sleep=time.sleep))
+    table = ProcessTable(rescan_s=600.0, young_s=15.0, clock=lambda: now[0])
+    host.add(41, "python3", ["/usr/bin/python3.11", "worker.py"], ctime=wall[0] - 10.0)
+    table.read()
+    for _ in range(3):
+        now[0] += 1
+        wall[0] += 1
+        table.read()
+    assert host.title_reads == [41, 41, 41]
+    wall[0] += 5  # 16 s old
+    for _ in range(3):
+        now[0] += 1
+        table.read()
+    assert host.title_reads == [41, 41, 41]
+    # a process that appears later, young, is re-read in its turn
+    host.add(42, "python3", ["python3", "w.py"], ctime=wall[0])
+    for _ in range(2):
+        now[0] += 1
+        table.read()
+    assert host.title_reads == [41, 41, 41, 42]
+
+
+def test_spawn_children_of_vllm_are_workers_as_in_a_one_shot_listing(host: FakeHost) -> None:
+    spawn = [
+        "python3",
+        "-c",
+        "from multiprocessing.spawn import spawn_main; spawn_main()",
+        "--multiprocessing-fork",
+    ]
+    host.add(60, "python3", spawn, ppid=10)  # the server's V0 worker
+    host.add(61, "python3", spawn, ppid=60)  # and its own child
+    host.add(62, "python3", spawn, ppid=12)  # a child of bash: not vLLM's
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    roles = {p.pid: p.vllm_role for p in table.read()}
+    assert roles == {p.pid: p.vllm_role for p in list_processes()}
+    assert roles == {10: "api_server", 11: "engine_core", 60: "worker", 61: "worker"}
+    scans = host.iter_calls
+    host.add(63, "python3", spawn, ppid=61)  # appears between rescans
+    now[0] += 1
+    assert {p.pid: p.vllm_role for p in table.read()}[63] == "worker" and host.iter_calls == scans
