@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvdoctor.dcmethods import shared_methods
-from kvdoctor.facts import Snapshot, Timeline
+from kvdoctor.facts import Snapshot, SourceStatus, Timeline
 
 if TYPE_CHECKING:
     from kvdoctor.report import Report
@@ -123,7 +123,7 @@ def evaluate(
     (``kvdoctor.rules_engine.evaluate``: findings, ``caused_by`` linked from ``explains:``) →
     ``kvdoctor.report.build_report`` (root causes first, redacted copies). ``memo``: a
     ``kvdoctor.rules_engine.RuleMemo`` kept across calls (same Report, fewer rules evaluated)."""
-    from kvdoctor.derive import build_contexts
+    from kvdoctor.derive import FAILED_KEY, build_contexts
     from kvdoctor.report import build_report
     from kvdoctor.rules_engine import RuleContext
     from kvdoctor.rules_engine import evaluate as run_rules
@@ -131,6 +131,7 @@ def evaluate(
     latest = timeline.latest
     configs: list[Any] = list(latest.configs) if latest is not None else []
     engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
+    failed = sorted({f for _eid, v, _inputs in contexts for f in v.pop(FAILED_KEY, ())})
     ctxs = [RuleContext(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
     result = run_rules(rules, ctxs, memo=memo)
     # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
@@ -142,6 +143,11 @@ def evaluate(
         if key not in seen:
             seen.add(key)
             findings.append(f)
-    return build_report(
+    report = build_report(
         latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now, engines=engines
     )
+    for f in failed:
+        family, _, why = f.partition(": ")
+        detail = f"a value out of range in the input ({why}); the variables it derives are unknown"
+        report.sources.append(SourceStatus("derive", family, "error", detail))
+    return report

@@ -11,6 +11,18 @@ import math
 
 from kvdoctor.lazyre import lazy_re
 
+#: The largest magnitude a number read from an input may have: 2**53, the largest integer a
+#: float holds exactly. No byte, token, block or request count, rate or ratio that vLLM,
+#: NVML or a model's config.json reports comes near it; a number beyond it (or NaN, ±Inf)
+#: is a corrupt input, read as unknown, so that no later arithmetic overflows.
+MAX_QUANTITY = float(2**53)
+
+
+def in_range(x: float) -> bool:
+    """True when ``x`` (int or float) is finite and ``|x| <= MAX_QUANTITY``; False for NaN."""
+    return -MAX_QUANTITY <= x <= MAX_QUANTITY
+
+
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3

@@ -34,6 +34,7 @@ from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import EngineConfig
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
+from kvdoctor.units import in_range
 
 Version = tuple[int, ...]
 
@@ -322,6 +323,15 @@ def convert_value(flag: Flag, value: Any) -> Any:
     """
     if value is None:
         return None
+    out = _convert(flag, value)
+    if isinstance(out, (int, float)) and not isinstance(out, bool) and not in_range(out):
+        # "inf", "1e400", a 400-digit int: no flag of vLLM's takes such a value; reading it as
+        # a number would only overflow later arithmetic
+        raise FlagError(f"{flag.cli}: out of range")
+    return out
+
+
+def _convert(flag: Flag, value: Any) -> Any:
     try:
         if flag.kind in ("tokens", "size"):
             if isinstance(value, bool):

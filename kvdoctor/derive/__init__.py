@@ -117,6 +117,11 @@ INPUTS = {
     "processes": "host process table (live or ps.txt)",
 }
 
+#: Key of a context's variables listing the families that failed on this input ("growth:
+#: OverflowError"); present only when one did. Not a variable: the pipeline takes it out and
+#: reports it as a "derive" source error.
+FAILED_KEY = "_derive_failed"
+
 #: How a family sees the variables dict: identity here; tests wrap it to record reads/writes.
 _view: Callable[[Family, Vars], Vars] = lambda _family, v: v  # noqa: E731
 
@@ -263,6 +268,17 @@ def _inputs(s: Scope) -> set[str]:
 def derive_variables(scope: Scope) -> dict[str, Any]:
     """Every family over one scope, in :data:`ORDER`: name → value (None when unknown)."""
     v: dict[str, Any] = dict.fromkeys(VARIABLES)
+    failed: list[str] = []
     for fam in FAMILIES:
-        fam.run(scope, _view(fam, v))
+        try:
+            fam.run(scope, _view(fam, v))
+        except (ArithmeticError, ValueError) as e:
+            # A number out of range that no parser caught (the parsers read NaN, ±Inf and
+            # magnitudes past units.MAX_QUANTITY as unknown): this family's variables are
+            # unknown, the families after it and every rule that does not read them still run.
+            for name in fam.writes:
+                v[name] = None
+            failed.append(f"{fam.name}: {type(e).__name__}")
+    if failed:
+        v[FAILED_KEY] = failed
     return v

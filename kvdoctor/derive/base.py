@@ -31,6 +31,7 @@ from kvdoctor.facts import (
     VllmLog,
 )
 from kvdoctor.lazyre import lazy_re
+from kvdoctor.units import in_range
 
 Vars = dict[str, Any]
 
@@ -412,6 +413,7 @@ def num(s: str | None) -> float | None:
     if s in (None, "", "None"):
         return None
     try:
-        return float(s)  # type: ignore[arg-type]
+        f = float(s)  # type: ignore[arg-type]
     except ValueError:
         return None
+    return f if in_range(f) else None  # "inf", "1e309": corrupt, unknown

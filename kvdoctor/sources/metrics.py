@@ -38,6 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
 from kvdoctor.sources.limits import MAX_ENGINES, MAX_HTTP_BYTES, guarded, read_text
+from kvdoctor.units import in_range
 
 if TYPE_CHECKING:  # httpx costs ~60 ms to import: only the HTTP functions load it
     import httpx
@@ -163,6 +164,8 @@ def _parse_sample(line: str) -> _Parsed:
         number = float(value)
     except ValueError:
         raise ValueError("not a number") from None  # float()'s message would quote the line
+    if not in_range(number):
+        number = math.nan  # ±Inf or 1e309 as a sample value is corrupt: skipped like NaN
     return name, labels, number
 
 
@@ -286,7 +289,7 @@ def _num(v: Any) -> float | None:
         f = float(v)
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(f) else f
+    return f if in_range(f) else None
 
 
 def _histogram(acc: _Acc, base: str) -> HistogramData:

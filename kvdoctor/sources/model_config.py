@@ -14,6 +14,7 @@ from typing import Any
 
 from kvdoctor.facts import ModelArch, SourceError
 from kvdoctor.sources.limits import MAX_CONFIG_BYTES, guarded, read_bytes
+from kvdoctor.units import in_range
 
 # Keys under which multimodal wrappers keep the language model's config.
 _NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
@@ -54,6 +55,8 @@ def _int(d: dict[str, Any], *keys: str) -> int | None:
         v = d.get(k)
         if isinstance(v, bool):
             continue
+        if isinstance(v, (int, float)) and not in_range(v):
+            continue  # 1e309 (inf), a 400-digit int: corrupt, as if absent
         if isinstance(v, int):
             return v
         if isinstance(v, float) and v.is_integer():

@@ -50,6 +50,8 @@ from typing import IO, Any
 
 from kvdoctor import facts
 from kvdoctor.facts import LogEvent, Snapshot, SourceError, SourceStatus, VllmLog
+from kvdoctor.lazyre import lazy_re
+from kvdoctor.units import MAX_QUANTITY, in_range
 
 SCHEMA = "kvdoctor.recording/2"
 #: schemas this reader understands
@@ -131,6 +133,41 @@ def snapshot_to_json(snap: Snapshot) -> str:
 
 # --------------------------------------------------------------------------- decoding
 
+#: A number that may be out of range (units.MAX_QUANTITY): an integer part of 17 or more digits,
+#: or a positive exponent of three digits. Only a line that has one is parsed again, checking
+#: each number (kvdoctor writes none: no quantity it records comes near).
+_BIG_NUMBER = lazy_re(r"(?<![.\d])\d{17}|[eE]\+?\d{3}")
+
+
+def _constant(name: str) -> Any:
+    # NaN / Infinity are not JSON (the writer refuses them, allow_nan=False): a corrupt line
+    raise ValueError("a number that is not finite in a recording line")
+
+
+def _checked_float(text: str) -> float:
+    f = float(text)
+    if not in_range(f):
+        raise ValueError("number out of range in a recording line")
+    return f
+
+
+def _checked_int(text: str) -> int:
+    if len(text) > 20 or not in_range(i := int(text)):
+        raise ValueError("number out of range in a recording line")
+    return i
+
+
+def loads_line(line: str | bytes) -> Any:
+    """``json.loads`` of one recording line, refusing NaN, ±Infinity and numbers out of range
+    (``kvdoctor.units.in_range``) with a ValueError: a corrupt line is skipped, never decoded
+    into facts that later overflow arithmetic."""
+    obj = json.loads(line, parse_constant=_constant)
+    text = line if isinstance(line, str) else line.decode("latin-1")  # 1:1, never fails
+    if _BIG_NUMBER.search(text) is not None:
+        obj = json.loads(line, parse_constant=_constant, parse_float=_checked_float, parse_int=_checked_int)
+    return obj
+
+
 Conv = Callable[[Any], Any] | None
 
 
@@ -166,10 +203,7 @@ def _converter(tp: Any) -> Conv:
         if item is None:
             return list
         if item is _dec_pair:  # histogram buckets: the hot loop of a replay
-            return lambda v: [
-                (a if a.__class__ is float else _dec_float(a), b if b.__class__ is float else _dec_float(b))
-                for a, b in v
-            ]
+            return _dec_buckets
         it = item
         return lambda v: [it(x) for x in v]
     if origin is tuple:
@@ -194,6 +228,18 @@ def _dec_pair(v: Any) -> tuple[float, float]:
     return (_dec_float(v[0]), _dec_float(v[1]))
 
 
+def _dec_buckets(v: Any) -> list[tuple[float, float]]:
+    """Histogram buckets ``[[le, cumulative count], …]``: ``le`` may be "+Inf", a count is a
+    number in range (else ValueError: a corrupt line)."""
+    out = [
+        (a if a.__class__ is float else _dec_float(a), b if b.__class__ is float else _dec_float(b))
+        for a, b in v
+    ]
+    if not all(-MAX_QUANTITY <= b <= MAX_QUANTITY for _a, b in out):
+        raise ValueError("histogram bucket count out of range")
+    return out
+
+
 def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
     """A decoder for dataclass ``cls``: JSON object → instance. Fields needing no conversion
     go straight to the constructor; floats are converted only when written as strings
@@ -203,6 +249,8 @@ def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
         return got
     known: set[str] = set()
     floats: list[str] = []
+    #: fields typed int / str / bool (or Optional of one): (name, the classes a value may have)
+    typed: list[tuple[str, tuple[type, ...]]] = []
     convs: dict[str, Callable[[Any], Any]] = {}
 
     def decode(obj: Any) -> Any:
@@ -220,7 +268,15 @@ def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
             if v.__class__ is str:
                 if kw is obj:
                     kw = dict(obj)  # never change the input: templates are shared
-                kw[k] = _dec_float(v)
+                v = kw[k] = _dec_float(v)
+            if v is not None and not (v.__class__ in _NUMBER and -MAX_QUANTITY <= v <= MAX_QUANTITY):
+                raise ValueError(f"{cls.__name__}.{k}: not a number in range")
+        for k, allowed in typed:
+            v = obj.get(k)
+            if v is not None and v.__class__ not in allowed:
+                raise ValueError(f"{cls.__name__}.{k}: wrong type")
+            if v.__class__ is int and not -MAX_QUANTITY <= v <= MAX_QUANTITY:
+                raise ValueError(f"{cls.__name__}.{k}: number out of range")
         todo = convs.keys() & keys
         if todo:
             if kw is obj:
@@ -240,13 +296,32 @@ def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
             floats.append(f.name)
         elif conv is not None:
             convs[f.name] = conv
+        else:
+            prim = _primitive(hints[f.name])
+            if prim is not None:
+                typed.append((f.name, prim))
     return decode
+
+
+#: a float field's JSON value: a number (JSON has no int/float split for whole numbers)
+_NUMBER = (float, int)
+
+
+def _primitive(tp: Any) -> tuple[type, ...] | None:
+    """The classes a JSON value of type ``tp`` (int, str, bool, or Optional of one) may have;
+    None for any other type (checked by its own converter, or not at all)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(inner) != 1:
+            return None
+        tp = inner[0]
+    return {int: (int,), str: (str,), bool: (bool,)}.get(tp)
 
 
 def snapshot_from_json(line: str | bytes) -> Snapshot:
     """Parse one complete Snapshot line (``kvdoctor.recording/1``, or :func:`snapshot_to_json`)
     into a Snapshot; raises ValueError for anything malformed."""
-    obj = json.loads(line)
+    obj = loads_line(line)
     snap = _dataclass_decoder(Snapshot)(obj)
     if not isinstance(snap, Snapshot):
         raise ValueError("not a snapshot")
@@ -655,7 +730,7 @@ class RecordingFeed:
     def _decode_line(self, line: bytes) -> Snapshot | None:
         """A Snapshot line → Snapshot (the unchanging parts from the state); a state line →
         None after applying it."""
-        obj = json.loads(line)
+        obj = loads_line(line)
         if not isinstance(obj, dict):
             raise ValueError("not an object")
         if "$" in obj and len(obj) == 1:
