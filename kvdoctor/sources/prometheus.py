@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvdoctor.facts import Gpu, Snapshot, SourceError, SourceStatus
+from kvdoctor.units import in_range
 
 MiB = 2**20
 #: the most one API response may hold, bytes (decoded).
@@ -271,6 +272,17 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
+def _value(v: Any, factor: float = 1.0) -> float | None:
+    """A sample value of the HTTP API (a string: "12.5", "NaN", "+Inf") times ``factor``; None
+    when it is no number or out of range (``kvdoctor.units.in_range``): a DCGM gauge with no
+    reading is NaN, and NaN or Inf bytes would only overflow later arithmetic."""
+    try:
+        value = float(v) * factor
+    except (TypeError, ValueError):
+        return None
+    return value if in_range(value) else None
+
+
 def _gpu_series(
     client: PrometheusClient, extra: str, start: float, end: float, step: float
 ) -> dict[str, tuple[dict[float, list[Gpu]], str | None]]:
@@ -291,10 +303,13 @@ def _gpu_series(
         key = _pod_key(labels)
         source[key] = "DCGM exporter"
         for t, v in series.get("values") or []:
+            value = _value(v, factor)
+            if value is None:
+                continue
             g = acc[key][float(t)].setdefault(
                 int(labels["gpu"]), {"uuid": labels.get("UUID"), "name": labels.get("modelName")}
             )
-            g[fld] = float(v) * factor
+            g[fld] = value
     if not acc:
         try:
             side = client.query_range(f'{{__name__=~"{"|".join(_KVDOCTOR_GPU)}"{extra}}}', start, end, step)
@@ -316,7 +331,9 @@ def _gpu_series(
             if side_fld is None:
                 continue
             for t, v in series.get("values") or []:
-                acc[key][float(t)].setdefault(int(labels["gpu"]), {})[side_fld] = float(v)
+                value = _value(v)
+                if value is not None:
+                    acc[key][float(t)].setdefault(int(labels["gpu"]), {})[side_fld] = value
     out: dict[str, tuple[dict[float, list[Gpu]], str | None]] = {}
     for key, by_t in acc.items():
         per_t: dict[float, list[Gpu]] = {}

@@ -58,3 +58,12 @@ def test_query_asks_for_both_util_names() -> None:
     stub = StubPrometheus([])
     _gpu_series(stub, "", 0.0, 1.0, 1.0)  # type: ignore[arg-type]
     assert "DCGM_FI_DEV_GPU_UTIL_RATIO" in stub.queries[0] and "DCGM_FI_DEV_FB_USED" in stub.queries[0]
+
+
+def test_nan_and_inf_readings_are_unknown_not_a_crash() -> None:
+    # DCGM answers NaN for a field with no reading; the HTTP API writes it "NaN" (or "+Inf").
+    for bad in ("NaN", "+Inf", "-Inf", "1e309"):
+        s = series("DCGM_FI_DEV_FB_USED", 0.0)
+        s["values"] = [[100.0, bad]]
+        g = gpu_from(s, series("DCGM_FI_DEV_GPU_UTIL", 87))
+        assert g.memory_used_bytes is None and abs(g.utilization_gpu - 0.87) < 1e-9
