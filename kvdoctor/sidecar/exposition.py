@@ -32,8 +32,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvdoctor.breakdown import GpuBreakdown
 from kvdoctor.facts import SourceStatus
@@ -147,100 +146,6 @@ class SidecarCollector(Collector):
 
 
 # --------------------------------------------------------------------------- text format
-#
-# prometheus-client's generate_latest checks and escapes every metric and label name of every
-# sample (regular expressions, per sample, per scrape): ~15 µs a sample, 1.4 ms for this
-# collector's ~80. exposition_text writes the same bytes for the families this module and the
-# process collector make (gauges and counters, names of the legacy character set, no
-# timestamps): each metric's header once, each label set's text kept while it repeats; any
-# other metric is left to generate_latest itself. A test keeps the two equal.
-
-_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-_METRIC_CHARS = _LABEL_CHARS | {":"}
-_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
-#: (sample name, its labels as items) → the sample's text up to its value; bounded
-_SERIES_TEXT: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
-_SERIES_TEXT_MAX = 4096
-
-
-def _plain_name(name: str, chars: frozenset[str]) -> bool:
-    """A name generate_latest writes as it is: of the legacy character set (``chars``; no
-    leading digit) and, for a label, not reserved (``__``)."""
-    if not name or name[0].isdigit() or not chars.issuperset(name):
-        return False
-    return chars is _METRIC_CHARS or not name.startswith("__")
-
-
-def _series_text(name: str, labels: dict[str, str]) -> str | None:
-    """``name{a="x",b="y"}`` (labels sorted by name, values escaped) as generate_latest writes
-    it; None for a label name it would escape."""
-    key = (name, tuple(labels.items()))
-    try:
-        text = _SERIES_TEXT.get(key)
-    except TypeError:  # a label value that is no text: generate_latest's to report
-        return None
-    if text is not None:
-        return text
-    if not labels:
-        text = name
-    else:
-        if not all(type(k) is str and type(v) is str and _plain_name(k, _LABEL_CHARS) for k, v in key[1]):
-            return None
-        pairs = ",".join(
-            '{}="{}"'.format(k, v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
-            for k, v in sorted(labels.items())
-        )
-        text = f"{name}{{{pairs}}}"
-    if len(_SERIES_TEXT) >= _SERIES_TEXT_MAX:
-        _SERIES_TEXT.clear()
-    _SERIES_TEXT[key] = text
-    return text
-
-
-#: a sample value → its text (floatToGoString), for the values that repeat scrape after scrape
-#: (byte totals, 1.0); never a zero (0.0 and -0.0 are one key, two texts); bounded
-_VALUE_TEXT: dict[float, str] = {}
-
-
-def _value_text(value: float) -> str:
-    text = _VALUE_TEXT.get(value)
-    if text is None:
-        text = floatToGoString(value)
-        if value:
-            if len(_VALUE_TEXT) >= _SERIES_TEXT_MAX:
-                _VALUE_TEXT.clear()
-            _VALUE_TEXT[value] = text
-    return text
-
-
-def _metric_text(metric: Metric) -> str | None:
-    """One gauge or counter family as generate_latest writes it, or None for a metric it
-    writes some other way (another type, an escaped name, a timestamp or exemplar, an
-    OpenMetrics-only sample)."""
-    mtype = metric.type
-    base = metric.name
-    if mtype == "counter":
-        mname = base + "_total"
-    elif mtype == "gauge":
-        mname = base
-    else:
-        return None
-    if not _plain_name(mname, _METRIC_CHARS) or not _plain_name(base, _METRIC_CHARS):
-        return None
-    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    out = [f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n"]
-    for s in metric.samples:
-        name, labels, value, timestamp, exemplar = s[:5]
-        if timestamp is not None or exemplar is not None or (len(s) > 5 and s[5] is not None):
-            return None
-        if name != mname and name != base:
-            if any(name == base + suffix for suffix in _OM_SUFFIXES) or not _plain_name(name, _METRIC_CHARS):
-                return None
-        series = _series_text(name, labels)
-        if series is None:
-            return None
-        out.append(f"{series} {_value_text(value)}\n")
-    return "".join(out)
 
 
 class _Fixed(Collector):
@@ -254,15 +159,11 @@ class _Fixed(Collector):
 
 
 def exposition_text(metrics: Iterable[Metric]) -> str:
-    """The Prometheus text format (0.0.4) of ``metrics``: exactly what prometheus-client's
-    ``generate_latest`` writes for a registry collecting them, decoded."""
-    out: list[str] = []
-    for metric in metrics:
-        text = _metric_text(metric)
-        if text is None:
-            text = generate_latest(_Fixed([metric])).decode("utf-8")
-        out.append(text)
-    return "".join(out)
+    """The Prometheus text format (0.0.4) of ``metrics``: prometheus-client's
+    ``generate_latest`` over a registry collecting them, decoded."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(metrics)))
+    return generate_latest(registry).decode("utf-8")
 
 
 def _families(v: View, version: str) -> Iterator[Metric]:

@@ -1,5 +1,5 @@
-"""The sidecar's /metrics text: ``exposition_text`` writes what prometheus-client's
-``generate_latest`` writes, and a cycle's view is worked out only when a scrape reads it."""
+"""The sidecar's /metrics text is prometheus-client's ``generate_latest`` of its registry, made
+once per cycle's view, and a cycle's view is worked out only when a scrape reads it."""
 
 from __future__ import annotations
 
@@ -8,93 +8,15 @@ import re
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-    SummaryMetricFamily,
-)
 
 from kvdoctor.inputs import InputOptions, open_feed
 from kvdoctor.pipeline import Pipeline
-from kvdoctor.sidecar import exposition
 from kvdoctor.sidecar import server as server_mod
-from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealth, View, exposition_text
+from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealth, View
 from kvdoctor.sidecar.server import Sidecar
 from tests.sidecar.conftest import DATA, FakeVllm, live_feed
 
 B05 = DATA / "cases" / "b05-foreign-process-blocks-startup"
-ODD = ["a\\b", "line\nbreak", 'say "hi"', "ünï ✓", "", "\\n", 'x"\\\n']
-VALUES = [
-    0.0,
-    -0.0,
-    1.0,
-    -1.5,
-    1e22,
-    123456789.0,
-    1234567.0,
-    0.1,
-    float("inf"),
-    float("-inf"),
-    float("nan"),
-    7,
-    True,
-]
-
-
-class _Fixed:
-    def __init__(self, metrics: list[Metric]) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> list[Metric]:
-        return self.metrics
-
-
-def _reference(metrics: list[Metric]) -> str:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(metrics))  # type: ignore[arg-type]
-    return generate_latest(registry).decode("utf-8")
-
-
-def _families() -> list[Metric]:
-    g = GaugeMetricFamily("kvdoctor_t_gauge", "doc with \\ and\nnewline", labels=["b_label", "a_label"])
-    for i, (text, value) in enumerate(zip(ODD * 2, VALUES, strict=False)):
-        g.add_metric([text, str(i)], value)
-    c = CounterMetricFamily("kvdoctor_t_things", "a counter", labels=["source"])
-    c.add_metric(["x"], 3.0)
-    c.add_metric(["y"], 0.0)
-    plain = GaugeMetricFamily("kvdoctor_t_plain", "no labels", value=-0.0)
-    empty = GaugeMetricFamily("kvdoctor_t_empty", "no samples", labels=["a"])
-    ts = GaugeMetricFamily("kvdoctor_t_stamped", "timestamped", labels=["a"])
-    ts.add_metric(["1"], 1.0, timestamp=1700000000.5)
-    odd_name = GaugeMetricFamily("kvdoctor.t.dotted", "dotted name", value=1.0)
-    odd_label = GaugeMetricFamily("kvdoctor_t_odd_label", "label with a dot", labels=["a.b"])
-    odd_label.add_metric(["1"], 1.0)
-    h = HistogramMetricFamily(
-        "kvdoctor_t_hist", "histogram", buckets=[("1.0", 1.0), ("+Inf", 2.0)], sum_value=3.0
-    )
-    s = SummaryMetricFamily("kvdoctor_t_summary", "summary", count_value=2, sum_value=1.0)
-    info = InfoMetricFamily("kvdoctor_t_build", "info", value={"version": "1"})
-    return [g, c, plain, empty, ts, odd_name, odd_label, h, s, info]
-
-
-def test_the_text_is_generate_latest_s_for_every_kind_of_metric() -> None:
-    fams = _families()
-    for _ in range(2):  # the second time from the kept label and value texts
-        assert exposition_text(fams) == _reference(fams)
-        for m in fams:
-            assert exposition_text([m]) == _reference([m]), m.name
-
-
-def test_label_texts_and_values_are_kept_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exposition, "_SERIES_TEXT_MAX", 8)
-    g = GaugeMetricFamily("kvdoctor_t_many", "many", labels=["i"])
-    for i in range(50):
-        g.add_metric([str(i)], float(i))
-    assert exposition_text([g]) == _reference([g])
-    assert len(exposition._SERIES_TEXT) <= 8 and len(exposition._VALUE_TEXT) <= 8
 
 
 def _sidecar() -> Sidecar:
