@@ -164,8 +164,6 @@ def _parse_sample(line: str) -> _Parsed:
         number = float(value)
     except ValueError:
         raise ValueError("not a number") from None  # float()'s message would quote the line
-    if not in_range(number):
-        number = math.nan  # ±Inf or 1e309 as a sample value is corrupt: skipped like NaN
     return name, labels, number
 
 
@@ -349,12 +347,13 @@ def parse_metrics(
     accs: dict[tuple[str | None, str | None], _Acc] = {}
     infos: list[dict[str, str]] = []
     seen: set[str] = set()
-    isnan = math.isnan
     for name, labels, value, kind, key, base, le in samples:
         if kind == _K_INFO:
             infos.append(labels)
             continue
-        if kind == _K_OTHER or isnan(value):
+        if kind == _K_OTHER or not in_range(value):
+            # NaN (no reading), and ±Inf or 1e309 as a sample value: corrupt, as unknown (no
+            # later arithmetic overflows; kvdoctor.units.MAX_QUANTITY)
             continue
         acc = accs.get(key)
         if kind == _K_SLEEP:
