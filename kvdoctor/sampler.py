@@ -643,9 +643,13 @@ class Sampler:
         ]
         if gone:  # those engines stopped
             for k in gone:
-                reader = self._states[k].reader
-                if reader is not None:
-                    reader.close()
+                st = self._states[k]
+                if st.reader is not None:
+                    st.reader.close()
+                try:
+                    st.source.close()  # its kept-alive connection to the stopped server
+                except Exception:
+                    pass
             self._states = {k: st for k, st in self._states.items() if k not in gone}
             for k in gone:
                 self.last_raw.pop(k.split("\0", 1)[1], None)

@@ -205,10 +205,13 @@ def test_engines_are_discovered_as_they_start_and_stop(
         ok = [s for s in snap.sources if s.kind == "metrics" and s.status == "ok"]
         assert [s.origin for s in ok] == [fake_metrics_server.url] and snap.metrics
         assert sampler.configs(snap)[0].model == "m"
+        (src,) = [st.source for st in sampler._states.values() if st.source.kind == "metrics"]
+        assert src._client is not None  # type: ignore[attr-defined]  # its kept-alive connection
         procs.clear()
         snap = sampler.sample()
         assert {s.kind: s.status for s in snap.sources}["metrics"] == "missing" and not snap.metrics
         assert all(h.kind != "metrics" for h in sampler.health())
+        assert src._client is None  # type: ignore[attr-defined]  # closed with its engine
     finally:
         sampler.close()
 
