@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvdoctor.inputs import InputOptions, open_feed
 from kvdoctor.pipeline import Pipeline
+from kvdoctor.sampler import Cycle
 from kvdoctor.sidecar import server as server_mod
 from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealth, View
 from kvdoctor.sidecar.server import Sidecar
@@ -19,8 +22,18 @@ from tests.sidecar.conftest import DATA, FakeVllm, live_feed
 B05 = DATA / "cases" / "b05-foreign-process-blocks-startup"
 
 
-def _sidecar() -> Sidecar:
-    return Sidecar(open_feed(InputOptions(bundle=B05)), Pipeline.load(), interval_s=1.0, out=io.StringIO())
+@contextmanager
+def _stepped(cycles: int = 1) -> Iterator[tuple[Sidecar, Cycle]]:
+    """A sidecar over B05 that read one cycle and handled it ``cycles`` times (no scrape yet)."""
+    sc = Sidecar(open_feed(InputOptions(bundle=B05)), Pipeline.load(), interval_s=1.0, out=io.StringIO())
+    try:
+        cycle = sc.loop.step()
+        assert cycle is not None
+        for _ in range(cycles):
+            sc.on_cycle(cycle)
+        yield sc, cycle
+    finally:
+        sc.feed.close()
 
 
 def _strip_process(text: str) -> str:
@@ -29,28 +42,17 @@ def _strip_process(text: str) -> str:
 
 
 def test_the_metrics_page_is_the_registry_s() -> None:
-    sc = _sidecar()
-    try:
-        cycle = sc.loop.step()
-        assert cycle is not None
-        sc.on_cycle(cycle)
+    with _stepped() as (sc, _cycle):
         page = sc.metrics_page().decode()
         assert _strip_process(page) == _strip_process(generate_latest(sc.registry).decode())
         assert "kvdoctor_gpu_memory_bytes{" in page and "process_cpu_seconds_total" in page
-    finally:
-        sc.feed.close()
 
 
 def test_a_cycle_s_view_is_made_by_the_first_scrape_only(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = server_mod.gpu_breakdown
     monkeypatch.setattr(server_mod, "gpu_breakdown", lambda s, r: calls.append(1) or real(s, r))
-    sc = _sidecar()
-    try:
-        cycle = sc.loop.step()
-        assert cycle is not None
-        for _ in range(3):
-            sc.on_cycle(cycle)
+    with _stepped(3) as (sc, cycle):
         assert calls == []  # three cycles, no scrape
         first = sc.metrics_page()
         assert calls == [1]
@@ -59,24 +61,16 @@ def test_a_cycle_s_view_is_made_by_the_first_scrape_only(monkeypatch: pytest.Mon
         sc.on_cycle(cycle)
         sc.metrics_page()
         assert calls == [1, 1]
-    finally:
-        sc.feed.close()
 
 
 def test_a_view_keeps_the_source_health_of_its_cycle() -> None:
-    sc = _sidecar()
-    try:
-        cycle = sc.loop.step()
-        assert cycle is not None
-        sc.on_cycle(cycle)
+    with _stepped() as (sc, _cycle):
         errors_then = {k: h.errors for k, h in sc.health.sources.items()}
         for h in sc.health.sources.values():  # the tracker updates in place next cycle
             h.errors += 5
             h.up = not h.up
         view = sc.collector.view()
         assert {k: h.errors for k, h in view.sources.items()} == errors_then
-    finally:
-        sc.feed.close()
 
 
 def test_a_published_function_is_called_once() -> None:
