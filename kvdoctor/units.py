@@ -18,9 +18,13 @@ from kvdoctor.lazyre import lazy_re
 MAX_QUANTITY = float(2**53)
 
 
-def in_range(x: float) -> bool:
-    """True when ``x`` (int or float) is finite and ``|x| <= MAX_QUANTITY``; False for NaN."""
-    return -MAX_QUANTITY <= x <= MAX_QUANTITY
+#: The bound for a launch flag's number: a 64-bit value (``--seed`` takes any of them).
+MAX_FLAG_NUMBER = float(2**64)
+
+
+def in_range(x: float, limit: float = MAX_QUANTITY) -> bool:
+    """True when ``x`` (int or float) is finite and ``|x| <= limit``; False for NaN."""
+    return -limit <= x <= limit
 
 
 KiB = 1024

@@ -77,7 +77,7 @@ def test_model_config_number_out_of_range_is_absent(value: str) -> None:
     assert arch.hidden_size in (None, 0)  # absent, as if the key were missing
 
 
-@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400", "1" + "0" * 25])
 def test_flag_out_of_range_is_a_one_line_error_without_the_value(value: str) -> None:
     with pytest.raises(SourceError) as ei:
         cmdline.parse_argv(["vllm", "serve", "m", "--cpu-offload-gb", value], origin="cmdline.txt")
@@ -88,6 +88,9 @@ def test_flag_out_of_range_is_a_one_line_error_without_the_value(value: str) -> 
 def test_flag_in_range_near_miss() -> None:
     cfg = cmdline.parse_argv(["vllm", "serve", "m", "--cpu-offload-gb", "1e3"], origin="cmdline.txt")
     assert cfg.cpu_offload_gb == 1000.0
+    # a 64-bit seed is a valid vLLM value, past 2**53 but not out of range for a flag
+    cfg = cmdline.parse_argv(["vllm", "serve", "m", "--seed", "12345678901234567890"], origin="cmdline.txt")
+    assert cfg.args["seed"] == 12345678901234567890
 
 
 def _copy(tmp_path: Path, src: Path = STORM) -> Path:
