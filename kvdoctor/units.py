@@ -18,8 +18,9 @@ from kvdoctor.lazyre import lazy_re
 MAX_QUANTITY = float(2**53)
 
 
-#: The bound for a launch flag's number: a 64-bit value (``--seed`` takes any of them).
-MAX_FLAG_NUMBER = float(2**64)
+#: The bound for a number that may be any 64-bit value: a launch flag's (``--seed`` takes any),
+#: and so any number in a recording line (it holds the flags).
+MAX_INT64 = float(2**64)
 
 
 def in_range(x: float, limit: float = MAX_QUANTITY) -> bool:

@@ -34,7 +34,7 @@ from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import EngineConfig
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
-from kvdoctor.units import MAX_FLAG_NUMBER, in_range
+from kvdoctor.units import MAX_INT64, in_range
 
 Version = tuple[int, ...]
 
@@ -324,7 +324,7 @@ def convert_value(flag: Flag, value: Any) -> Any:
     if value is None:
         return None
     out = _convert(flag, value)
-    if isinstance(out, (int, float)) and not isinstance(out, bool) and not in_range(out, MAX_FLAG_NUMBER):
+    if isinstance(out, (int, float)) and not isinstance(out, bool) and not in_range(out, MAX_INT64):
         # "inf", "nan", "1e400", a 400-digit int: no flag of vLLM's takes such a value (a
         # --seed may be any 64-bit one); reading it as a number would overflow later arithmetic
         raise FlagError(f"{flag.cli}: out of range")

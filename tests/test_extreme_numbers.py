@@ -219,6 +219,22 @@ def test_recording_near_miss_every_line_decodes(tmp_path: Path) -> None:
     assert (n, skipped) == (10, 0) and not [s for s in report.sources if s.kind == "derive"]
 
 
+def test_recording_with_a_64_bit_seed_decodes(tmp_path: Path) -> None:
+    # Near miss: a launch flag's number past 2**53 (a --seed) is a valid value, kept as it was.
+    from kvdoctor.facts import EngineConfig, Snapshot
+    from kvdoctor.sources.recording import RecordingWriter, open_recording
+
+    path = tmp_path / "seed.jsonl"
+    cfg = EngineConfig(model="m", args={"seed": 12345678901234567890})
+    with RecordingWriter(path, interval_s=1.0) as w:
+        for i in range(3):
+            w.write(Snapshot(timestamp=1000.0 + i, configs=[cfg]))
+    feed = open_recording(path)
+    timeline = read_to_end(feed)
+    assert feed.skipped == 0 and len(timeline.snapshots) == 3
+    assert timeline.snapshots[-1].configs[0].args["seed"] == 12345678901234567890
+
+
 @pytest.mark.parametrize(
     ("pattern", "replacement"),
     [

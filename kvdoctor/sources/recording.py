@@ -51,7 +51,7 @@ from typing import IO, Any
 from kvdoctor import facts
 from kvdoctor.facts import LogEvent, Snapshot, SourceError, SourceStatus, VllmLog
 from kvdoctor.lazyre import lazy_re
-from kvdoctor.units import MAX_QUANTITY, in_range
+from kvdoctor.units import MAX_INT64, MAX_QUANTITY, in_range
 
 SCHEMA = "kvdoctor.recording/2"
 #: schemas this reader understands
@@ -133,7 +133,7 @@ def snapshot_to_json(snap: Snapshot) -> str:
 
 # --------------------------------------------------------------------------- decoding
 
-#: A number that may be out of range (units.MAX_QUANTITY): an integer part of 17 or more digits,
+#: A number that may be out of range (units.MAX_INT64): an integer part of 17 or more digits,
 #: or a positive exponent of three digits. Only a line that has one is parsed again, checking
 #: each number (kvdoctor writes none: no quantity it records comes near).
 _BIG_NUMBER = lazy_re(r"(?<![.\d])\d{17}|[eE]\+?\d{3}")
@@ -146,21 +146,22 @@ def _constant(name: str) -> Any:
 
 def _checked_float(text: str) -> float:
     f = float(text)
-    if not in_range(f):
+    if not in_range(f, MAX_INT64):
         raise ValueError("number out of range in a recording line")
     return f
 
 
 def _checked_int(text: str) -> int:
-    if len(text) > 20 or not in_range(i := int(text)):
+    if len(text) > 21 or not in_range(i := int(text), MAX_INT64):
         raise ValueError("number out of range in a recording line")
     return i
 
 
 def loads_line(line: str | bytes) -> Any:
-    """``json.loads`` of one recording line, refusing NaN, ±Infinity and numbers out of range
-    (``kvdoctor.units.in_range``) with a ValueError: a corrupt line is skipped, never decoded
-    into facts that later overflow arithmetic."""
+    """``json.loads`` of one recording line, refusing NaN, ±Infinity and numbers past a 64-bit
+    value (``kvdoctor.units.MAX_INT64``: a recorded ``--seed`` may be any) with a ValueError: a
+    corrupt line is skipped, never decoded into facts that later overflow arithmetic. The
+    facts' own number fields are held to ``MAX_QUANTITY`` by the decoder."""
     obj = json.loads(line, parse_constant=_constant)
     text = line if isinstance(line, str) else line.decode("latin-1")  # 1:1, never fails
     if _BIG_NUMBER.search(text) is not None:
@@ -837,7 +838,7 @@ class RecordingFeed:
                 continue
             if line.startswith(b'{"$"'):
                 try:
-                    obj = json.loads(line)
+                    obj = loads_line(line)
                     self._apply_state(obj["$"])
                 except (ValueError, TypeError, KeyError, AttributeError) as e:
                     self._note_skip(f"line {self._line_no + 1}: {_describe_error(e)}")
