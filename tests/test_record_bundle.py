@@ -43,7 +43,9 @@ def twice_with_the_same_pages(
     server: FakeMetricsServer, first: Callable[[], Any], second: Callable[[], Any]
 ) -> tuple[Any, Any]:
     """Run two live reads of ``server`` from its first page; on a loaded machine they may read
-    a different number of pages (rates then differ), so try up to three times for the same."""
+    a different number of pages (rates then differ), so try up to three times for the same.
+    The tests' windows are not a multiple of the interval: a read ending right at the window's
+    end would make the count a coin toss between the two runs."""
     for _ in range(3):
         server.reset()
         a = first()
@@ -68,9 +70,9 @@ def test_record_then_replay_gives_the_same_findings_as_live(
     (code, _, err), (live_code, live) = twice_with_the_same_pages(
         fake_metrics_server,
         lambda: run(
-            "record", "-o", str(rec), "--force", "--metrics", url, "--duration", "2", "--interval", "0.5"
+            "record", "-o", str(rec), "--force", "--metrics", url, "--duration", "2.25", "--interval", "0.5"
         ),
-        lambda: diagnose_json("--metrics", url, "--window", "2", "--interval", "0.5"),
+        lambda: diagnose_json("--metrics", url, "--window", "2.25", "--interval", "0.5"),
     )
     assert code == 0 and "recorded" in err
     n_recorded = fake_metrics_server.hits
@@ -94,7 +96,7 @@ def test_bundle_from_a_metrics_url_and_a_log_diagnoses_the_same(
         "params: SamplingParams(n=1), prompt_token_ids: [1, 2, 3].\n"
     )
     out = tmp_path / "b.tar.gz"
-    live = ("--window", "1", "--interval", "0.5")  # a URL and a log: sampled live, log followed
+    live = ("--window", "1.25", "--interval", "0.5")  # a URL and a log: sampled live, log followed
     (code, _, err), (ref_code, ref) = twice_with_the_same_pages(
         fake_metrics_server,
         lambda: run("bundle", "-o", str(out), "--force", "--metrics", url, "--log", str(log), *live),
@@ -125,9 +127,9 @@ def test_a_bundle_taken_live_diagnoses_the_same_offline(
     (code, _, _), (live_code, live) = twice_with_the_same_pages(
         fake_metrics_server,
         lambda: run(
-            "bundle", "-o", str(out), "--force", "--metrics", url, "--window", "1.5", "--interval", "0.5"
+            "bundle", "-o", str(out), "--force", "--metrics", url, "--window", "1.25", "--interval", "0.5"
         ),
-        lambda: diagnose_json("--metrics", url, "--window", "1.5", "--interval", "0.5"),
+        lambda: diagnose_json("--metrics", url, "--window", "1.25", "--interval", "0.5"),
     )
     assert code == 0
     pages = [p.read_bytes() for p in sorted((out / "metrics").glob("*.txt"))]
