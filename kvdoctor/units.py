@@ -28,6 +28,18 @@ def in_range(x: float, limit: float = MAX_QUANTITY) -> bool:
     return -limit <= x <= limit
 
 
+def number_in_range(value: object, factor: float = 1.0) -> float | None:
+    """``float(value) * factor`` when ``value`` reads as a number ("12.5", 7, "1e3") and the
+    product is :func:`in_range`; None for text, None, NaN, ±Inf or a magnitude past
+    :data:`MAX_QUANTITY`. For a number written as text by a source (a label value, a sample
+    of Prometheus' HTTP API)."""
+    try:
+        f = float(value) * factor  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return f if in_range(f) else None
+
+
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3

@@ -31,7 +31,7 @@ from kvdoctor.facts import (
     VllmLog,
 )
 from kvdoctor.lazyre import lazy_re
-from kvdoctor.units import in_range
+from kvdoctor.units import number_in_range
 
 Vars = dict[str, Any]
 
@@ -410,10 +410,4 @@ def engine_stats(log: LogView, dp_label: str | None) -> list[LogEvent]:
 
 def num(s: str | None) -> float | None:
     """A ``vllm:cache_config_info`` label value as a number; None for "None"/""/text."""
-    if s in (None, "", "None"):
-        return None
-    try:
-        f = float(s)  # type: ignore[arg-type]
-    except ValueError:
-        return None
-    return f if in_range(f) else None  # "inf", "1e309": corrupt, unknown
+    return number_in_range(s)  # "inf", "1e309": corrupt, unknown

@@ -283,11 +283,12 @@ class _Acc:
 
 
 def _num(v: Any) -> float | None:
+    # a bucket's ``le`` bound: "+Inf" is one (the last bucket), NaN is none
     try:
         f = float(v)
     except (TypeError, ValueError):
         return None
-    return f if in_range(f) else None
+    return None if math.isnan(f) else f
 
 
 def _histogram(acc: _Acc, base: str) -> HistogramData:

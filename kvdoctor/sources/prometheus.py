@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvdoctor.facts import Gpu, Snapshot, SourceError, SourceStatus
-from kvdoctor.units import in_range
+from kvdoctor.units import number_in_range
 
 MiB = 2**20
 #: the most one API response may hold, bytes (decoded).
@@ -272,17 +272,6 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _value(v: Any, factor: float = 1.0) -> float | None:
-    """A sample value of the HTTP API (a string: "12.5", "NaN", "+Inf") times ``factor``; None
-    when it is no number or out of range (``kvdoctor.units.in_range``): a DCGM gauge with no
-    reading is NaN, and NaN or Inf bytes would only overflow later arithmetic."""
-    try:
-        value = float(v) * factor
-    except (TypeError, ValueError):
-        return None
-    return value if in_range(value) else None
-
-
 def _gpu_series(
     client: PrometheusClient, extra: str, start: float, end: float, step: float
 ) -> dict[str, tuple[dict[float, list[Gpu]], str | None]]:
@@ -303,7 +292,7 @@ def _gpu_series(
         key = _pod_key(labels)
         source[key] = "DCGM exporter"
         for t, v in series.get("values") or []:
-            value = _value(v, factor)
+            value = number_in_range(v, factor)
             if value is None:
                 continue
             g = acc[key][float(t)].setdefault(
@@ -331,7 +320,7 @@ def _gpu_series(
             if side_fld is None:
                 continue
             for t, v in series.get("values") or []:
-                value = _value(v)
+                value = number_in_range(v)
                 if value is not None:
                     acc[key][float(t)].setdefault(int(labels["gpu"]), {})[side_fld] = value
     out: dict[str, tuple[dict[float, list[Gpu]], str | None]] = {}
