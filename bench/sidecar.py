@@ -66,9 +66,19 @@ def nvmlDeviceGetUUID(h): return "GPU-%08d-0000-0000-0000-000000000000" % h
 def nvmlDeviceGetPciInfo(h): return _ns(busId="00000000:%02X:00.0" % (0x18 + h))
 def nvmlDeviceGetMemoryInfo(h, version=None):
     return _ns(total=81559 * MiB, used=75327 * MiB, free=6232 * MiB, reserved=330 * MiB)
-def nvmlDeviceGetUtilizationRates(h): return _ns(gpu=87, memory=40)
-def nvmlDeviceGetTemperature(h, sensor): return 55
-def nvmlDeviceGetPowerUsage(h): return 550000
+# A serving GPU's telemetry moves every read (--steady: it stays put); its memory does not
+# (vLLM preallocates the KV cache).
+_reads = [0]
+_STEADY = __import__("os").environ.get("KVDOCTOR_BENCH_STEADY") == "1"
+def _tick(h):
+    if h == 0:
+        _reads[0] += 1
+    return 0 if _STEADY else _reads[0] * 7 + h
+def nvmlDeviceGetUtilizationRates(h):
+    t = _tick(h)
+    return _ns(gpu=80 + t % 20, memory=30 + t % 17)
+def nvmlDeviceGetTemperature(h, sensor): return 55 + (_reads[0] // 10 + h) % 5 * (not _STEADY)
+def nvmlDeviceGetPowerUsage(h): return 450000 + (_reads[0] * 13 + h) % 200 * 1000 * (not _STEADY)
 def nvmlDeviceGetEnforcedPowerLimit(h): return 700000
 def nvmlDeviceGetMigMode(h): return [0, 0]
 def nvmlDeviceGetCurrentClocksEventReasons(h): return 0
@@ -79,16 +89,71 @@ def nvmlSystemGetProcessName(pid): return b"VLLM::Worker_TP%d" % (pid - 4000)
 '''
 
 _PREEMPT = re.compile(r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$", re.M)
+_SAMPLE = re.compile(r"^(vllm:[a-z_:]+)(\{[^}]*\})? ([0-9.e+-]+)$")
+_LE = re.compile(r',?le="[^"]*"')
+#: gauges a serving engine moves every scrape: name → value at scrape n
+_GAUGES = {
+    "vllm:num_requests_running": lambda n: 24 + (n * 7) % 13,
+    "vllm:num_requests_waiting": lambda n: (n * 3) % 5,
+    "vllm:kv_cache_usage_perc": lambda n: 0.55 + (n * 37) % 40 / 100,
+}
+
+
+class BusyPage:
+    """The page as a serving engine's /metrics moves it: every vLLM counter and histogram
+    grows by a step that varies from scrape to scrape (so rates and quantiles over a window
+    change too), bucket steps growing with ``le`` (cumulative buckets stay monotone), and the
+    running / waiting / KV-usage gauges move. ``render(n)``: the page at scrape n (n rising)."""
+
+    def __init__(self, page: str) -> None:
+        self.lines: list[tuple[str, float, float] | str] = []
+        groups: dict[str, int] = {}
+        for line in page.splitlines():
+            m = _SAMPLE.match(line)
+            name = m.group(1) if m else ""
+            if m and name in _GAUGES:
+                self.lines.append((f"{name}{m.group(2) or ''}", float("nan"), 0.0))
+                continue
+            grows = m and not name.endswith("_created") and name.endswith(("_total", "_bucket", "_count", "_sum"))
+            if not grows:
+                self.lines.append(line)
+                continue
+            weight = 1.0
+            if name.endswith("_bucket"):
+                group = name + _LE.sub("", m.group(2) or "")
+                i = groups[group] = groups.get(group, -1) + 1
+                weight = min(1.0, (i + 1) / 6)  # non-decreasing with le
+            elif name.endswith("_sum"):
+                weight = 40.0
+            self.lines.append((f"{name}{m.group(2) or ''}", float(m.group(3)), weight))
+        self.cum = 0.0
+        self.n = 0
+
+    def render(self, n: int) -> str:
+        while self.n < n:
+            self.n += 1
+            self.cum += 1 + (self.n * 7919) % 5  # this scrape's step: 1-5
+        out = []
+        for item in self.lines:
+            if isinstance(item, str):
+                out.append(item)
+            elif item[1] != item[1]:  # a gauge
+                out.append(f"{item[0]} {_GAUGES[item[0].split('{')[0]](n)}")
+            else:
+                out.append(f"{item[0]} {item[1] + int(self.cum * item[2])}")
+        return "\n".join(out) + "\n"
 
 
 class FakeVllm:
-    """Serves the page; each scrape adds 1 to the preemption counter (a live engine).
+    """Serves the page as a busy engine moves it (:class:`BusyPage`); ``steady``: as recorded,
+    but for the preemption counter, which each scrape adds 1 to (the earlier bench's model).
     ``keep_alive``: HTTP/1.1 with TCP_NODELAY, as uvicorn's asyncio sockets (without NODELAY
     the page's second write waits for the delayed ACK of the first, ~40 ms a scrape: the
     stalls earlier keep-alive runs saw); else HTTP/1.0, one connection per scrape."""
 
-    def __init__(self, keep_alive: bool = True) -> None:
+    def __init__(self, keep_alive: bool = True, steady: bool = False) -> None:
         self.page = PAGE.read_text()
+        busy = None if steady else BusyPage(self.page)
         self.n = 0
         fake = self
 
@@ -101,9 +166,12 @@ class FakeVllm:
 
             def do_GET(self) -> None:  # noqa: N802
                 fake.n += 1
-                body = _PREEMPT.sub(
-                    lambda m: f"{m.group(1)} {float(m.group(2)) + fake.n}", fake.page
-                ).encode()
+                if busy is not None:
+                    body = busy.render(fake.n).encode()
+                else:
+                    body = _PREEMPT.sub(
+                        lambda m: f"{m.group(1)} {float(m.group(2)) + fake.n}", fake.page
+                    ).encode()
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -229,9 +297,15 @@ def main() -> int:
         help="run the sidecar in a PID namespace of its own (unshare; root), like a pod that sees a "
         "handful of processes rather than the whole host's",
     )
+    ap.add_argument(
+        "--steady",
+        action="store_true",
+        help="a page and GPUs that do not move between reads but for the preemption counter (the "
+        "earlier bench's model; what every cache sees at its best): the default is a busy engine",
+    )
     args = ap.parse_args()
 
-    fake = FakeVllm(keep_alive=not args.close_per_scrape)
+    fake = FakeVllm(keep_alive=not args.close_per_scrape, steady=args.steady)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -240,6 +314,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "pynvml.py").write_text(FAKE_PYNVML)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
+        env["KVDOCTOR_BENCH_STEADY"] = "1" if args.steady else "0"  # the fake pynvml's telemetry
         cmd = [
             sys.executable,
             "-m",
@@ -308,6 +383,7 @@ def main() -> int:
         "own PID namespace (pod-like)" if args.pod else f"host PID namespace, {len(psutil.pids())} processes"
     )
     conn = "a connection per scrape" if args.close_per_scrape else "kept alive"
+    conn += ", steady" if args.steady else ", busy engine"
     print(
         f"sidecar, {args.duration:.0f} s at {args.interval:g} s interval, 55 KB /metrics page ({conn}), "
         f"8 GPUs, {where}"
