@@ -124,6 +124,8 @@ class Sidecar:
         self._out_lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
+        #: a socket pair whose write end wakes the HTTP thread's selector on stop
+        self._wake: tuple[Any, Any] | None = None
 
     # ------------------------------------------------------------------ cycle
 
@@ -324,6 +326,9 @@ class Sidecar:
         else:
             self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
+        import socket
+
+        self._wake = socket.socketpair()
         h, p = self.address
         self.log(
             {
@@ -333,22 +338,62 @@ class Sidecar:
                 "input": self.feed.label,
             }
         )
-        server = self._server
         for target, name in (
-            (lambda: server.serve_forever(poll_interval=0.5), "http"),
+            (self._serve_http, "http"),
             (self._run_loop, "loop"),
         ):
             t = threading.Thread(target=target, name=f"kvdoctor-sidecar-{name}", daemon=True)
             t.start()
             self._threads.append(t)
 
+    def _serve_http(self) -> None:
+        """Accept connections until :meth:`stop`: the thread sleeps in the selector until a
+        client connects or stop wakes it (socketserver's serve_forever wakes every poll
+        interval to look for a shutdown: two wake-ups a second of an idle sidecar)."""
+        import selectors
+
+        server = self._server
+        assert server is not None and self._wake is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(server.socket, selectors.EVENT_READ)
+            sel.register(self._wake[0], selectors.EVENT_READ)
+            while not self.stop_event.is_set():
+                ready = sel.select()
+                if self.stop_event.is_set() or any(key.fileobj is self._wake[0] for key, _ in ready):
+                    return
+                if not ready:
+                    continue
+                try:  # socketserver's documented steps for one request
+                    request, client_address = server.get_request()
+                except OSError:
+                    continue  # the client went away before accept
+                if server.verify_request(request, client_address):
+                    try:
+                        server.process_request(request, client_address)  # a thread per request
+                    except Exception:
+                        server.handle_error(request, client_address)
+                        server.shutdown_request(request)
+                else:
+                    server.shutdown_request(request)
+
     def stop(self, timeout_s: float = 0.5) -> None:
         """Stop the loop and the server; waits at most about ``timeout_s`` for the loop thread
         (a read in progress is bounded by the sources' own timeouts; the thread is a daemon)."""
         self.stop_event.set()
+        if self._wake is not None:
+            try:
+                self._wake[1].send(b"\0")  # wakes _serve_http's selector
+            except OSError:
+                pass
+        http = next((t for t in self._threads if t.name.endswith("-http")), None)
+        if http is not None:
+            http.join(timeout_s)  # before the listening socket closes under its selector
         if self._server is not None:
-            self._server.shutdown()
             self._server.server_close()
+        if self._wake is not None:
+            for sock in self._wake:
+                sock.close()
+            self._wake = None
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -369,8 +414,9 @@ def serve(sidecar: Sidecar) -> None:
     old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         sidecar.start()
-        while not sidecar.stop_event.wait(1.0):
-            pass
+        # No timeout: a signal handler runs in this thread even while it waits on a lock, and
+        # its set() ends the wait (an idle sidecar's main thread need not wake every second).
+        sidecar.stop_event.wait()
     finally:
         sidecar.stop()
         for sig, handler in old.items():
