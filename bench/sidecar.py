@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import socket
 import subprocess
@@ -114,7 +115,9 @@ class BusyPage:
             if m and name in _GAUGES:
                 self.lines.append((f"{name}{m.group(2) or ''}", float("nan"), 0.0))
                 continue
-            grows = m and not name.endswith("_created") and name.endswith(("_total", "_bucket", "_count", "_sum"))
+            grows = (
+                m and not name.endswith("_created") and name.endswith(("_total", "_bucket", "_count", "_sum"))
+            )
             if not grows:
                 self.lines.append(line)
                 continue
@@ -128,11 +131,12 @@ class BusyPage:
             self.lines.append((f"{name}{m.group(2) or ''}", float(m.group(3)), weight))
         self.cum = 0.0
         self.n = 0
+        self.rng = random.Random(1)  # not periodic: a window's rate differs from the last one's
 
     def render(self, n: int) -> str:
         while self.n < n:
             self.n += 1
-            self.cum += 1 + (self.n * 7919) % 5  # this scrape's step: 1-5
+            self.cum += self.rng.randint(1, 5)  # this scrape's step
         out = []
         for item in self.lines:
             if isinstance(item, str):

@@ -233,21 +233,47 @@ def _classify(parsed: _Parsed) -> _Sample:
 #: repeats most of its lines (cache_config_info, idle buckets, constant gauges). Replaced by
 #: each page's own lines, so it never holds more than one page (bounded, no growth).
 _LINE_CACHE: dict[str, _Sample] = {}
+#: The last page's samples keyed by the part of their line before the value (the line up to
+#: its last space), for lines whose value is their last token: a busy engine's counters and
+#: buckets change value every scrape, their names and labels never. Bounded like _LINE_CACHE.
+_HEAD_CACHE: dict[str, _Sample] = {}
+
+
+def _value_is_last(line: str) -> bool:
+    """The line's value is its last token (no timestamp, no exemplar after it)."""
+    m = _SAMPLE_RE.fullmatch(line)
+    return m is not None and m.end(3) == len(line)
 
 
 def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Sample], int | None, str]:
     """Parse the kept sample lines (:func:`_parse_sample` and :func:`_classify`, or the
-    previous page's reading of the same line); bad ones are dropped.
+    previous page's reading of the same line, or of the same line but for its value); bad
+    ones are dropped.
 
     Returns (samples in line order, the first bad line's number in ``text`` or None, its
     reason)."""
-    global _LINE_CACHE
-    prev = _LINE_CACHE  # another sampler thread may replace it meanwhile: only hits are lost
+    global _LINE_CACHE, _HEAD_CACHE
+    # another sampler thread may replace them meanwhile: only hits are lost
+    prev, prev_heads = _LINE_CACHE, _HEAD_CACHE
     got: dict[str, _Sample] = {}
+    heads: dict[str, _Sample] = {}
     out: list[_Sample] = []
     bad_line, reason = None, ""
     for ln in lines:
         hit = got.get(ln) or prev.get(ln)
+        head, _, value = ln.rpartition(" ")
+        if hit is None and head and len(ln) <= _MAX_LINE_CHARS:
+            known = prev_heads.get(head)
+            # The same name and labels as a line of the last page whose value was its last
+            # token: only the value is new. It must be what the full parse would read there: a
+            # Go float token (no tab, '#' or '_', which float() would take or split on).
+            if known is not None and value and not ("\t" in value or "#" in value or "_" in value):
+                try:
+                    number = float(value)
+                except ValueError:
+                    pass
+                else:
+                    hit = (known[0], known[1], number, *known[3:])
         if hit is None:
             try:
                 hit = _classify(_parse_sample(ln))
@@ -257,9 +283,13 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Sample], int | None
                     bad_line = _line_no(text, pos) if pos >= 0 else None
                     reason = f"unparsable sample line ({exc})"
                 continue
+            if head and _value_is_last(ln):
+                heads[head] = hit
+        elif head in prev_heads:
+            heads[head] = hit
         got[ln] = hit
         out.append(hit)
-    _LINE_CACHE = got
+    _LINE_CACHE, _HEAD_CACHE = got, heads
     return out, bad_line, reason
 
 

@@ -246,3 +246,123 @@ def test_the_name_trie_matches_exactly_its_words() -> None:
     rx = re.compile("(?:" + M._trie(words) + r")\Z")
     probes = ["", "a", "ab", "abc", "abcd", "ac", "b", "ba", "x.y", "xzy", "c"]
     assert [w for w in probes if rx.match(w)] == ["a", "ab", "abc", "b", "x.y"]
+
+
+# --- the previous page's names and labels reused for a line whose value moved -------------
+
+
+def _fresh(line: str, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    monkeypatch.setattr(M, "_LINE_CACHE", {})
+    monkeypatch.setattr(M, "_HEAD_CACHE", {})
+    return M._parse_lines(line, [line])[0]
+
+
+def _after(first: str, line: str, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    monkeypatch.setattr(M, "_LINE_CACHE", {})
+    monkeypatch.setattr(M, "_HEAD_CACHE", {})
+    M._parse_lines(first, [first])
+    return M._parse_lines(line, [line])[0]
+
+
+def _alike(a: list[object], b: list[object]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        assert isinstance(x, tuple) and isinstance(y, tuple)
+        vx, vy = x[2], y[2]
+        if x[:2] != y[:2] or x[3:] != y[3:] or not (vx == vy or (math.isnan(vx) and math.isnan(vy))):
+            return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("first", "line"),
+    [
+        ('vllm:a_bucket{engine="0",le="5.0"} 3', 'vllm:a_bucket{engine="0",le="5.0"} 4'),
+        ("vllm:num_requests_running 1", "vllm:num_requests_running 2"),
+        ('vllm:a 5 # {a="b"} 1', 'vllm:a 5 # {a="b"} 2'),  # an exemplar: the value is 5
+        ("vllm:a 0 0", "vllm:a 0 7"),  # a timestamp after the value
+        ("vllm:a 1", "vllm:a 1_000"),  # float() would take it, Prometheus does not
+        ("vllm:a 1", "vllm:a 0x10"),
+        ("vllm:a 1", "vllm:a \t2"),
+        ("vllm:a 1", "vllm:a NaN"),
+        ("vllm:a 1", "vllm:a +Inf"),
+        ('vllm:a{x="} 5 }"} 3', 'vllm:a{x="} 5 }"} 4'),
+        ("vllm:a  1", "vllm:a  2"),  # two spaces before the value
+    ],
+)
+def test_a_moved_value_reads_as_a_fresh_parse(first: str, line: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _alike(_after(first, line, monkeypatch), _fresh(line, monkeypatch)), (first, line)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.sampled_from(
+        [
+            "vllm:a",
+            'vllm:a{x="1"}',
+            'vllm:a_bucket{le="2.0",engine="0"}',
+            "vllm:a 5 #",
+            'vllm:a 5 # {t="1"}',
+            "vllm:a 3",
+        ]
+    ),
+    st.text(alphabet="0123456789.e+-_xINnaf#\t ", max_size=8),
+    st.text(alphabet="0123456789.e+-_xINnaf#\t ", max_size=8),
+)
+def test_any_second_line_reads_as_a_fresh_parse(head: str, v1: str, v2: str) -> None:
+    first, line = f"{head} {v1}", f"{head} {v2}"
+    saved = (M._LINE_CACHE, M._HEAD_CACHE)
+    try:
+        M._LINE_CACHE, M._HEAD_CACHE = {}, {}
+        want = M._parse_lines(line, [line])[0]
+        M._LINE_CACHE, M._HEAD_CACHE = {}, {}
+        M._parse_lines(first, [first])
+        got = M._parse_lines(line, [line])[0]
+    finally:
+        M._LINE_CACHE, M._HEAD_CACHE = saved
+    assert _alike(got, want), (first, line)
+
+
+def test_a_busy_page_reads_as_with_no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every counter, bucket and gauge of the bench page moved: the same EngineMetrics either way
+    page = (DATA / "bench" / "vllm-0.33.0-metrics-sample.txt").read_text()
+    moved = "\n".join(
+        ln if ln.startswith("#") or not ln.strip() else ln.rsplit(" ", 1)[0] + " " + str(i + 0.5)
+        for i, ln in enumerate(page.splitlines())
+    )
+    monkeypatch.setattr(M, "_LINE_CACHE", {})
+    monkeypatch.setattr(M, "_HEAD_CACHE", {})
+    want = M.parse_metrics(moved, timestamp=1.0)
+    monkeypatch.setattr(M, "_LINE_CACHE", {})
+    monkeypatch.setattr(M, "_HEAD_CACHE", {})
+    M.parse_metrics(page, timestamp=1.0)
+    assert M._HEAD_CACHE  # the first page's heads are known
+    assert M.parse_metrics(moved, timestamp=1.0) == want
+
+
+@pytest.mark.parametrize(
+    ("first", "line", "reused"),
+    [
+        ('vllm:a_bucket{engine="0",le="5.0"} 3', 'vllm:a_bucket{engine="0",le="5.0"} 4', True),
+        ('vllm:a 5 # {a="b"} 1', 'vllm:a 5 # {a="b"} 2', False),
+        ("vllm:a 0 0", "vllm:a 0 7", False),
+        ("vllm:a 1", "vllm:a 1_000", False),
+    ],
+)
+def test_only_a_line_whose_value_ends_it_is_reused(
+    first: str, line: str, reused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(M, "_LINE_CACHE", {})
+    monkeypatch.setattr(M, "_HEAD_CACHE", {})
+    M._parse_lines(first, [first])
+    calls: list[str] = []
+    real = M._parse_sample
+
+    def counted(ln: str) -> tuple[str, dict[str, str], float]:
+        calls.append(ln)
+        return real(ln)
+
+    monkeypatch.setattr(M, "_parse_sample", counted)
+    M._parse_lines(line, [line])
+    assert (calls == []) is reused
