@@ -2343,20 +2343,23 @@ class _EngineMemo:
         kept: dict[int, _Kept],
         rules: list[Rule],
         inputs: frozenset[str],
-        plan: list[tuple[Rule, int, _RuleInfo, list[str] | None]],
+        plan: list[tuple[Rule, int, _RuleInfo, Skipped | None]],
     ) -> None:
         self.snapshot, self.kept, self.rules, self.inputs, self.plan = snapshot, kept, rules, inputs, plan
 
 
-def _plan(rules: list[Rule], inputs: Iterable[str]) -> list[tuple[Rule, int, _RuleInfo, list[str] | None]]:
-    """Per rule: (rule, its id(), what it reads, the inputs it misses or None when it runs): a
-    rule whose ``needs`` (all) or ``needs_any`` (one of) are absent is skipped."""
-    out: list[tuple[Rule, int, _RuleInfo, list[str] | None]] = []
+def _plan(
+    rules: list[Rule], inputs: Iterable[str], engine: str | None
+) -> list[tuple[Rule, int, _RuleInfo, Skipped | None]]:
+    """Per rule: (rule, its id(), what it reads, its :class:`Skipped` for ``engine`` when it
+    does not run, else None): a rule whose ``needs`` (all) or ``needs_any`` (one of) are
+    absent is skipped. The Skipped objects are made once per plan (reports only read them)."""
+    out: list[tuple[Rule, int, _RuleInfo, Skipped | None]] = []
     for rule in rules:
         missing = [n for n in rule.needs if n not in inputs]
         if rule.needs_any and not any(n in inputs for n in rule.needs_any):
             missing.append("|".join(rule.needs_any))
-        out.append((rule, id(rule), _rule_info(rule), missing or None))
+        out.append((rule, id(rule), _rule_info(rule), Skipped(rule.id, missing, engine) if missing else None))
     return out
 
 
@@ -2387,15 +2390,15 @@ def _evaluate(
         ):
             plan = state.plan
         else:
-            plan = _plan(rules, inputs)
+            plan = _plan(rules, inputs, engine)
         fresh = False  # a rule was evaluated (not replayed) for this context
         if state is not None:
             kept = state.kept
             changed, snapshot = _changes(state.snapshot, ctx.variables)
         made: list[_Kept] = []  # the results evaluated (not replayed) this time
-        for rule, rid, info, missing in plan:
-            if missing is not None:
-                skipped.setdefault((rule.id, engine), Skipped(rule.id, list(missing), engine))
+        for rule, rid, info, skip in plan:
+            if skip is not None:
+                skipped.setdefault((rule.id, engine), skip)
                 continue
             last = kept.get(rid)
             if (

@@ -24,6 +24,7 @@ Value kinds (``Flag.kind``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -479,10 +480,19 @@ def parse_version(version: str | None) -> Version | None:
     ``"0.10.2+cu128"`` → their numeric release part. None or unparseable → None."""
     if not version:
         return None
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(version))
+    return _parse_version_text(str(version))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_version_text(text: str) -> Version | None:
+    # rules ask for the same few versions every evaluation (a tuple: the cached answer is immutable)
+    m = _VERSION_RE.match(text)
     if not m:
         return None
     return tuple(int(p) for p in m.group(1).split("."))
+
+
+_VERSION_RE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
 
 
 def _at_least(version: Version | None, ref: str) -> bool:
