@@ -7,7 +7,8 @@ real-size /metrics page (tests/data/bench/vllm-0.33.0-metrics-sample.txt, 55 KB,
 uvicorn keeps it for 5 s and the sidecar scrapes every second; ``--close-per-scrape``: HTTP/1.0,
 a connection per scrape, the pessimistic model of earlier runs) and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
 answering like 8 H100s, each with one vLLM process), scrapes the sidecar's /metrics like
-Prometheus every 5 s, and prints:
+Prometheus every ``--scrape-every`` seconds (15: deploy/prometheus/scrape-config.yaml's
+scrape_interval), and prints:
 
 - CPU seconds of the sidecar process per evaluation cycle (user+sys / cycles), over the run and
   over its second half (steady state);
@@ -307,6 +308,13 @@ def main() -> int:
         help="a page and GPUs that do not move between reads but for the preemption counter (the "
         "earlier bench's model; what every cache sees at its best): the default is a busy engine",
     )
+    ap.add_argument(
+        "--scrape-every",
+        type=float,
+        default=15.0,
+        help="seconds between the bench's scrapes of the sidecar's /metrics, as Prometheus's (15: the "
+        "scrape_interval of deploy/prometheus/scrape-config.yaml; earlier runs used 5)",
+    )
     args = ap.parse_args()
 
     fake = FakeVllm(keep_alive=not args.close_per_scrape, steady=args.steady)
@@ -362,7 +370,7 @@ def main() -> int:
             half = None
             slow = 0
             while (elapsed := time.monotonic() - t0) < args.duration:
-                time.sleep(5)
+                time.sleep(args.scrape_every)
                 try:
                     evaluations(base)  # scraped like Prometheus would
                 except httpx.HTTPError:
@@ -392,7 +400,10 @@ def main() -> int:
         f"sidecar, {args.duration:.0f} s at {args.interval:g} s interval, 55 KB /metrics page ({conn}), "
         f"8 GPUs, {where}"
     )
-    print(f"  cycles                     {n1 - n0:.0f}   (/metrics scrapes past 5 s: {slow})")
+    print(
+        f"  cycles                     {n1 - n0:.0f}   (its /metrics scraped every {args.scrape_every:g} s; "
+        f"scrapes past 5 s: {slow})"
+    )
     print(
         f"  CPU per cycle              {per_cycle * 1e3:.2f} ms   (second half {steady * 1e3:.2f} ms; budget 5 ms)"
     )
