@@ -492,7 +492,7 @@ def _parse_version_text(text: str) -> Version | None:
     return tuple(int(p) for p in m.group(1).split("."))
 
 
-_VERSION_RE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
+_VERSION_RE = re.compile(r"\A\s*v?(\d+(?:\.\d+)*)")
 
 
 def _at_least(version: Version | None, ref: str) -> bool:
