@@ -287,3 +287,27 @@ def test_findings_json_is_rendered_when_asked_for(monkeypatch: pytest.MonkeyPatc
         assert json.loads(sc.report_json) == doc and calls == [1, 1]  # a new report: rendered anew
     finally:
         feed.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc: a thread's context switches")
+def test_an_idle_http_thread_sleeps_until_a_client_or_stop(start_sidecar: Callable[..., Sidecar]) -> None:
+    # socketserver's serve_forever woke every poll interval to look for a shutdown request
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
+    base = sc.base  # type: ignore[attr-defined]
+    get(base + "/healthz")
+    (http,) = [t for t in sc._threads if t.name.endswith("-http")]
+
+    def switches() -> int:
+        status = Path(f"/proc/self/task/{http.native_id}/status").read_text()
+        return int(
+            next(ln.split()[1] for ln in status.splitlines() if ln.startswith("voluntary_ctxt_switches"))
+        )
+
+    time.sleep(0.2)  # the request's thread handed off
+    before = switches()
+    time.sleep(1.6)
+    assert switches() - before == 0  # not one wake-up in 1.6 s (0.5 s polls woke 3 times)
+    assert get(base + "/healthz").status_code == 200  # and a client still wakes it
+    sc.stop()
+    http.join(2.0)
+    assert not http.is_alive()
