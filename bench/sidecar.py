@@ -2,11 +2,14 @@
 """The sidecar over time: CPU per cycle and RSS (figures, not pass/fail; tests assert behaviour).
 
 Runs ``kvdoctor sidecar --interval 1`` as its own process against a local fake vLLM serving a
-real-size /metrics page (tests/data/bench/vllm-0.33.0-metrics-sample.txt, 55 KB, its
-``vllm:num_preemptions_total`` rising; the connection kept alive between scrapes, as vLLM's
-uvicorn keeps it for 5 s and the sidecar scrapes every second; ``--close-per-scrape``: HTTP/1.0,
-a connection per scrape, the pessimistic model of earlier runs) and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
-answering like 8 H100s, each with one vLLM process), scrapes the sidecar's /metrics like
+real-size /metrics page (tests/data/bench/vllm-0.33.0-metrics-sample.txt, 55 KB) as a busy
+engine moves it (:class:`BusyPage`: every counter and histogram grows, the gauges move;
+``--steady``: unchanged but for ``vllm:num_preemptions_total``, the earlier model); the
+connection kept alive between scrapes, as vLLM's uvicorn keeps it for 5 s and the sidecar
+scrapes every second (``--close-per-scrape``: HTTP/1.0, a connection per scrape, the
+pessimistic model of earlier runs), and 8 GPUs (a stand-in ``pynvml`` module on PYTHONPATH
+answering like 8 busy H100s, each with one vLLM process, utilisation, power and temperature
+moving per read), scrapes the sidecar's /metrics like
 Prometheus every ``--scrape-every`` seconds (15: deploy/prometheus/scrape-config.yaml's
 scrape_interval), and prints:
 
