@@ -114,7 +114,9 @@ class BusyPage:
             if m and name in _GAUGES:
                 self.lines.append((f"{name}{m.group(2) or ''}", float("nan"), 0.0))
                 continue
-            grows = m and not name.endswith("_created") and name.endswith(("_total", "_bucket", "_count", "_sum"))
+            grows = (
+                m and not name.endswith("_created") and name.endswith(("_total", "_bucket", "_count", "_sum"))
+            )
             if not grows:
                 self.lines.append(line)
                 continue
