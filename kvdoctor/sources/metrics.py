@@ -1119,8 +1119,9 @@ def scrape(
     Redirects are not followed (an error, like any status but 200). The unix time is taken
     when the headers arrived. Raises SourceError with one line: ``GET http://…/metrics:
     connection refused`` / ``timed out after 2 s`` / ``HTTP 404 Not Found`` / ``not Prometheus
-    text (Content-Type: text/html)`` / ``response larger than 64 MiB`` / ``bad URL``; the URL's
-    credentials are never shown.
+    text (Content-Type: text/html)`` / ``response larger than 64 MiB`` / ``response headers
+    larger than 64 KiB`` / ``InvalidHeader (the server's response is not valid HTTP)`` (what
+    httptools refused, never its bytes) / ``bad URL``; the URL's credentials are never shown.
     """
     t = _target(url)
     if isinstance(t, str):
