@@ -260,8 +260,9 @@ class ProcessSource:
 
 
 class MetricsSource:
-    """One vLLM ``/metrics`` endpoint over HTTP (``kvdoctor.sources.metrics.scrape``: stdlib
-    http.client, one keep-alive connection kept by a :class:`~kvdoctor.sources.metrics.ScrapeClient`)."""
+    """One vLLM ``/metrics`` endpoint over HTTP (``kvdoctor.sources.metrics.scrape``: the
+    response parsed by httptools, one keep-alive connection kept by a
+    :class:`~kvdoctor.sources.metrics.ScrapeClient`)."""
 
     kind = "metrics"
 
@@ -275,8 +276,9 @@ class MetricsSource:
         self._prev: dict[str | None, Any] = {}
 
     def warm(self) -> None:
-        """Import what :meth:`read` needs and build the HTTP client (http.client, and for an
-        https URL its SSL context, ~40 ms; on the caller's thread, outside the timeout)."""
+        """Import what :meth:`read` needs and build the HTTP client (http.client for the
+        connection, httptools for the response, and for an https URL its SSL context, ~40 ms;
+        on the caller's thread, outside the timeout)."""
         import http.client  # noqa: F401
 
         from kvdoctor.sources.metrics import ScrapeClient

@@ -1,6 +1,8 @@
-"""The live /metrics scrape over stdlib http.client (``kvdoctor.sources.metrics.ScrapeClient``):
-keep-alive reuse, reconnecting after the server closed, never reusing a half-read response,
-Basic auth from the URL, proxies from the environment, one deadline for drip-fed headers, TLS.
+"""The live /metrics scrape (``kvdoctor.sources.metrics.ScrapeClient``: the connection by stdlib
+http.client, the response parsed by httptools): keep-alive reuse, reconnecting after the server
+closed, never reusing a half-read response, Basic auth from the URL, proxies from the
+environment, one deadline for drip-fed headers, TLS; chunked, dripped, read-to-close and
+refused responses, the header block's cap, the request's bytes.
 
 The hostile cases (dead, 500, hanging, drip-fed body, garbage, 50 MB, gzip bomb, credentials in
 messages) are tests/test_hostile.py's and tests/sources/test_metrics.py's.
@@ -327,3 +329,249 @@ def test_https_verifies_the_certificate(
         assert client.ssl_context() is ctx  # built once per client
     finally:
         client.close()
+
+
+# --------------------------------------------------------------------------- the response, as httptools parses it
+
+
+class _Raw:
+    """A loopback server writing raw bytes: ``answer(conn, n)`` answers the n-th request (0-based,
+    over all connections) on the accepted socket ``conn``; returns False to close the connection
+    after it. Counts connections and the bytes it managed to send."""
+
+    def __init__(self, answer: Callable[[socket.socket, int], bool]) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.connections = 0
+        self.requests = 0
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
+        threading.Thread(target=self._serve, args=(answer,), daemon=True).start()
+
+    def _serve(self, answer: Callable[[socket.socket, int], bool]) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._one, args=(conn, answer), daemon=True).start()
+
+    def _one(self, conn: socket.socket, answer: Callable[[socket.socket, int], bool]) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            with conn:
+                while True:
+                    req = b""
+                    while b"\r\n\r\n" not in req:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        req += data
+                    n = self.requests
+                    self.requests += 1
+                    if not answer(conn, n):
+                        return
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _head(extra: bytes = b"", length: int | None = len(PAGE)) -> bytes:
+    cl = b"Content-Length: %d\r\n" % length if length is not None else b""
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n" + cl + extra + b"\r\n"
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    out = b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size]) for i in range(0, len(body), size)
+    )
+    return out + b"0\r\n\r\n"
+
+
+def _scrapes(url: str, n: int, **kw: float) -> list[str]:
+    client = ScrapeClient()
+    try:
+        return [scrape(url, timeout=kw.get("timeout", 5.0), client=client)[0] for _ in range(n)]
+    finally:
+        client.close()
+
+
+def test_a_chunked_page_is_read_and_its_connection_kept() -> None:
+    big = PAGE * 300  # ~26 KB in 1000-byte chunks, one with a chunk extension
+    body = _chunked(big, 1000).replace(b"3e8\r\n", b"3e8;ext=1\r\n", 1)
+
+    srv = _Raw(lambda c, n: c.sendall(_head(b"Transfer-Encoding: chunked\r\n", None) + body) is None)
+    try:
+        assert _scrapes(srv.url, 5) == [big.decode()] * 5
+    finally:
+        srv.close()
+    assert srv.requests == 5 and srv.connections == 1
+
+
+def test_keep_alive_one_connection_for_many_scrapes_with_gzip() -> None:
+    import gzip
+
+    body = gzip.compress(PAGE)
+    reply = _head(b"Content-Encoding: gzip\r\n", len(body)) + body
+    srv = _Raw(lambda c, n: c.sendall(reply) is None)
+    try:
+        assert _scrapes(srv.url, 20) == [PAGE.decode()] * 20
+    finally:
+        srv.close()
+    assert srv.connections == 1
+
+
+def test_connection_close_and_http_1_0_are_not_reused() -> None:
+    replies = [
+        _head(b"Connection: close\r\n") + PAGE,
+        _head().replace(b"HTTP/1.1", b"HTTP/1.0") + PAGE,
+    ]
+    for reply in replies:
+        srv = _Raw(lambda c, n, reply=reply: c.sendall(reply) is None)  # the server would keep it
+        try:
+            assert _scrapes(srv.url, 3) == [PAGE.decode()] * 3
+        finally:
+            srv.close()
+        assert srv.connections == 3
+
+
+def test_a_body_without_length_is_read_to_the_close() -> None:
+    def answer(c: socket.socket, n: int) -> bool:
+        c.sendall(_head(length=None) + PAGE[:20])
+        time.sleep(0.05)
+        c.sendall(PAGE[20:])
+        return False  # the close ends the body
+
+    srv = _Raw(answer)
+    try:
+        assert _scrapes(srv.url, 2) == [PAGE.decode()] * 2
+    finally:
+        srv.close()
+    assert srv.connections == 2
+
+
+def test_a_body_dripped_in_many_small_sends_within_the_deadline() -> None:
+    big = PAGE * 40  # ~3.5 KB in 32-byte sends, 1 ms apart: ~0.1 s of a 5 s deadline
+
+    def drip(body: bytes, c: socket.socket) -> None:
+        for i in range(0, len(body), 32):
+            c.sendall(body[i : i + 32])
+            time.sleep(0.001)
+
+    def answer(c: socket.socket, n: int) -> bool:
+        if n % 2:
+            drip(_head(b"Transfer-Encoding: chunked\r\n", None) + _chunked(big, 100), c)
+        else:
+            drip(_head(length=len(big)) + big, c)
+        return True
+
+    srv = _Raw(answer)
+    try:
+        assert _scrapes(srv.url, 4) == [big.decode()] * 4
+    finally:
+        srv.close()
+    assert srv.connections == 1
+
+
+def test_a_header_block_over_the_cap_is_refused_without_reading_on() -> None:
+    sent: list[int] = []
+
+    def endless(c: socket.socket, n: int) -> bool:
+        c.sendall(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+        total = 0
+        try:
+            while total < 64 << 20:  # one header value that never ends (64 MiB if read)
+                c.sendall(b"a" * 4096)
+                total += 4096
+        except OSError:
+            pass
+        sent.append(total)
+        return False
+
+    def many(c: socket.socket, n: int) -> bool:
+        c.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(150)) + b"\r\n")
+        return False
+
+    for answer, timeout, why in (
+        (endless, 10.0, "response headers larger than 64 KiB"),
+        (many, 5.0, "more than 100 response headers"),
+    ):
+        srv = _Raw(answer)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(SourceError) as ei:
+                scrape(srv.url, timeout=timeout)
+            assert time.monotonic() - t0 < timeout / 2  # refused, not timed out
+        finally:
+            srv.close()
+        assert str(ei.value) == f"GET {srv.url}: {why}"
+    time.sleep(0.2)
+    assert sent and sent[0] < 16 << 20  # the client stopped reading long before 64 MiB
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        (b"HTTX/1.1 200 OK\r\n\r\nhunter2", "BadStatusLine"),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", "BadStatusLine"),
+        (b"HTTP/1.1 200 OK\r\nX hunter2: y\r\n\r\n", "InvalidHeader"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhunter2", "InvalidHeader"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: hunter2\r\n\r\n", "InvalidHeader"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz-hunter2\r\n", "InvalidBody"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n# short\n", "IncompleteRead"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n# abc", "IncompleteRead"),
+    ],
+)
+def test_a_response_llhttp_rejects_is_one_line_never_its_bytes(reply: bytes, why: str) -> None:
+    srv = _Raw(lambda c, n: c.sendall(reply) and False)
+    try:
+        with pytest.raises(SourceError) as ei:
+            scrape(srv.url, timeout=5.0)
+    finally:
+        srv.close()
+    assert str(ei.value) == f"GET {srv.url}: {why} (the server's response is not valid HTTP)"
+
+
+def test_interim_1xx_answers_are_skipped() -> None:
+    reply = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + _head() + PAGE
+    srv = _Raw(lambda c, n: c.sendall(reply) is None)
+    try:
+        assert _scrapes(srv.url, 2) == [PAGE.decode()] * 2
+    finally:
+        srv.close()
+    assert srv.connections == 1
+
+
+def test_bytes_past_the_response_make_the_connection_unusable() -> None:
+    """A server that answers more than it was asked (stray bytes after the message): the page
+    is read, the connection is not reused for the next scrape (it would read them as its answer)."""
+    srv = _Raw(lambda c, n: c.sendall(_head() + PAGE + b"HTTP/1.1 200 OK\r\n") is None)
+    try:
+        assert _scrapes(srv.url, 2) == [PAGE.decode()] * 2
+    finally:
+        srv.close()
+    assert srv.connections == 2
+
+
+def test_the_request_is_what_http_client_sent() -> None:
+    got: list[bytes] = []
+
+    class Capture(_Raw):
+        def _one(self, conn: socket.socket, answer: Callable[[socket.socket, int], bool]) -> None:
+            got.append(conn.recv(65536))
+            conn.sendall(_head() + PAGE)
+            conn.close()
+
+    srv = Capture(lambda c, n: False)
+    port = srv.sock.getsockname()[1]
+    try:
+        scrape(f"http://u:p@127.0.0.1:{port}/metrics?x=1", timeout=5.0)
+    finally:
+        srv.close()
+    assert got == [
+        b"GET /metrics?x=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept-Encoding: gzip, deflate\r\nAccept: */*\r\n"
+        b"Authorization: Basic %s\r\n\r\n" % (port, base64.b64encode(b"u:p"))
+    ]
