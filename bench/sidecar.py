@@ -28,9 +28,11 @@ with the default history full, then two more to see it stay flat)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -91,6 +93,62 @@ def nvmlDeviceGetTotalEccErrors(h, a, b): return 0
 def nvmlDeviceGetComputeRunningProcesses(h): return [_ns(pid=4000 + h, usedGpuMemory=74000 * MiB)]
 def nvmlDeviceGetGraphicsRunningProcesses(h): return []
 def nvmlSystemGetProcessName(pid): return b"VLLM::Worker_TP%d" % (pid - 4000)
+'''
+
+BREAKDOWN = '''
+"""kvdoctor with each part of a sidecar cycle timed in thread CPU (bench/sidecar.py --breakdown):
+SIGUSR1 zeroes the sums, SIGUSR2 writes them as JSON to $KVDOCTOR_BENCH_BREAKDOWN."""
+import json, os, signal, sys, time
+from collections import Counter
+
+cpu, calls = Counter(), Counter()
+
+
+def timed(owner, name, label):
+    fn = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            cpu[label] += time.thread_time() - t0
+            calls[label] += 1
+
+    setattr(owner, name, wrapper)
+
+
+import kvdoctor.derive as derive
+import kvdoctor.pipeline as pipeline
+import kvdoctor.report as report
+import kvdoctor.rules_engine as rules
+import kvdoctor.sampler as sampler
+import kvdoctor.sidecar.server as server
+
+timed(pipeline.Pipeline, "evaluate", "evaluate")
+timed(derive, "build_contexts", "evaluate / derive")
+timed(derive, "derive_variables", "evaluate / derive / families")
+timed(rules, "evaluate", "evaluate / rules")
+timed(report, "build_report", "evaluate / report")
+timed(sampler.LiveFeed, "next", "read / the loop thread's share")
+timed(sampler.MetricsSource, "read", "read / metrics scrape + parse")
+timed(sampler.NvmlSource, "read", "read / NVML")
+timed(sampler.ProcessSource, "read", "read / process table")
+timed(server.Sidecar, "on_cycle", "on_cycle")
+timed(server.Sidecar, "metrics_page", "its own /metrics page")
+signal.signal(signal.SIGUSR1, lambda *_: (cpu.clear(), calls.clear()))
+
+
+def dump(*_):
+    with open(os.environ["KVDOCTOR_BENCH_BREAKDOWN"], "w") as f:
+        json.dump({"cpu": cpu, "calls": calls}, f)
+
+
+signal.signal(signal.SIGUSR2, dump)
+from kvdoctor.cli import main
+
+sys.argv[0] = "kvdoctor"
+sys.exit(main())
 '''
 
 _PREEMPT = re.compile(r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$", re.M)
@@ -312,6 +370,11 @@ def main() -> int:
         "earlier bench's model; what every cache sees at its best): the default is a busy engine",
     )
     ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also print each part's thread CPU per cycle (the sidecar run under timing wrappers)",
+    )
+    ap.add_argument(
         "--scrape-every",
         type=float,
         default=15.0,
@@ -330,10 +393,14 @@ def main() -> int:
         Path(tmp, "pynvml.py").write_text(FAKE_PYNVML)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
         env["KVDOCTOR_BENCH_STEADY"] = "1" if args.steady else "0"  # the fake pynvml's telemetry
+        entry = ["-m", "kvdoctor"]
+        if args.breakdown:
+            Path(tmp, "timed_kvdoctor.py").write_text(BREAKDOWN)
+            entry = [str(Path(tmp, "timed_kvdoctor.py"))]
+            env["KVDOCTOR_BENCH_BREAKDOWN"] = str(Path(tmp, "breakdown.json"))
         cmd = [
             sys.executable,
-            "-m",
-            "kvdoctor",
+            *entry,
             "sidecar",
             "--metrics",
             fake.url,
@@ -343,6 +410,7 @@ def main() -> int:
         cmd += ["--interval", str(args.interval), "--history", str(args.history)]
         if args.pod:
             cmd = ["unshare", "--pid", "--fork", "--mount-proc", *cmd]
+        parts: dict[str, float] | None = None
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             ps = psutil.Process(proc.pid)
@@ -365,6 +433,8 @@ def main() -> int:
                 print("sidecar did not start:", err.decode(errors="replace")[-2000:] if err else "")
                 return 1
             c0, n0, t0 = sum(ps.cpu_times()[:2]), evaluations(base), time.monotonic()
+            if args.breakdown:
+                ps.send_signal(signal.SIGUSR1)  # the parts summed from here, as the figure is
             # Growth is read from when the Timeline holds --history of snapshots (it fills
             # until then, by design) when the run is long enough, else from a quarter of it.
             full = args.duration >= args.history + 60
@@ -384,6 +454,8 @@ def main() -> int:
                     half = (sum(ps.cpu_times()[:2]), evaluations(base, retries=3))
             c1, n1 = sum(ps.cpu_times()[:2]), evaluations(base, retries=3)
             rss_end = ps.memory_info().rss
+            if args.breakdown:
+                parts = _breakdown(ps, Path(tmp, "breakdown.json"))
         finally:
             target = ps if args.pod else proc
             target.terminate()  # the sidecar itself: unshare does not pass SIGTERM on
@@ -434,7 +506,26 @@ def main() -> int:
         f"  load average (1, 5 min)    {os.getloadavg()[0]:.1f}, {os.getloadavg()[1]:.1f} on {os.cpu_count()} CPUs"
     )
     print(f"  host processes (the in-process figures' psutil scan sees them): {len(psutil.pids())}")
+    if args.breakdown and parts is not None:
+        cycles = max(1.0, n1 - n0)
+        print("  breakdown, thread CPU per cycle over the same cycles (the timing wrappers add a little):")
+        for label, sec in sorted(parts.items()):
+            print(f"    {label:<34s} {sec / cycles * 1e3:6.2f} ms")
+        timed = sum(v for k, v in parts.items() if not k.startswith("evaluate /"))  # no part twice
+        print(f"    {'rest (threads, HTTP server, GC)':<34s} {(c1 - c0 - timed) / cycles * 1e3:6.2f} ms")
     return 0
+
+
+def _breakdown(ps: psutil.Process, path: Path) -> dict[str, float] | None:
+    """The wrapped sidecar's sums (SIGUSR2 writes them), seconds by part; None if it did not answer."""
+    ps.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            return dict(json.loads(path.read_text())["cpu"])
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    return None
 
 
 if __name__ == "__main__":
