@@ -11,6 +11,7 @@ messages) are tests/test_hostile.py's and tests/sources/test_metrics.py's.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import shutil
 import socket
@@ -391,6 +392,16 @@ def _chunked(body: bytes, size: int) -> bytes:
     return out + b"0\r\n\r\n"
 
 
+@contextlib.contextmanager
+def _serving(answer: Callable[[socket.socket, int], bool]) -> Iterator[_Raw]:
+    """A :class:`_Raw` server for the ``with`` block, closed after it."""
+    srv = _Raw(answer)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
 def _scrapes(url: str, n: int, **kw: float) -> list[str]:
     client = ScrapeClient()
     try:
@@ -403,11 +414,10 @@ def test_a_chunked_page_is_read_and_its_connection_kept() -> None:
     big = PAGE * 300  # ~26 KB in 1000-byte chunks, one with a chunk extension
     body = _chunked(big, 1000).replace(b"3e8\r\n", b"3e8;ext=1\r\n", 1)
 
-    srv = _Raw(lambda c, n: c.sendall(_head(b"Transfer-Encoding: chunked\r\n", None) + body) is None)
-    try:
+    with _serving(
+        lambda c, n: c.sendall(_head(b"Transfer-Encoding: chunked\r\n", None) + body) is None
+    ) as srv:
         assert _scrapes(srv.url, 5) == [big.decode()] * 5
-    finally:
-        srv.close()
     assert srv.requests == 5 and srv.connections == 1
 
 
@@ -416,11 +426,8 @@ def test_keep_alive_one_connection_for_many_scrapes_with_gzip() -> None:
 
     body = gzip.compress(PAGE)
     reply = _head(b"Content-Encoding: gzip\r\n", len(body)) + body
-    srv = _Raw(lambda c, n: c.sendall(reply) is None)
-    try:
+    with _serving(lambda c, n: c.sendall(reply) is None) as srv:
         assert _scrapes(srv.url, 20) == [PAGE.decode()] * 20
-    finally:
-        srv.close()
     assert srv.connections == 1
 
 
@@ -445,11 +452,8 @@ def test_a_body_without_length_is_read_to_the_close() -> None:
         c.sendall(PAGE[20:])
         return False  # the close ends the body
 
-    srv = _Raw(answer)
-    try:
+    with _serving(answer) as srv:
         assert _scrapes(srv.url, 2) == [PAGE.decode()] * 2
-    finally:
-        srv.close()
     assert srv.connections == 2
 
 
@@ -468,11 +472,8 @@ def test_a_body_dripped_in_many_small_sends_within_the_deadline() -> None:
             drip(_head(length=len(big)) + big, c)
         return True
 
-    srv = _Raw(answer)
-    try:
+    with _serving(answer) as srv:
         assert _scrapes(srv.url, 4) == [big.decode()] * 4
-    finally:
-        srv.close()
     assert srv.connections == 1
 
 
@@ -499,14 +500,11 @@ def test_a_header_block_over_the_cap_is_refused_without_reading_on() -> None:
         (endless, 10.0, "response headers larger than 64 KiB"),
         (many, 5.0, "more than 100 response headers"),
     ):
-        srv = _Raw(answer)
-        try:
+        with _serving(answer) as srv:
             t0 = time.monotonic()
             with pytest.raises(SourceError) as ei:
                 scrape(srv.url, timeout=timeout)
             assert time.monotonic() - t0 < timeout / 2  # refused, not timed out
-        finally:
-            srv.close()
         assert str(ei.value) == f"GET {srv.url}: {why}"
     time.sleep(0.2)
     assert sent and sent[0] < 16 << 20  # the client stopped reading long before 64 MiB
@@ -526,33 +524,24 @@ def test_a_header_block_over_the_cap_is_refused_without_reading_on() -> None:
     ],
 )
 def test_a_response_llhttp_rejects_is_one_line_never_its_bytes(reply: bytes, why: str) -> None:
-    srv = _Raw(lambda c, n: c.sendall(reply) and False)
-    try:
+    with _serving(lambda c, n: c.sendall(reply) and False) as srv:
         with pytest.raises(SourceError) as ei:
             scrape(srv.url, timeout=5.0)
-    finally:
-        srv.close()
     assert str(ei.value) == f"GET {srv.url}: {why} (the server's response is not valid HTTP)"
 
 
 def test_interim_1xx_answers_are_skipped() -> None:
     reply = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + _head() + PAGE
-    srv = _Raw(lambda c, n: c.sendall(reply) is None)
-    try:
+    with _serving(lambda c, n: c.sendall(reply) is None) as srv:
         assert _scrapes(srv.url, 2) == [PAGE.decode()] * 2
-    finally:
-        srv.close()
     assert srv.connections == 1
 
 
 def test_bytes_past_the_response_make_the_connection_unusable() -> None:
     """A server that answers more than it was asked (stray bytes after the message): the page
     is read, the connection is not reused for the next scrape (it would read them as its answer)."""
-    srv = _Raw(lambda c, n: c.sendall(_head() + PAGE + b"HTTP/1.1 200 OK\r\n") is None)
-    try:
+    with _serving(lambda c, n: c.sendall(_head() + PAGE + b"HTTP/1.1 200 OK\r\n") is None) as srv:
         assert _scrapes(srv.url, 2) == [PAGE.decode()] * 2
-    finally:
-        srv.close()
     assert srv.connections == 2
 
 
