@@ -21,6 +21,8 @@ SIGINT stop the loop and the server; the process exits within 2 s.
 
 from __future__ import annotations
 
+import selectors
+import socket
 import sys
 import threading
 import time
@@ -125,7 +127,7 @@ class Sidecar:
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
         #: a socket pair whose write end wakes the HTTP thread's selector on stop
-        self._wake: tuple[Any, Any] | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
 
     # ------------------------------------------------------------------ cycle
 
@@ -317,7 +319,6 @@ class Sidecar:
         cannot be bound and ValueError for a malformed --listen."""
         host, port = parse_listen(self.listen)
         if ":" in host:
-            import socket
 
             class V6Server(ThreadingHTTPServer):
                 address_family = socket.AF_INET6
@@ -326,8 +327,6 @@ class Sidecar:
         else:
             self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
-        import socket
-
         self._wake = socket.socketpair()
         h, p = self.address
         self.log(
@@ -350,8 +349,6 @@ class Sidecar:
         """Accept connections until :meth:`stop`: the thread sleeps in the selector until a
         client connects or stop wakes it (socketserver's serve_forever wakes every poll
         interval to look for a shutdown: two wake-ups a second of an idle sidecar)."""
-        import selectors
-
         server = self._server
         assert server is not None and self._wake is not None
         with selectors.DefaultSelector() as sel:
@@ -361,8 +358,6 @@ class Sidecar:
                 ready = sel.select()
                 if self.stop_event.is_set() or any(key.fileobj is self._wake[0] for key, _ in ready):
                     return
-                if not ready:
-                    continue
                 try:  # socketserver's documented steps for one request
                     request, client_address = server.get_request()
                 except OSError:
@@ -380,6 +375,7 @@ class Sidecar:
         """Stop the loop and the server; waits at most about ``timeout_s`` for the loop thread
         (a read in progress is bounded by the sources' own timeouts; the thread is a daemon)."""
         self.stop_event.set()
+        deadline = time.monotonic() + timeout_s  # for every thread together
         if self._wake is not None:
             try:
                 self._wake[1].send(b"\0")  # wakes _serve_http's selector
@@ -387,14 +383,13 @@ class Sidecar:
                 pass
         http = next((t for t in self._threads if t.name.endswith("-http")), None)
         if http is not None:
-            http.join(timeout_s)  # before the listening socket closes under its selector
+            http.join(max(0.0, deadline - time.monotonic()))  # before its listening socket closes
         if self._server is not None:
             self._server.server_close()
         if self._wake is not None:
             for sock in self._wake:
                 sock.close()
             self._wake = None
-        deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         try:
