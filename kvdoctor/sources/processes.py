@@ -309,10 +309,13 @@ class ProcessTable:
     a read costs the vLLM processes' own counters, not a walk of every process on the host
     (``process_iter`` + ``net_connections`` took ~50 ms a read on a host of 90 processes).
 
-    - A full rescan (``psutil.process_iter``: name, ppid, cmdline, create_time of every process;
-      listening ports of the API servers, ``net_connections``) runs at most every ``rescan_s``
-      seconds, and on the read after NVML's GPU pid set changed (:meth:`note_gpu_pids`: an
-      engine started or stopped).
+    - A rescan runs at most every ``rescan_s`` seconds, and on the read after NVML's GPU pid
+      set changed (:meth:`note_gpu_pids`: an engine started or stopped). The first is a full
+      walk (``psutil.process_iter``: name, ppid, cmdline, create_time of every process); later
+      ones list the pids and read in full only the new ones, the python ones, the vLLM ones
+      and any whose start time, name or parent changed (:meth:`_unchanged`: a kernel thread
+      or a shell that did not ``exec`` costs one stat read); the API servers' listening ports
+      (``net_connections``) are read again.
     - Between rescans: ``psutil.pids()`` (one listing of /proc); a pid not seen before is read
       alone, a python process younger than ``young_s`` seconds is re-read (its argv, and its
       name when the argv changed: vLLM retitles its spawned processes, ``setproctitle``, after
@@ -378,14 +381,30 @@ class ProcessTable:
         import psutil
 
         entries: dict[int, _Entry] = {}
-        for proc in psutil.process_iter(_ATTRS, ad_value=None):
+        pids: list[int] | None = None
+        if self._entries:
             try:
-                e = self._entry(proc, proc.info)
+                pids = psutil.pids()
             except _errors():
-                continue
-            old = self._entries.get(proc.pid)
-            # the same process as before: keep what was derived from it (argv, launch, ports)
-            entries[proc.pid] = old if old is not None and old.info == e.info else e
+                pids = None  # the listing failed: the full walk below
+        if pids is None:
+            for proc in psutil.process_iter(_ATTRS, ad_value=None):
+                try:
+                    entries[proc.pid] = self._entry(proc, proc.info)
+                except _errors():
+                    continue
+        else:
+            # Known processes that cannot be vLLM's are checked (one stat read), not read again.
+            for pid in pids:
+                old = self._entries.get(pid)
+                if old is not None and self._unchanged(old):
+                    entries[pid] = old
+                    continue
+                e = self._read_pid(pid)
+                if e is None:
+                    continue  # gone, or hidden
+                # the same process as before: keep what was derived from it (argv, launch, ports)
+                entries[pid] = old if old is not None and old.info == e.info else e
         self._entries = entries
         self._last_full = now
         self._gpu_changed = False
@@ -393,6 +412,26 @@ class ProcessTable:
         self._listed = set(entries)
         self._young = self._young_candidates(entries, time.time())
         self._changed = True
+
+    @staticmethod
+    def _unchanged(e: _Entry) -> bool:
+        """True when ``e`` is a process no vLLM role can come from and that still runs the same
+        program: not python (the kind that retitles itself), no role, no spawn child, and its
+        ``/proc/PID/stat`` (psutil's ``oneshot``) gives the same start time (psutil's pid-reuse
+        check), name and parent; a kernel thread, the start time only. A process that ``exec``s (an entrypoint script
+        that ends in ``exec vllm serve``) changes its name: it is read again in full. Costs
+        about half of a full read (``process_iter``'s name, ppid, cmdline, create_time) on a
+        host of a few hundred such processes."""
+        if e.python or e.role is not None or e.spawn:
+            return False
+        try:
+            if e.info.get("ppid") == 2:
+                # a kernel thread (kthreadd's child) never execs: only its pid's reuse matters
+                return bool(e.proc.is_running())
+            with e.proc.oneshot():
+                return bool(e.proc.name() == e.info.get("name") and e.proc.ppid() == e.info.get("ppid"))
+        except _errors():
+            return False  # gone, reused or hidden: read again (dropped if gone)
 
     def _young_candidates(self, entries: dict[int, _Entry], wall: float) -> list[int]:
         """Pids of the python processes younger than ``young_s`` (an old one never gets young

@@ -4,6 +4,7 @@ seen, the same vLLM processes as a one-shot list_processes()."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +27,7 @@ class FakeHost:
         self.single_reads: list[int] = []
         self.port_reads: list[int] = []
         self.title_reads: list[int] = []
+        self.stat_reads: list[int] = []  # the same-process checks of a rescan
 
     def add(self, pid: int, name: str, cmdline: list[str], ppid: int = 1, ctime: float = OLD) -> None:
         self.procs[pid] = {"pid": pid, "ppid": ppid, "name": name, "cmdline": cmdline, "create_time": ctime}
@@ -48,6 +50,18 @@ class FakeHost:
                 if pid not in host.procs:
                     raise psutil.NoSuchProcess(pid)
                 return str(host.procs[pid]["name"])
+
+            def oneshot(self) -> Any:
+                return contextlib.nullcontext()
+
+            def ppid(self) -> int:
+                if not self.is_running():  # psutil's pid-reuse check
+                    raise psutil.NoSuchProcess(pid)
+                return int(host.procs[pid]["ppid"])
+
+            def is_running(self) -> bool:
+                host.stat_reads.append(pid)
+                return pid in host.procs and host.procs[pid]["create_time"] == self.info["create_time"]
 
             def cmdline(self) -> list[str]:
                 host.title_reads.append(pid)  # a re-read of a young process starts here
@@ -104,21 +118,21 @@ def test_between_rescans_only_new_pids_are_read(host: FakeHost) -> None:
     now = [0.0]
     table = ProcessTable(rescan_s=60.0, clock=lambda: now[0])
     table.read()
-    assert host.iter_calls == 1
+    assert table.rescans == 1
     host.single_reads.clear()
     for _ in range(5):
         now[0] += 1.0
         got = table.read()
-    assert host.iter_calls == 1 and host.single_reads == []  # nothing new: no per-pid reads
+    assert table.rescans == 1 and host.single_reads == []  # nothing new: no per-pid reads
     assert [p.pid for p in got] == [10, 11] and got[0].cpu_percent == 3.0  # counters still read
     host.add(20, "VLLM::Worker_TP0", ["VLLM::Worker_TP0"], ppid=10)
     del host.procs[11]
     now[0] += 1.0
     got = table.read()
-    assert [p.pid for p in got] == [10, 20] and host.single_reads == [20] and host.iter_calls == 1
+    assert [p.pid for p in got] == [10, 20] and host.single_reads == [20] and table.rescans == 1
     now[0] += 60.0
     table.read()
-    assert host.iter_calls == 2  # rescan_s elapsed
+    assert table.rescans == 2  # rescan_s elapsed
 
 
 def test_gpu_pid_change_rescans_and_rereads_server_ports(host: FakeHost) -> None:
@@ -130,11 +144,11 @@ def test_gpu_pid_change_rescans_and_rereads_server_ports(host: FakeHost) -> None
     table.note_gpu_pids({11})  # unchanged
     now[0] += 1
     table.read()
-    assert host.iter_calls == 1 and host.port_reads == []
+    assert table.rescans == 1 and host.port_reads == []
     table.note_gpu_pids({11, 4000})  # an engine started
     now[0] += 1
     table.read()
-    assert host.iter_calls == 2 and host.port_reads == [10]  # the API server's ports only
+    assert table.rescans == 2 and host.port_reads == [10]  # the API server's ports only
 
 
 def test_a_young_process_that_retitles_itself_is_seen(host: FakeHost) -> None:
@@ -153,7 +167,7 @@ def test_a_young_process_that_retitles_itself_is_seen(host: FakeHost) -> None:
     host.procs[30].update(name="VLLM::EngineCor", cmdline=["VLLM::EngineCore"])  # setproctitle
     now[0] += 1
     got = {p.pid: p for p in table.read()}
-    assert got[30].vllm_role == "engine_core" and host.iter_calls == 1
+    assert got[30].vllm_role == "engine_core" and table.rescans == 1
 
 
 def test_only_young_python_processes_are_reread(host: FakeHost) -> None:
@@ -206,7 +220,7 @@ def test_a_listed_pid_that_could_not_be_read_is_tried_again(
     fail[0] = False
     now[0] += 1
     assert {p.pid: p.vllm_role for p in table.read()}[50] == "worker"
-    assert host.iter_calls == 1
+    assert table.rescans == 1
 
 
 def test_a_young_process_is_no_longer_reread_once_old(
@@ -251,7 +265,63 @@ def test_spawn_children_of_vllm_are_workers_as_in_a_one_shot_listing(host: FakeH
     roles = {p.pid: p.vllm_role for p in table.read()}
     assert roles == {p.pid: p.vllm_role for p in list_processes()}
     assert roles == {10: "api_server", 11: "engine_core", 60: "worker", 61: "worker"}
-    scans = host.iter_calls
+    scans = table.rescans
     host.add(63, "python3", spawn, ppid=61)  # appears between rescans
     now[0] += 1
-    assert {p.pid: p.vllm_role for p in table.read()}[63] == "worker" and host.iter_calls == scans
+    assert {p.pid: p.vllm_role for p in table.read()}[63] == "worker" and table.rescans == scans
+
+
+def test_a_rescan_reads_again_only_the_processes_that_can_be_vllm(host: FakeHost) -> None:
+    """systemd and bash are checked (same start time, name and parent: one stat read), not
+    read again in full; the vLLM processes and every python process are."""
+    host.add(13, "python3", ["python3", "tool.py"])
+    now = [0.0]
+    table = ProcessTable(rescan_s=60.0, clock=lambda: now[0])
+    table.read()
+    host.single_reads.clear()
+    host.stat_reads.clear()
+    now[0] += 60.0
+    assert [p.pid for p in table.read()] == [10, 11] and table.rescans == 2
+    assert sorted(host.single_reads) == [10, 11, 13]
+    assert sorted(set(host.stat_reads)) == [1, 12]
+
+
+def test_a_process_that_execs_into_vllm_is_seen_at_the_next_rescan(host: FakeHost) -> None:
+    """An entrypoint script that ends in `exec vllm serve`: same pid and start time, a new
+    name and command line."""
+    host.add(70, "entrypoint.sh", ["/bin/sh", "/entrypoint.sh"])
+    now = [0.0]
+    table = ProcessTable(rescan_s=60.0, clock=lambda: now[0])
+    assert 70 not in {p.pid for p in table.read()}
+    host.procs[70].update(name="vllm", cmdline=["vllm", "serve", "m", "--port", "8001"])
+    now[0] += 60.0
+    got = {p.pid: p for p in table.read()}
+    assert got[70].vllm_role == "api_server" and got[70].listen_ports == [8000]
+
+
+def test_an_old_python_process_that_retitles_itself_is_seen_at_the_next_rescan(host: FakeHost) -> None:
+    host.add(71, "python3", ["python3", "-m", "myengine"])  # old: not re-read between rescans
+    now = [0.0]
+    table = ProcessTable(rescan_s=60.0, clock=lambda: now[0])
+    assert 71 not in {p.pid for p in table.read()}
+    host.procs[71].update(name="VLLM::EngineCor", cmdline=["VLLM::EngineCore"])
+    now[0] += 1.0
+    assert 71 not in {p.pid for p in table.read()}  # between rescans: not young, not re-read
+    now[0] += 60.0
+    assert {p.pid: p.vllm_role for p in table.read()}[71] == "engine_core"
+
+
+def test_a_kernel_thread_pid_reused_by_vllm_is_read_again(host: FakeHost) -> None:
+    """A kernel thread is only checked for pid reuse (start time); a vLLM server that got its
+    pid after it exited is read in full."""
+    host.add(80, "kworker/0:1-events", [], ppid=2)
+    now = [0.0]
+    table = ProcessTable(rescan_s=60.0, clock=lambda: now[0])
+    table.read()
+    host.single_reads.clear()
+    now[0] += 60.0
+    table.read()
+    assert 80 not in host.single_reads
+    host.add(80, "vllm", ["vllm", "serve", "m"], ppid=1, ctime=OLD + 5)  # same pid, a new process
+    now[0] += 60.0
+    assert {p.pid: p.vllm_role for p in table.read()}[80] == "api_server" and 80 in host.single_reads
