@@ -994,8 +994,13 @@ class LiveLoop:
                 on_cycle(cycle)
             if not self.feed.live:
                 continue
-            if not cycle.snapshot.metrics and not any(
-                st.kind == "metrics" and st.status != "missing" for st in cycle.snapshot.sources
+            sources = cycle.snapshot.sources
+            if (
+                not cycle.snapshot.metrics
+                and not any(st.kind == "metrics" and st.status != "missing" for st in sources)
+                # a process-table read that failed (timed out on a loaded host) found no
+                # endpoint: that is no proof there is none, read again within the window
+                and not any(st.kind == "processes" and st.status == "error" for st in sources)
             ):
                 break  # no /metrics endpoint at all: nothing to take a rate of, one read tells all
             if cycle.index == 0:

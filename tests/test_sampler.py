@@ -339,6 +339,59 @@ def test_a_slow_first_read_does_not_eat_the_window(face: str) -> None:
     assert len(feed.reads) >= 15
 
 
+class _DiscoveryFeed:
+    """A live feed whose first ``failed`` reads of the process table fail (no endpoint found
+    then), and whose later reads scrape the server the table names."""
+
+    live, label = True, "live"
+
+    def __init__(self, clock: list[float], failed: int, server: bool = True) -> None:
+        self._clock, self._failed, self._server = clock, failed, server
+        self.reads = 0
+
+    def next(self) -> object:
+        from kvdoctor.facts import EngineMetrics, Snapshot, SourceStatus
+
+        self.reads += 1
+        self._clock[0] += 0.1
+        t = self._clock[0]
+        if self.reads <= self._failed or not self._server:
+            procs = (
+                SourceStatus("processes", "psutil", "error", "timed out after 30s")
+                if self.reads <= self._failed
+                else SourceStatus(
+                    "processes", "psutil", "missing", "no vLLM server or engine process running"
+                )
+            )
+            missing = SourceStatus("metrics", "/metrics", "missing", "no vLLM server found to scrape")
+            return Snapshot(timestamp=t, sources=[procs, missing])
+        ok = SourceStatus("metrics", "http://127.0.0.1:8000/metrics", "ok", "")
+        return Snapshot(timestamp=t, metrics=[EngineMetrics(timestamp=t)], sources=[ok])
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("failed", "server", "reads"), [(1, True, "window"), (0, False, 1), (2, False, 3)])
+def test_no_endpoint_ends_a_collection_only_once_the_process_table_was_read(
+    failed: int, server: bool, reads: int | str
+) -> None:
+    """One read tells all when the process table was read and names no vLLM server; a
+    process-table read that failed (a loaded host) found nothing, so the window goes on."""
+    clock = [0.0]
+    feed = _DiscoveryFeed(clock, failed, server)
+    loop = LiveLoop(feed, None, interval_s=2.0, clock=lambda: clock[0])  # type: ignore[arg-type]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    timeline = loop.collect(10.0, sleep=sleep)
+    if reads == "window":
+        assert feed.reads >= 6 and sum(bool(s.metrics) for s in timeline.snapshots) >= 2
+    else:
+        assert feed.reads == reads
+
+
 def test_unchanged_histograms_are_shared_between_scrapes(fake_metrics_server: FakeMetricsServer) -> None:
     from tests.conftest import B17_PAGES
 
