@@ -108,18 +108,23 @@ _ALL_VLLM_RE = re.compile(r"\n(vllm:[a-zA-Z0-9_:]*(?<!_created)[{ \t][^\n]*)")
 #: dropped as unparsable, so no regex ever runs over more.
 _MAX_LINE_CHARS = 16 * 1024
 
-# One sample line of the text exposition format 0.0.4 (what vLLM serves; the OpenMetrics
-# exemplar after " # " is ignored): name, {labels}, value, optional timestamp (ms). Every
+# One sample line of the text exposition format 0.0.4 (what vLLM serves; an OpenMetrics
+# exemplar after it is ignored): name, {labels}, value, optional timestamp (ms). Every
 # repetition is delimited (a comma between label terms, a quote-free or escaped character in a
 # value, whitespace between value and timestamp) and the match is anchored, so a failing
 # line costs one linear pass.
 _LNAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
 _QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # "unrolled": runs of plain characters at C speed
 _TERM = rf"[ \t]*{_LNAME}[ \t]*=[ \t]*{_QUOTED}[ \t]*"
+# An OpenMetrics exemplar, ` # {labels} value [timestamp]`: read past, never anything else
+# after a `#` (prometheus_client and Prometheus refuse `1 #` and `1 #junk`).
+_EXEMPLAR = (
+    rf"[ \t]+#[ \t]+\{{(?:{_TERM}(?:,{_TERM})*(?:,[ \t]*)?|[ \t]*)\}}[ \t]+[^ \t#]+(?:[ \t]+[^ \t#]+)?"
+)
 _SAMPLE_RE = re.compile(
     rf"\A([a-zA-Z_:][a-zA-Z0-9_:]*)"
     rf"(?:[ \t]*\{{((?:{_TERM}(?:,{_TERM})*(?:,[ \t]*)?)?|[ \t]*)\}}[ \t]*|[ \t]+)"
-    r"([^ \t#]+)(?:[ \t]+([^ \t#]+))?(?:[ \t]+#.*)?"
+    rf"([^ \t#]+)(?:[ \t]+([^ \t#]+))?(?:{_EXEMPLAR})?"
 )
 # (a name starts after no name character: a search never rescans a run of them)
 _LABEL_RE = re.compile(rf'(?<![a-zA-Z0-9_])({_LNAME})[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"')

@@ -128,7 +128,26 @@ EDGE_LINES = [
 
 
 #: malformed lines the library reads anyway and Prometheus (its Go parser) refuses: we refuse them
-STRICTER = ["vllm:a 1 2 3"]
+#: (after the value, a `#` starts an OpenMetrics exemplar, `# {labels} value [timestamp]`, or
+#: nothing: the library takes `1 # 2` for a value and a timestamp)
+STRICTER = ["vllm:a 1 2 3", "vllm:a 1 # 2"]
+
+#: an OpenMetrics exemplar after the value (an application/openmetrics-text page): read past
+EXEMPLARS = {
+    'vllm:a 1 # {a="b"} 7': 1.0,
+    'vllm:a{x="#"} 5 123 # {} 0.5 17': 5.0,
+    'vllm:a 2 # {t="x y"} 1': 2.0,
+}
+#: junk after a `#`, refused by both (hypothesis found `vllm:a 1 #`, which we once read as 1)
+EDGE_LINES += [
+    "vllm:a 1 #",
+    "vllm:a 1 #x",
+    "vllm:a 1 # ",
+    "vllm:a 1 # {",
+    'vllm:a 1 # {a="b"}',
+    *STRICTER[1:],
+    *EXEMPLARS,
+]
 
 
 @pytest.mark.parametrize("line", EDGE_LINES)
@@ -137,6 +156,12 @@ def test_edge_lines_read_as_prometheus_client_reads_them(line: str) -> None:
         assert _ours(line) is None and _library(line) is not None
     else:
         assert _same(_ours(line), _library(line))
+
+
+@pytest.mark.parametrize(("line", "value"), EXEMPLARS.items())
+def test_an_exemplar_is_read_past(line: str, value: float) -> None:
+    ours = _ours(line)
+    assert ours is not None and ours[2] == value
 
 
 _VALUE_CHARS = st.sampled_from(list("ab ,}{=#\t中") + ['\\"', "\\\\", "\\n", "\\t"])
