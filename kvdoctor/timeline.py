@@ -155,17 +155,23 @@ def engine_series(timeline: Timeline, engine: str | None, model_name: str | None
 
 
 def window(
-    series: list[EngineMetrics], seconds: float = DEFAULT_WINDOW_S, now: float | None = None
+    series: list[EngineMetrics],
+    seconds: float = DEFAULT_WINDOW_S,
+    now: float | None = None,
+    *,
+    shared: bool = False,
 ) -> Series:
     """The samples of the last ``seconds`` (inclusive) ending at ``now`` (default: the newest
-    sample's timestamp), oldest first, as a :class:`Series` (a new list).
+    sample's timestamp), oldest first, as a :class:`Series` (a new list; with ``shared``, a
+    :class:`Series` the window covers whole is returned itself: read it, do not modify it, and
+    the helpers below reuse what was read out of it).
 
     Samples without a timestamp are skipped; if none has one, the window is the newest sample
     alone ("a single snapshot is a window of one"). A time-ordered series (what a Timeline
     gives) is cut by bisection on its indexed timestamps; any other order is filtered sample
     by sample, with the same result. Raises nothing.
     """
-    return _window(series, seconds, now, copy=True)
+    return _window(series, seconds, now, copy=not shared)
 
 
 def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, copy: bool) -> Series:
@@ -336,14 +342,27 @@ def _no_reset(hs: list[HistogramData]) -> bool:
     drops, the bucket bounds stay those of the first sample and no bucket ends below where it
     started. Under it :func:`_hist_diff` of consecutive samples never falls back to the current
     sample, so their deltas telescope to last − first. O(samples + buckets), at C speed."""
-    first, last = hs[0], hs[-1]
     counts = list(map(_COUNT, hs))
     if any(map(operator.lt, itertools.islice(counts, 1, None), counts)):
         return False
-    n = len(first.buckets)
+    n = len(hs[0].buckets)
     sizes = list(map(len, map(_BUCKETS, hs)))
     if sizes.count(n) != len(sizes):
         return False
+    return _ends_no_reset(hs[0], hs[-1])
+
+
+def histogram_step_ok(prev: HistogramData, cur: HistogramData) -> bool:
+    """``cur`` does not reset against ``prev`` as :func:`_no_reset` checks neighbours: its
+    count is not below ``prev``'s and it has as many buckets. A window whose every step is ok
+    has no reset when :func:`_ends_no_reset` of its first and last sample holds too (a Timeline
+    keeps these flags per snapshot: ``kvdoctor.derive.engines.engine_series_at``)."""
+    return not cur.count < prev.count and len(cur.buckets) == len(prev.buckets)
+
+
+def _ends_no_reset(first: HistogramData, last: HistogramData) -> bool:
+    """The part of :func:`_no_reset` that reads only the window's ends: same bucket bounds, no
+    bucket lower at the end than at the start."""
     if [le for le, _ in first.buckets] != [le for le, _ in last.buckets]:
         return False
     return all(b >= a for (_, a), (_, b) in zip(first.buckets, last.buckets, strict=True))
@@ -360,7 +379,33 @@ def histogram_delta(
     None with fewer than two samples carrying it: a lifetime histogram is not "recent" (see
     :func:`histogram_latest`). Raises nothing.
     """
-    hs = _with_hist(_window(series, seconds, None, copy=False), name)
+    win = _window(series, seconds, None, copy=False)
+    cols = win._cols if win._times is not None else None
+    key = ("histogram_delta", name)
+    if cols is not None:
+        hit = cols.get(key, _NO_MEMO)
+        if hit is not _NO_MEMO:
+            return hit  # type: ignore[no-any-return]
+    got = _histogram_delta(win, name)
+    if cols is not None:
+        cols[key] = got
+    return got
+
+
+#: a memo entry not made yet (None is an answer).
+_NO_MEMO: Any = object()
+
+
+def _histogram_delta(win: Series, name: str) -> HistogramData | None:
+    if win._ordered and win._source is not None and len(win) >= 2:
+        # The source knows the first and last histograms of a window whose every step is ok
+        # (each pair of neighbours checked once in its life): the window's other samples are
+        # not read. None: some sample lacks it, or a step resets: every sample is read below.
+        reader, offset = win._source
+        ends = reader(("histogram_ends", name), offset, offset + len(win))
+        if ends is not None and _ends_no_reset(ends[0], ends[1]):
+            return _hist_diff(ends[0], ends[1])
+    hs = _with_hist(win, name)
     if len(hs) < 2:
         return None
     if _no_reset(hs):

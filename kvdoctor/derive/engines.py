@@ -17,8 +17,17 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from kvdoctor.derive.base import Columns, LogRuns, LogView, log_runs
-from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot, VllmLog
-from kvdoctor.timeline import Series, sourced_series
+from kvdoctor.facts import (
+    Engine,
+    EngineConfig,
+    EngineMetrics,
+    HistogramData,
+    LogEngine,
+    LogEvent,
+    Snapshot,
+    VllmLog,
+)
+from kvdoctor.timeline import Series, histogram_step_ok, sourced_series
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 _T = TypeVar("_T")
@@ -378,14 +387,6 @@ def _pick(snap: Snapshot, engine_label: str | None) -> EngineMetrics | None:
     return pick
 
 
-def _pick_time(snap: Snapshot, engine_label: str | None) -> float | None:
-    """The timestamp of :func:`_pick`'s scrape (without copying it)."""
-    pick = _pick_raw(snap, engine_label)
-    if pick is None:
-        return None
-    return pick.timestamp if pick.timestamp is not None else snap.timestamp
-
-
 def _clean(v: Any) -> float | None:
     """A field's value as the window helpers keep it: None when absent or NaN, else a float."""
     return None if v is None or v != v else float(v)
@@ -404,18 +405,35 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
         return Series(m for m in picks if m is not None)
     times = [m.timestamp for m in picks]
 
+    def hist_of(snap: Snapshot, name: str) -> HistogramData | None:
+        return getattr(_pick_raw(snap, engine_label), "histograms", {}).get(name)
+
     def reader(field: Any, lo: int, hi: int) -> Any:
-        if isinstance(field, tuple) and field[0] == "histogram":
-            name = field[1]
-            hs = columns.span(
-                ("engine_histogram", engine_label, name),
-                lambda snap: getattr(_pick_raw(snap, engine_label), "histograms", {}).get(name),
-                lo,
-                hi,
-            )
-            if any(map(operator.is_, hs, itertools.repeat(None))):
-                return [h for h in hs if h is not None]
-            return hs
+        if isinstance(field, tuple):
+            kind, name = field
+            if kind == "histogram":
+                hs = columns.span(
+                    ("engine_histogram", engine_label, name), lambda snap: hist_of(snap, name), lo, hi
+                )
+                if any(map(operator.is_, hs, itertools.repeat(None))):
+                    return [h for h in hs if h is not None]
+                return hs
+            if kind == "histogram_ends" and hi - lo >= 2:
+                # Whether each sample's histogram steps well from the one before is worked out
+                # once per pair of neighbours: a window whose every step is ok reads its ends only.
+                steps = columns.span_steps(
+                    ("engine_histogram_step", engine_label, name),
+                    lambda prev, snap: _hist_step(prev, snap, name),
+                    lo + 1,
+                    hi,
+                )
+                if steps.count(True) != len(steps):
+                    return None
+                ends = columns.pick(
+                    ("engine_histogram", engine_label, name), lambda snap: hist_of(snap, name), (lo, hi - 1)
+                )
+                return ends if ends[0] is not None and ends[1] is not None else None
+            return None
         if field == "timestamp" or field not in _METRIC_FIELDS:
             return None
         vals = columns.span(
@@ -424,16 +442,19 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
             lo,
             hi,
         )
-        ts = columns.span(
-            ("engine_time", engine_label),
-            lambda snap: _pick_time(snap, engine_label),
-            lo,
-            hi,
-        )
+        # the window's timestamps are those of the picks above (shared, as the window's own)
+        ts = times if (lo, hi) == (start, end) else times[lo - start : hi - start]
         if None not in vals:
             return ts, vals
         kept = [(t, v) for t, v in zip(ts, vals, strict=True) if v is not None]
         return [t for t, _ in kept], [v for _, v in kept]
+
+    def _hist_step(prev: Snapshot | None, snap: Snapshot, name: str) -> bool | None:
+        cur = hist_of(snap, name)
+        before = hist_of(prev, name) if prev is not None else None
+        if cur is None or before is None:
+            return None
+        return histogram_step_ok(before, cur)
 
     return sourced_series(picks, times, reader, start)
 
