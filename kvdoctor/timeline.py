@@ -33,6 +33,7 @@ __all__ = [
     "counter_rate",
     "engine_series",
     "gauge_stats",
+    "has_value",
     "histogram_delta",
     "histogram_latest",
     "histogram_max_bucket",
@@ -247,6 +248,22 @@ def _read_points(
             ts.append(m.timestamp if m.timestamp is not None else 0.0)
             vs.append(float(v))
     return ts, vs
+
+
+def has_value(series: list[EngineMetrics], field: str) -> bool:
+    """Whether any sample of ``series`` has ``field`` (an EngineMetrics field name, e.g.
+    "spec_decode_num_drafts_total": not None; NaN counts as a value). A :class:`Series` of a
+    Timeline's columns answers from a per-snapshot column, without reading the samples.
+    Raises ValueError for an unknown field name."""
+    get = _getter(field)
+    if isinstance(series, Series) and series:
+        _index(series)  # a list changed in place reads its samples
+        if series._source is not None:
+            reader, offset = series._source
+            got = reader(("present", field), offset, offset + len(series))
+            if got is not None:
+                return bool(got)
+    return any(get(m) is not None for m in series)
 
 
 def _increase(vals: list[float]) -> float:

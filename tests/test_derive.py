@@ -413,3 +413,28 @@ def test_timeline_columns_trim_the_dropped_entries_and_keep_pairs_of_neighbours(
     assert asked[-(n - 1) :] == [
         (a.timestamp, b.timestamp) for a, b in zip(tl.snapshots, tl.snapshots[1:], strict=False)
     ]
+
+
+def test_recent_snapshots_cut_by_bisection_match_the_scan_from_the_end() -> None:
+    # Through evictions, untimed snapshots, clocks that step back, windows longer than the tail
+    # read first: the same window and the same "a scrape before it" as the scan.
+    import random
+
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import _RECENT_TAIL, recent_snapshots
+
+    rnd = random.Random(7)
+    tl = Timeline(max_len=3 * _RECENT_TAIL)
+    t = 0.0
+    for i in range(5 * _RECENT_TAIL):
+        t += rnd.choice([1.0, 1.0, 0.5, 0.0, 2.0]) if i != 300 else -30.0  # a clock stepped back
+        ts = None if i in (100, 101, 450) else t
+        metrics = [EngineMetrics(timestamp=ts)] if i % 3 else []
+        # a snapshot without a time of its own takes its scrape's
+        tl.append(Snapshot(timestamp=ts if i % 5 or not metrics else None, metrics=metrics))
+        cols = timeline_columns(tl)
+        for w in (0.0, 1.0, 60.0, 2.5 * _RECENT_TAIL, 1e9):
+            want = recent_snapshots(tl.snapshots, w)
+            got = recent_snapshots(tl.snapshots, w, cols)
+            assert got[1] == want[1] and len(got[0]) == len(want[0]), (i, w)
+            assert all(a is b for a, b in zip(got[0], want[0], strict=True))

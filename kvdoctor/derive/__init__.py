@@ -140,8 +140,8 @@ def build_contexts(
     """
     snapshot = timeline.latest or Snapshot()
     engines = build_engines(snapshot, configs)
-    recent, older = recent_snapshots(timeline.snapshots, window_s)
     columns = timeline_columns(timeline)
+    recent, older = recent_snapshots(timeline.snapshots, window_s, columns)
     end = len(timeline.snapshots)
     start = end - len(recent)  # the window is the Timeline's tail
     labels = sorted({m.engine for s in recent for m in s.metrics if m.engine is not None})

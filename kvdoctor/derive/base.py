@@ -13,7 +13,7 @@ import itertools
 import operator
 import re
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,11 @@ def _has_missing(values: list[Any]) -> bool:
     return any(map(operator.is_, values, itertools.repeat(_MISSING)))
 
 
+def _missing_at(values: list[Any]) -> Iterator[int]:
+    """The positions of ``values`` not worked out yet, found by identity at C speed."""
+    return itertools.compress(itertools.count(), map(operator.is_, values, itertools.repeat(_MISSING)))
+
+
 class Columns:
     """Per-snapshot answers about one Timeline, aligned with its snapshots (oldest first):
     ``column(key, fn)[i]`` is ``fn(snapshots[i])``. :meth:`sync` follows the Timeline as it
@@ -185,12 +190,16 @@ class Columns:
         depends on."""
         col = self._column(key)
         base = self._base
-        got = [col[i + base] for i in index] if base else [col[i] for i in index]
+        got = (
+            list(map(col.__getitem__, map(base.__add__, index)))
+            if base
+            else list(map(col.__getitem__, index))
+        )
         if _has_missing(got):
             snaps = self._snaps
-            for j, i in enumerate(index):
-                if got[j] is _MISSING:
-                    got[j] = col[i + base] = fn(snaps[i])
+            for j in _missing_at(got):  # the newest snapshot, mostly: found at C speed
+                i = index[j]
+                got[j] = col[i + base] = fn(snaps[i])
         return got
 
     def span(self, key: Any, fn: Callable[[Snapshot], Any], lo: int, hi: int) -> list[Any]:
@@ -215,15 +224,16 @@ class Columns:
         fa, fb = rng
         if a < fa or b > fb:
             # only what lies outside the filled range can be missing
-            if _has_missing(got[: max(0, fa - a)]) or _has_missing(got[max(0, fb - a) :]):
+            head, tail = max(0, min(fa, b) - a), max(0, fb - a)
+            missing = [*_missing_at(got[:head]), *(tail + j for j in _missing_at(got[tail:]))]
+            if missing:
                 snaps = self._snaps
-                for j, x in enumerate(got):
-                    if x is _MISSING:
-                        p = lo + j
-                        if steps:
-                            got[j] = col[a + j] = fn(snaps[p - 1] if p > 0 else None, snaps[p])
-                        else:
-                            got[j] = col[a + j] = fn(snaps[p])
+                for j in missing:
+                    p = lo + j
+                    if steps:
+                        got[j] = col[a + j] = fn(snaps[p - 1] if p > 0 else None, snaps[p])
+                    else:
+                        got[j] = col[a + j] = fn(snaps[p])
             if a <= fb and b >= fa:
                 rng[0], rng[1] = min(fa, a), max(fb, b)
             else:

@@ -9,6 +9,7 @@ one evaluation does not grow with the Timeline's length.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
@@ -328,11 +329,21 @@ def _snapshot_time(snap: Snapshot) -> float | None:
     return None
 
 
-def recent_snapshots(snapshots: Sequence[Snapshot], window_s: float) -> tuple[list[Snapshot], bool]:
+def recent_snapshots(
+    snapshots: Sequence[Snapshot], window_s: float, columns: Columns | None = None
+) -> tuple[list[Snapshot], bool]:
     """The snapshots within ``window_s`` seconds of the newest one (oldest first), found from the
     end backwards, and whether a scrape exists before them (looked for among the few snapshots
     just before the window: a live loop scrapes in each). Untimed snapshots are kept (a window
-    without clocks is what was read). O(window), not O(Timeline)."""
+    without clocks is what was read). O(window), not O(Timeline).
+
+    ``columns``: the :class:`Columns` synced with ``snapshots``: each snapshot's time is then
+    read once in its life and a tail that is timed throughout and in time order is cut by
+    bisection (the same cut)."""
+    if columns is not None:
+        got = _recent_by_bisection(snapshots, window_s, columns)
+        if got is not None:
+            return got
     out: list[Snapshot] = []
     end: float | None = None
     older = False
@@ -348,6 +359,34 @@ def recent_snapshots(snapshots: Sequence[Snapshot], window_s: float) -> tuple[li
         out.append(snap)
     out.reverse()
     return out, older
+
+
+#: snapshots of the tail whose times :func:`_recent_by_bisection` reads first (a 60 s window
+#: of a 1 s loop is 61); a window that starts before them reads the whole Timeline's.
+_RECENT_TAIL = 128
+
+
+def _recent_by_bisection(
+    snapshots: Sequence[Snapshot], window_s: float, columns: Columns
+) -> tuple[list[Snapshot], bool] | None:
+    """:func:`recent_snapshots` of a tail timed throughout and never going back in time (the
+    loop's cut: the newest snapshot older than the window's start is the last one before it),
+    or None when the tail is not such."""
+    n = len(snapshots)
+    lo = max(0, n - _RECENT_TAIL)
+    while n:
+        ts: list[Any] = columns.span("snapshot_time", _snapshot_time, lo, n)
+        if None in ts or not all(map(operator.le, ts, itertools.islice(ts, 1, None))):
+            return None
+        j = bisect.bisect_left(ts, ts[-1] - window_s)
+        if j == 0 and lo > 0:
+            lo = 0  # the window starts before the tail read
+            continue
+        if j == 0:
+            return list(snapshots), False
+        i = lo + j - 1  # the newest snapshot before the window
+        return list(snapshots[i + 1 :]), any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
+    return None
 
 
 def engine_series(snapshots: Sequence[Snapshot], engine_label: str | None) -> list[EngineMetrics]:
@@ -433,6 +472,14 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
                     ("engine_histogram", engine_label, name), lambda snap: hist_of(snap, name), (lo, hi - 1)
                 )
                 return ends if ends[0] is not None and ends[1] is not None else None
+            if kind == "present" and name in _METRIC_FIELDS:
+                present = columns.span(
+                    ("engine_present", engine_label, name),
+                    lambda snap: getattr(_pick_raw(snap, engine_label), name) is not None,
+                    lo,
+                    hi,
+                )
+                return True in present
             return None
         if field == "timestamp" or field not in _METRIC_FIELDS:
             return None

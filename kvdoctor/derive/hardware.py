@@ -4,6 +4,8 @@ over the whole series given (spec/rules.md ``gpu-clock-throttled``)."""
 
 from __future__ import annotations
 
+import itertools
+import operator
 from bisect import bisect_left
 from typing import Any
 
@@ -47,7 +49,7 @@ def _slow(gpus: list[Gpu], wanted: set[int]) -> bool | None:
             continue
         seen = True
         for r in g.clock_event_reasons:
-            if any(k in r for k in _SLOW):
+            if any(map(r.__contains__, _SLOW)):  # `k in r` for each k, at C speed
                 return True
     return False if seen else None
 
@@ -82,6 +84,10 @@ def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, b
     return out
 
 
+_TIME = operator.itemgetter(0)
+_THROTTLED = operator.itemgetter(1)
+
+
 def _throttle_cost(s: Scope, v: Vars) -> None:
     """Generation throughput throttled vs unthrottled at comparable load, over the whole series
     (the bounded history, not only the window): consecutive scrapes give a rate of
@@ -98,12 +104,16 @@ def _throttle_cost(s: Scope, v: Vars) -> None:
         t0, t1 = readings[start][0], readings[-1][0]
         if t0 is not None and t1 is not None:
             v["throttle_since_s"] = max(0.0, t1 - t0)
+    if not any(map(_THROTTLED, readings)):
+        # Nothing throttled, nothing to compare: the pairs below would all be "cool" (the
+        # common case, and the sidecar derives it every cycle; checked at C speed, unsorted).
+        if any(map(operator.is_not, map(_TIME, readings), itertools.repeat(None))):
+            v["throttle_compared"] = 0
+        return
     timed: list[tuple[float, bool]] = sorted((t, thr) for t, thr in readings if t is not None)
     if not timed:
         return
     if not any(thr for _, thr in timed):
-        # Nothing throttled, nothing to compare: the pairs below would all be "cool" (the
-        # common case, and the sidecar derives it every cycle).
         v["throttle_compared"] = 0
         return
     series = engine_series(s.history or [s.snapshot], s.dp_label)
