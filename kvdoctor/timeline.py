@@ -216,15 +216,21 @@ def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> tup
     of the samples once per window :class:`Series` and field name (a callable field is read
     each time: it is known by nothing stable)."""
     win = _window(series, seconds, None, copy=False)
-    cols = win._cols if isinstance(field, str) else None
-    if cols is not None:
-        hit = cols.get(field)
-        if hit is not None:
-            return hit  # type: ignore[no-any-return]
-    got = _read_points(win, _getter(field), field)
-    if cols is not None:
-        cols[field] = got
-    return got
+    if not isinstance(field, str):
+        return _read_points(win, _getter(field), field)
+    cols = win._cols
+    hit = cols.get(field)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    got = None
+    if win._ordered and win._source is not None:
+        # _window's answer is indexed: the source's columns, as _read_points would ask them
+        reader, offset = win._source
+        got = reader(field, offset, offset + len(win))
+    if got is None:
+        got = _read_points(win, _getter(field), field)
+    cols[field] = got
+    return got  # type: ignore[no-any-return]
 
 
 def _read_points(

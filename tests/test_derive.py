@@ -438,3 +438,41 @@ def test_recent_snapshots_cut_by_bisection_match_the_scan_from_the_end() -> None
             got = recent_snapshots(tl.snapshots, w, cols)
             assert got[1] == want[1] and len(got[0]) == len(want[0]), (i, w)
             assert all(a is b for a, b in zip(got[0], want[0], strict=True))
+
+
+def test_growth_slope_is_bit_identical_to_its_definition() -> None:
+    import random
+
+    from kvdoctor.derive.growth import slope_per_hour
+
+    rnd = random.Random(11)
+    for _ in range(200):
+        n = rnd.randint(2, 70)
+        pts = sorted((1.7e9 + rnd.random() * 600, float(rnd.randint(0, 80 * GiB))) for _ in range(n))
+        mt = sum(t for t, _ in pts) / n
+        my = sum(y for _, y in pts) / n
+        var = sum((t - mt) ** 2 for t, _ in pts)
+        want = None if var <= 0 else sum((t - mt) * (y - my) for t, y in pts) / var * 3600.0
+        assert slope_per_hour(pts) == want
+    assert slope_per_hour([(5.0, 1.0), (5.0, 2.0)]) is None and slope_per_hour([(1.0, 1.0)]) is None
+
+
+def test_has_value_of_a_timeline_window_matches_the_samples() -> None:
+    # From the per-snapshot presence column or from the samples: the same answer, NaN a value.
+    from kvdoctor import timeline as tlm
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import engine_series_at
+
+    tl = Timeline(max_len=20)
+    for i in range(60):
+        drafts = math.nan if i == 31 else (float(i) if 40 <= i < 43 else None)
+        tl.append(Snapshot(timestamp=float(i), metrics=[EngineMetrics(timestamp=float(i), engine="0",
+                                                                       spec_decode_num_drafts_total=drafts)]))  # fmt: skip
+        n = len(tl.snapshots)
+        for lo in (0, n // 2, n - 1):
+            sourced = engine_series_at(timeline_columns(tl), lo, n, "0")
+            want = any(m.spec_decode_num_drafts_total is not None for m in sourced)
+            assert tlm.has_value(sourced, "spec_decode_num_drafts_total") is want
+            assert tlm.has_value(list(sourced), "spec_decode_num_drafts_total") is want
+    with pytest.raises(ValueError):
+        tlm.has_value([], "no_such_field")

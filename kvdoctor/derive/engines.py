@@ -426,6 +426,14 @@ def _pick(snap: Snapshot, engine_label: str | None) -> EngineMetrics | None:
     return pick
 
 
+def _pick_time(snap: Snapshot, engine_label: str | None) -> float | None:
+    """The timestamp of :func:`_pick`'s scrape (without copying it)."""
+    pick = _pick_raw(snap, engine_label)
+    if pick is None:
+        return None
+    return pick.timestamp if pick.timestamp is not None else snap.timestamp
+
+
 def _clean(v: Any) -> float | None:
     """A field's value as the window helpers keep it: None when absent or NaN, else a float."""
     return None if v is None or v != v else float(v)
@@ -442,7 +450,10 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
         # a snapshot without a scrape: positions and samples part ways (and identity: ``in``
         # would call each scrape's __eq__)
         return Series(m for m in picks if m is not None)
-    times = [m.timestamp for m in picks]
+    # the picks' timestamps, from a column: the samples themselves are not read here
+    times = columns.span(
+        ("engine_time", engine_label), lambda snap: _pick_time(snap, engine_label), start, end
+    )
 
     def hist_of(snap: Snapshot, name: str) -> HistogramData | None:
         return getattr(_pick_raw(snap, engine_label), "histograms", {}).get(name)
@@ -527,6 +538,22 @@ def history_positions(n: int, limit: int = MAX_HISTORY_POINTS) -> tuple[int, ...
         return tuple(range(n))
     step = (n - 1) / (limit - 1)
     return tuple(round(i * step) for i in range(limit))
+
+
+#: label tuples seen (bounded): equal tuples from different snapshots become one object.
+_LABELS: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def engine_labels(snap: Snapshot) -> tuple[str, ...]:
+    """The ``engine`` labels of a snapshot's scrapes (None left out), in page order with repeats
+    (a column function: equal answers are one shared tuple)."""
+    got = tuple(m.engine for m in snap.metrics if m.engine is not None)
+    hit = _LABELS.get(got)
+    if hit is None:
+        if len(_LABELS) > 256:
+            _LABELS.clear()
+        hit = _LABELS[got] = got
+    return hit
 
 
 def dp_targets(
