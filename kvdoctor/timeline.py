@@ -347,14 +347,15 @@ def _with_hist(series: list[EngineMetrics], name: str) -> list[HistogramData]:
 def _hist_diff(prev: HistogramData, cur: HistogramData) -> HistogramData:
     """cur − prev bucket-wise; a reset (count fell, a bucket fell, bucket bounds changed) gives cur."""
     pb = dict(prev.buckets)
-    if (
-        cur.count < prev.count
-        or set(pb) != {le for le, _ in cur.buckets}
-        or any(c < pb[le] for le, c in cur.buckets)
-    ):
+    bounds = list(map(_FIRST, cur.buckets))
+    if cur.count < prev.count or set(pb) != set(bounds):
+        return cur
+    # c < pb[le] and c - pb[le] bucket by bucket, mapped at C speed
+    counts, before = list(map(_SECOND, cur.buckets)), list(map(pb.__getitem__, bounds))
+    if any(map(operator.lt, counts, before)):
         return cur
     return HistogramData(
-        buckets=[(le, c - pb[le]) for le, c in cur.buckets],
+        buckets=list(zip(bounds, map(operator.sub, counts, before), strict=True)),
         count=cur.count - prev.count,
         sum=cur.sum - prev.sum,
     )
@@ -386,9 +387,10 @@ def histogram_step_ok(prev: HistogramData, cur: HistogramData) -> bool:
 def _ends_no_reset(first: HistogramData, last: HistogramData) -> bool:
     """The part of :func:`_no_reset` that reads only the window's ends: same bucket bounds, no
     bucket lower at the end than at the start."""
-    if [le for le, _ in first.buckets] != [le for le, _ in last.buckets]:
+    if list(map(_FIRST, first.buckets)) != list(map(_FIRST, last.buckets)):
         return False
-    return all(b >= a for (_, a), (_, b) in zip(first.buckets, last.buckets, strict=True))
+    # b >= a bucket by bucket, mapped at C speed
+    return all(map(operator.ge, map(_SECOND, last.buckets), map(_SECOND, first.buckets)))
 
 
 def histogram_delta(
@@ -464,6 +466,8 @@ def histogram_latest(series: list[EngineMetrics], name: str) -> HistogramData | 
 
 _COUNT = operator.attrgetter("count")
 _BUCKETS = operator.attrgetter("buckets")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 
 #: (histogram, its _monotonic buckets) of the last call: one window's quantiles and largest
 #: bucket ask about the same histogram in turn. Holds the histogram (its id is not reused).

@@ -150,11 +150,16 @@ class Columns:
             drop = next((i for i in range(min(len(old), 64)) if old[i] is first), None)
             if drop is not None and len(old) - drop <= n:
                 kept = len(old) - drop
-                if drop:
-                    del old[:drop]
-                if kept < n:
-                    old.extend(snapshots[kept:])
-                if old == snapshots:
+                if not drop and kept == n:
+                    if old == snapshots:
+                        return  # unchanged
+                    new = old  # reset below
+                else:
+                    # a new list: an evaluation still reading the old one keeps its positions
+                    new = old[drop:]
+                    new.extend(snapshots[kept:])
+                if new is not old and new == snapshots:
+                    self._snaps = new
                     self._base += drop
                     if self._base >= _TRIM:
                         self._trim()
@@ -225,7 +230,9 @@ class Columns:
         if a < fa or b > fb:
             # only what lies outside the filled range can be missing
             head, tail = max(0, min(fa, b) - a), max(0, fb - a)
-            missing = [*_missing_at(got[:head]), *(tail + j for j in _missing_at(got[tail:]))]
+            missing = list(_missing_at(got[:head])) if head else []
+            if tail < len(got):
+                missing.extend(map(tail.__add__, _missing_at(got[tail:])))
             if missing:
                 snaps = self._snaps
                 for j in missing:
@@ -417,9 +424,21 @@ class Scope:
 _VLLM_PROC_RE = lazy_re(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
 
 
+#: process name → is_vllm_process (bounded): the same GPU processes are asked about by several
+#: families, cycle after cycle.
+_VLLM_NAMES: dict[str, bool] = {}
+
+
 def is_vllm_process(name: str) -> bool:
     """A GPU process whose name says vLLM (``VLLM::Worker_TP0``, ``VLLM::EngineCore``, …)."""
-    return bool(_VLLM_PROC_RE.search(name or ""))
+    hit = _VLLM_NAMES.get(name) if isinstance(name, str) else None
+    if hit is None:
+        hit = bool(_VLLM_PROC_RE.search(name or ""))
+        if isinstance(name, str):
+            if len(_VLLM_NAMES) > 1024:
+                _VLLM_NAMES.clear()
+            _VLLM_NAMES[name] = hit
+    return hit
 
 
 def visible_gpus(snapshot: Snapshot) -> list[Gpu]:
