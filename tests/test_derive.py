@@ -476,3 +476,28 @@ def test_has_value_of_a_timeline_window_matches_the_samples() -> None:
             assert tlm.has_value(list(sourced), "spec_decode_num_drafts_total") is want
     with pytest.raises(ValueError):
         tlm.has_value([], "no_such_field")
+
+
+def test_nothing_throttled_shortcut_writes_what_the_readings_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The shortcut for a history without slowdown gives every variable the readings would, the
+    # newest snapshot throttled or not, untimed snapshots among them, the GPUs without readings.
+    from kvdoctor.derive import hardware
+
+    def contexts(tl: Timeline) -> list[Any]:
+        return [ctx for _, ctx, _ in build_contexts(tl, [])[1]]
+
+    tl = Timeline(max_len=30)
+    for i in range(90):
+        hot = i in (40, 41) or i >= 85
+        gpus = [Gpu(index=j, memory_total_bytes=80 * GiB, memory_used_bytes=60 * GiB,
+                    clock_event_reasons=["sw_power_cap"] if hot and j == 0 else ["gpu_idle"],
+                    processes=[GpuProcess(pid=10 + j, name="VLLM::Worker", used_bytes=50 * GiB)])
+                for j in range(2)] if i % 13 != 4 else []  # fmt: skip
+        m = EngineMetrics(timestamp=float(i), engine="0", num_requests_running=1 + i % 3,
+                          generation_tokens_total=float(50 * i))  # fmt: skip
+        tl.append(Snapshot(timestamp=None if i % 7 == 3 else float(i), gpus=gpus, metrics=[m]))
+        got = contexts(tl)
+        with monkeypatch.context() as mp:
+            mp.setattr(hardware, "_nothing_throttled", lambda *a: False)
+            want = contexts(tl)
+        assert got == want, i
