@@ -362,8 +362,8 @@ def recent_snapshots(
 
 
 #: snapshots of the tail whose times :func:`_recent_by_bisection` reads first (a 60 s window
-#: of a 1 s loop is 61); a window that starts before them reads the whole Timeline's.
-_RECENT_TAIL = 128
+#: of a 1 s loop is 61); a window that starts before them reads four times as many, and so on.
+_RECENT_TAIL = 64
 
 
 def _recent_by_bisection(
@@ -380,7 +380,7 @@ def _recent_by_bisection(
             return None
         j = bisect.bisect_left(ts, ts[-1] - window_s)
         if j == 0 and lo > 0:
-            lo = 0  # the window starts before the tail read
+            lo = max(0, n - 4 * (n - lo))  # the window starts before the tail read
             continue
         if j == 0:
             return list(snapshots), False
