@@ -33,6 +33,7 @@ __all__ = [
     "counter_rate",
     "engine_series",
     "gauge_stats",
+    "has_value",
     "histogram_delta",
     "histogram_latest",
     "histogram_max_bucket",
@@ -155,17 +156,23 @@ def engine_series(timeline: Timeline, engine: str | None, model_name: str | None
 
 
 def window(
-    series: list[EngineMetrics], seconds: float = DEFAULT_WINDOW_S, now: float | None = None
+    series: list[EngineMetrics],
+    seconds: float = DEFAULT_WINDOW_S,
+    now: float | None = None,
+    *,
+    shared: bool = False,
 ) -> Series:
     """The samples of the last ``seconds`` (inclusive) ending at ``now`` (default: the newest
-    sample's timestamp), oldest first, as a :class:`Series` (a new list).
+    sample's timestamp), oldest first, as a :class:`Series` (a new list; with ``shared``, a
+    :class:`Series` the window covers whole is returned itself: read it, do not modify it, and
+    the helpers below reuse what was read out of it).
 
     Samples without a timestamp are skipped; if none has one, the window is the newest sample
     alone ("a single snapshot is a window of one"). A time-ordered series (what a Timeline
     gives) is cut by bisection on its indexed timestamps; any other order is filtered sample
     by sample, with the same result. Raises nothing.
     """
-    return _window(series, seconds, now, copy=True)
+    return _window(series, seconds, now, copy=not shared)
 
 
 def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, copy: bool) -> Series:
@@ -209,15 +216,21 @@ def _points(series: list[EngineMetrics], field: FieldRef, seconds: float) -> tup
     of the samples once per window :class:`Series` and field name (a callable field is read
     each time: it is known by nothing stable)."""
     win = _window(series, seconds, None, copy=False)
-    cols = win._cols if isinstance(field, str) else None
-    if cols is not None:
-        hit = cols.get(field)
-        if hit is not None:
-            return hit  # type: ignore[no-any-return]
-    got = _read_points(win, _getter(field), field)
-    if cols is not None:
-        cols[field] = got
-    return got
+    if not isinstance(field, str):
+        return _read_points(win, _getter(field), field)
+    cols = win._cols
+    hit = cols.get(field)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    got = None
+    if win._ordered and win._source is not None:
+        # _window's answer is indexed: the source's columns, as _read_points would ask them
+        reader, offset = win._source
+        got = reader(field, offset, offset + len(win))
+    if got is None:
+        got = _read_points(win, _getter(field), field)
+    cols[field] = got
+    return got  # type: ignore[no-any-return]
 
 
 def _read_points(
@@ -241,6 +254,22 @@ def _read_points(
             ts.append(m.timestamp if m.timestamp is not None else 0.0)
             vs.append(float(v))
     return ts, vs
+
+
+def has_value(series: list[EngineMetrics], field: str) -> bool:
+    """Whether any sample of ``series`` has ``field`` (an EngineMetrics field name, e.g.
+    "spec_decode_num_drafts_total": not None; NaN counts as a value). A :class:`Series` of a
+    Timeline's columns answers from a per-snapshot column, without reading the samples.
+    Raises ValueError for an unknown field name."""
+    get = _getter(field)
+    if isinstance(series, Series) and series:
+        _index(series)  # a list changed in place reads its samples
+        if series._source is not None:
+            reader, offset = series._source
+            got = reader(("present", field), offset, offset + len(series))
+            if got is not None:
+                return bool(got)
+    return any(get(m) is not None for m in series)
 
 
 def _increase(vals: list[float]) -> float:
@@ -318,14 +347,15 @@ def _with_hist(series: list[EngineMetrics], name: str) -> list[HistogramData]:
 def _hist_diff(prev: HistogramData, cur: HistogramData) -> HistogramData:
     """cur − prev bucket-wise; a reset (count fell, a bucket fell, bucket bounds changed) gives cur."""
     pb = dict(prev.buckets)
-    if (
-        cur.count < prev.count
-        or set(pb) != {le for le, _ in cur.buckets}
-        or any(c < pb[le] for le, c in cur.buckets)
-    ):
+    bounds = list(map(_FIRST, cur.buckets))
+    if cur.count < prev.count or set(pb) != set(bounds):
+        return cur
+    # c < pb[le] and c - pb[le] bucket by bucket, mapped at C speed
+    counts, before = list(map(_SECOND, cur.buckets)), list(map(pb.__getitem__, bounds))
+    if any(map(operator.lt, counts, before)):
         return cur
     return HistogramData(
-        buckets=[(le, c - pb[le]) for le, c in cur.buckets],
+        buckets=list(zip(bounds, map(operator.sub, counts, before), strict=True)),
         count=cur.count - prev.count,
         sum=cur.sum - prev.sum,
     )
@@ -336,17 +366,31 @@ def _no_reset(hs: list[HistogramData]) -> bool:
     drops, the bucket bounds stay those of the first sample and no bucket ends below where it
     started. Under it :func:`_hist_diff` of consecutive samples never falls back to the current
     sample, so their deltas telescope to last − first. O(samples + buckets), at C speed."""
-    first, last = hs[0], hs[-1]
     counts = list(map(_COUNT, hs))
     if any(map(operator.lt, itertools.islice(counts, 1, None), counts)):
         return False
-    n = len(first.buckets)
+    n = len(hs[0].buckets)
     sizes = list(map(len, map(_BUCKETS, hs)))
     if sizes.count(n) != len(sizes):
         return False
-    if [le for le, _ in first.buckets] != [le for le, _ in last.buckets]:
+    return _ends_no_reset(hs[0], hs[-1])
+
+
+def histogram_step_ok(prev: HistogramData, cur: HistogramData) -> bool:
+    """``cur`` does not reset against ``prev`` as :func:`_no_reset` checks neighbours: its
+    count is not below ``prev``'s and it has as many buckets. A window whose every step is ok
+    has no reset when :func:`_ends_no_reset` of its first and last sample holds too (a Timeline
+    keeps these flags per snapshot: ``kvdoctor.derive.engines.engine_series_at``)."""
+    return not cur.count < prev.count and len(cur.buckets) == len(prev.buckets)
+
+
+def _ends_no_reset(first: HistogramData, last: HistogramData) -> bool:
+    """The part of :func:`_no_reset` that reads only the window's ends: same bucket bounds, no
+    bucket lower at the end than at the start."""
+    if list(map(_FIRST, first.buckets)) != list(map(_FIRST, last.buckets)):
         return False
-    return all(b >= a for (_, a), (_, b) in zip(first.buckets, last.buckets, strict=True))
+    # b >= a bucket by bucket, mapped at C speed
+    return all(map(operator.ge, map(_SECOND, last.buckets), map(_SECOND, first.buckets)))
 
 
 def histogram_delta(
@@ -360,7 +404,33 @@ def histogram_delta(
     None with fewer than two samples carrying it: a lifetime histogram is not "recent" (see
     :func:`histogram_latest`). Raises nothing.
     """
-    hs = _with_hist(_window(series, seconds, None, copy=False), name)
+    win = _window(series, seconds, None, copy=False)
+    cols = win._cols if win._times is not None else None
+    key = ("histogram_delta", name)
+    if cols is not None:
+        hit = cols.get(key, _NO_MEMO)
+        if hit is not _NO_MEMO:
+            return hit  # type: ignore[no-any-return]
+    got = _histogram_delta(win, name)
+    if cols is not None:
+        cols[key] = got
+    return got
+
+
+#: a memo entry not made yet (None is an answer).
+_NO_MEMO: Any = object()
+
+
+def _histogram_delta(win: Series, name: str) -> HistogramData | None:
+    if win._ordered and win._source is not None and len(win) >= 2:
+        # The source knows the first and last histograms of a window whose every step is ok
+        # (each pair of neighbours checked once in its life): the window's other samples are
+        # not read. None: some sample lacks it, or a step resets: every sample is read below.
+        reader, offset = win._source
+        ends = reader(("histogram_ends", name), offset, offset + len(win))
+        if ends is not None and _ends_no_reset(ends[0], ends[1]):
+            return _hist_diff(ends[0], ends[1])
+    hs = _with_hist(win, name)
     if len(hs) < 2:
         return None
     if _no_reset(hs):
@@ -396,6 +466,8 @@ def histogram_latest(series: list[EngineMetrics], name: str) -> HistogramData | 
 
 _COUNT = operator.attrgetter("count")
 _BUCKETS = operator.attrgetter("buckets")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 
 #: (histogram, its _monotonic buckets) of the last call: one window's quantiles and largest
 #: bucket ask about the same histogram in turn. Holds the histogram (its id is not reused).

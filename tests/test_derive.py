@@ -5,6 +5,7 @@ hide in Python are rule thresholds whose override changes the verdict."""
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import kvdoctor.derive as derive
 from kvdoctor.derive import FAMILIES, ORDER, VARIABLES, build_contexts
 from kvdoctor.derive.base import Family
-from kvdoctor.facts import EngineConfig, EngineMetrics, Gpu, GpuProcess, Snapshot, Timeline
+from kvdoctor.facts import EngineConfig, EngineMetrics, Gpu, GpuProcess, HistogramData, Snapshot, Timeline
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.sources.bundle import load_bundle
 
@@ -323,3 +324,180 @@ def test_contexts_over_a_rolling_timeline_match_a_fresh_evaluation_of_the_same_s
             _, got, _ = build_contexts(tl, [])
             _, fresh, _ = build_contexts(Timeline(snapshots=copy.deepcopy(tl.snapshots), max_len=90), [])
             assert got == fresh, i
+
+
+def _hist(count: float, bounds: tuple[float, ...] = (128.0, 1024.0)) -> HistogramData:
+    # cumulative buckets: a quarter, then three quarters, then all of the observations
+    fr = (0.25, 0.5, 0.75) if len(bounds) > 2 else (0.25, 0.75)
+    return HistogramData(buckets=[*((le, count * f) for le, f in zip(bounds, fr, strict=False)), (math.inf, count)],
+                         count=count, sum=count * 300.0)  # fmt: skip
+
+
+def test_histogram_windows_over_a_rolling_timeline_match_the_samples_read_afresh() -> None:
+    # The reset flags kept per pair of neighbouring snapshots never show: through evictions,
+    # column trims, a reset, changed bucket bounds, samples without the histogram or without a
+    # timestamp of their own, each cycle's histogram deltas (and every variable) equal those of
+    # the same snapshots seen for the first time, and those of the plain samples.
+    import copy
+
+    from kvdoctor import timeline as tlm
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import engine_series, engine_series_at, recent_snapshots
+
+    names = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:iteration_tokens_total")
+    tl = Timeline(max_len=40)
+    count = 0.0
+    for i in range(260):
+        count += i % 5
+        # resets the window's ends do not show: a restart's dip, bucket bounds changed a while
+        dip = i in (70, 71, 150) or 180 <= i < 190
+        bounds = (64.0, 512.0, 4096.0) if 100 <= i < 103 else (128.0, 1024.0)
+        hists = {n: _hist(3.0 if dip else count * (k + 1), bounds) for k, n in enumerate(names)}
+        if i % 37 == 5:
+            hists.pop(names[0])  # one scrape lacks one histogram
+        m = EngineMetrics(timestamp=None if i % 11 == 3 else float(i), engine="0", histograms=hists,
+                          num_requests_running=i % 4, generation_tokens_total=float(7 * i))  # fmt: skip
+        tl.append(Snapshot(timestamp=float(i), metrics=[m]))
+        recent, _ = recent_snapshots(tl.snapshots, 12.0)
+        end = len(tl.snapshots)
+        sourced = engine_series_at(timeline_columns(tl), end - len(recent), end, "0")
+        plain = list(engine_series(recent, "0"))  # a plain list: every sample read
+        for name in names:
+            for seconds in (12.0, 5.0, 1.0):
+                want = tlm.histogram_delta(plain, name, seconds)
+                got = tlm.histogram_delta(sourced, name, seconds)
+                assert (got and (got.buckets, got.count, got.sum)) == (
+                    want and (want.buckets, want.count, want.sum)
+                ), (i, name, seconds)
+        if i % 17 == 0 or i > 250:
+            _, ctx, _ = build_contexts(tl, [], window_s=12.0)
+            _, fresh, _ = build_contexts(
+                Timeline(snapshots=copy.deepcopy(tl.snapshots), max_len=40), [], window_s=12.0
+            )
+            assert ctx == fresh, i
+
+
+def test_timeline_columns_trim_the_dropped_entries_and_keep_pairs_of_neighbours() -> None:
+    from kvdoctor.derive import base
+    from kvdoctor.derive.base import timeline_columns
+
+    asked: list[tuple[float | None, float | None]] = []
+
+    def step(prev: Snapshot | None, snap: Snapshot) -> float | None:
+        asked.append((prev.timestamp if prev else None, snap.timestamp))
+        return None if prev is None else (snap.timestamp or 0.0) - (prev.timestamp or 0.0)
+
+    tl = Timeline(max_len=7)
+    cols = timeline_columns(tl)
+    for t in range(3 * base._TRIM + 5):  # past several trims
+        tl.append(Snapshot(timestamp=float(t * t)))
+        assert timeline_columns(tl) is cols
+        n = len(tl.snapshots)
+        assert cols.span("t", lambda s: s.timestamp, 0, n) == [s.timestamp for s in tl.snapshots]
+        got = cols.span_steps("d", step, max(0, n - 3), n)
+        want = [None if p == 0 else tl.snapshots[p].timestamp - tl.snapshots[p - 1].timestamp  # type: ignore[operator]
+                for p in range(max(0, n - 3), n)]  # fmt: skip
+        assert got == want
+        assert cols.pick("t", lambda s: s.timestamp, [n - 1, 0]) == [
+            tl.snapshots[-1].timestamp,
+            tl.snapshots[0].timestamp,
+        ]
+        assert cols._base < base._TRIM
+    # each pair of neighbours was asked once: the newest step each cycle (two at the start)
+    assert len(asked) == len(set(asked)) == 3 * base._TRIM + 5
+    tl.snapshots.reverse()  # not append-only: everything asked afresh, in the new order
+    timeline_columns(tl)
+    n = len(tl.snapshots)
+    assert cols.span_steps("d", step, 1, n) == [b.timestamp - a.timestamp  # type: ignore[operator]
+                                                for a, b in zip(tl.snapshots, tl.snapshots[1:], strict=False)]  # fmt: skip
+    assert asked[-(n - 1) :] == [
+        (a.timestamp, b.timestamp) for a, b in zip(tl.snapshots, tl.snapshots[1:], strict=False)
+    ]
+
+
+def test_recent_snapshots_cut_by_bisection_match_the_scan_from_the_end() -> None:
+    # Through evictions, untimed snapshots, clocks that step back, windows longer than the tail
+    # read first: the same window and the same "a scrape before it" as the scan.
+    import random
+
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import _RECENT_TAIL, recent_snapshots
+
+    rnd = random.Random(7)
+    tl = Timeline(max_len=3 * _RECENT_TAIL)
+    t = 0.0
+    for i in range(5 * _RECENT_TAIL):
+        t += rnd.choice([1.0, 1.0, 0.5, 0.0, 2.0]) if i != 300 else -30.0  # a clock stepped back
+        ts = None if i in (100, 101, 450) else t
+        metrics = [EngineMetrics(timestamp=ts)] if i % 3 else []
+        # a snapshot without a time of its own takes its scrape's
+        tl.append(Snapshot(timestamp=ts if i % 5 or not metrics else None, metrics=metrics))
+        cols = timeline_columns(tl)
+        for w in (0.0, 1.0, 60.0, 2.5 * _RECENT_TAIL, 1e9):
+            want = recent_snapshots(tl.snapshots, w)
+            got = recent_snapshots(tl.snapshots, w, cols)
+            assert got[1] == want[1] and len(got[0]) == len(want[0]), (i, w)
+            assert all(a is b for a, b in zip(got[0], want[0], strict=True))
+
+
+def test_growth_slope_is_bit_identical_to_its_definition() -> None:
+    import random
+
+    from kvdoctor.derive.growth import slope_per_hour
+
+    rnd = random.Random(11)
+    for _ in range(200):
+        n = rnd.randint(2, 70)
+        pts = sorted((1.7e9 + rnd.random() * 600, float(rnd.randint(0, 80 * GiB))) for _ in range(n))
+        mt = sum(t for t, _ in pts) / n
+        my = sum(y for _, y in pts) / n
+        var = sum((t - mt) ** 2 for t, _ in pts)
+        want = None if var <= 0 else sum((t - mt) * (y - my) for t, y in pts) / var * 3600.0
+        assert slope_per_hour(pts) == want
+    assert slope_per_hour([(5.0, 1.0), (5.0, 2.0)]) is None and slope_per_hour([(1.0, 1.0)]) is None
+
+
+def test_has_value_of_a_timeline_window_matches_the_samples() -> None:
+    # From the per-snapshot presence column or from the samples: the same answer, NaN a value.
+    from kvdoctor import timeline as tlm
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import engine_series_at
+
+    tl = Timeline(max_len=20)
+    for i in range(60):
+        drafts = math.nan if i == 31 else (float(i) if 40 <= i < 43 else None)
+        tl.append(Snapshot(timestamp=float(i), metrics=[EngineMetrics(timestamp=float(i), engine="0",
+                                                                       spec_decode_num_drafts_total=drafts)]))  # fmt: skip
+        n = len(tl.snapshots)
+        for lo in (0, n // 2, n - 1):
+            sourced = engine_series_at(timeline_columns(tl), lo, n, "0")
+            want = any(m.spec_decode_num_drafts_total is not None for m in sourced)
+            assert tlm.has_value(sourced, "spec_decode_num_drafts_total") is want
+            assert tlm.has_value(list(sourced), "spec_decode_num_drafts_total") is want
+    with pytest.raises(ValueError):
+        tlm.has_value([], "no_such_field")
+
+
+def test_nothing_throttled_shortcut_writes_what_the_readings_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The shortcut for a history without slowdown gives every variable the readings would, the
+    # newest snapshot throttled or not, untimed snapshots among them, the GPUs without readings.
+    from kvdoctor.derive import hardware
+
+    def contexts(tl: Timeline) -> list[Any]:
+        return [ctx for _, ctx, _ in build_contexts(tl, [])[1]]
+
+    tl = Timeline(max_len=30)
+    for i in range(90):
+        hot = i in (40, 41) or i >= 85
+        gpus = [Gpu(index=j, memory_total_bytes=80 * GiB, memory_used_bytes=60 * GiB,
+                    clock_event_reasons=["sw_power_cap"] if hot and j == 0 else ["gpu_idle"],
+                    processes=[GpuProcess(pid=10 + j, name="VLLM::Worker", used_bytes=50 * GiB)])
+                for j in range(2)] if i % 13 != 4 else []  # fmt: skip
+        m = EngineMetrics(timestamp=float(i), engine="0", num_requests_running=1 + i % 3,
+                          generation_tokens_total=float(50 * i))  # fmt: skip
+        tl.append(Snapshot(timestamp=None if i % 7 == 3 else float(i), gpus=gpus, metrics=[m]))
+        got = contexts(tl)
+        with monkeypatch.context() as mp:
+            mp.setattr(hardware, "_nothing_throttled", lambda *a: False)
+            want = contexts(tl)
+        assert got == want, i

@@ -57,6 +57,7 @@ from kvdoctor.derive.base import (
 from kvdoctor.derive.engines import (
     build_engines,
     dp_targets,
+    engine_labels,
     engine_pids_of,
     engine_runs,
     engine_series_at,
@@ -140,15 +141,17 @@ def build_contexts(
     """
     snapshot = timeline.latest or Snapshot()
     engines = build_engines(snapshot, configs)
-    recent, older = recent_snapshots(timeline.snapshots, window_s)
     columns = timeline_columns(timeline)
+    recent, older = recent_snapshots(timeline.snapshots, window_s, columns)
     end = len(timeline.snapshots)
     start = end - len(recent)  # the window is the Timeline's tail
-    labels = sorted({m.engine for s in recent for m in s.metrics if m.engine is not None})
+    # each snapshot's labels once in its life (an interned tuple: the window's are mostly one object)
+    labels = sorted(set().union(*set(columns.span("engine_labels", engine_labels, start, end))))
     targets, listed = dp_targets(engines, labels)
     peers = {lab: engine_series_at(columns, start, end, lab) for lab in labels} if len(labels) > 1 else {}
     history_index = history_positions(end)
-    history = [timeline.snapshots[i] for i in history_index]  # = bounded_history(timeline.snapshots)
+    # = bounded_history(timeline.snapshots)
+    history = list(map(timeline.snapshots.__getitem__, history_index))
     runs = log_runs(snapshot.log) if snapshot.log is not None else None
     visible = visible_gpus(snapshot)
     engine_pids = engine_pids_of(snapshot, runs.run.events if runs is not None else [])

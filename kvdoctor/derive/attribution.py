@@ -198,7 +198,7 @@ def _gpu_vars(s: Scope, v: Vars) -> None:
     v["gpu_no_permission"] = any(g.no_permission for g in egpus)
     slow = ("thermal", "power", "hw_slowdown", "slowdown")
     v["throttle_reasons"] = sorted(
-        {r for g in egpus for r in g.clock_event_reasons if any(k in r for k in slow)}
+        {r for g in egpus for r in g.clock_event_reasons if any(map(r.__contains__, slow))}
     )
     if len(egpus) > 1 and all(g.memory_used_bytes is not None for g in egpus):
         # Compare what the engine itself holds on each rank: another job on one GPU is

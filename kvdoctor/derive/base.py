@@ -13,7 +13,7 @@ import itertools
 import operator
 import re
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,84 +113,143 @@ def _has_missing(values: list[Any]) -> bool:
     return any(map(operator.is_, values, itertools.repeat(_MISSING)))
 
 
+def _missing_at(values: list[Any]) -> Iterator[int]:
+    """The positions of ``values`` not worked out yet, found by identity at C speed."""
+    return itertools.compress(itertools.count(), map(operator.is_, values, itertools.repeat(_MISSING)))
+
+
 class Columns:
     """Per-snapshot answers about one Timeline, aligned with its snapshots (oldest first):
     ``column(key, fn)[i]`` is ``fn(snapshots[i])``. :meth:`sync` follows the Timeline as it
-    appends snapshots and drops the oldest (each column is trimmed and extended, nothing is
-    asked again); any other change starts the columns afresh. Entries are worked out only
-    when read (:meth:`pick`): an evaluation reads the sampled history, never the whole
-    Timeline. Holds the snapshots it indexes (until the next sync); answers are shared."""
+    appends snapshots and drops the oldest (nothing is asked again, and no column is touched:
+    the dropped entries stay at the front of each column until a trim, every ``_TRIM`` drops);
+    any other change starts the columns afresh. Entries are worked out only when read
+    (:meth:`pick`): an evaluation reads the sampled history, never the whole Timeline. Holds
+    the snapshots it indexes (until the next sync); answers are shared."""
 
-    __slots__ = ("__weakref__", "_cols", "_filled", "_snaps")
+    __slots__ = ("__weakref__", "_base", "_cols", "_filled", "_snaps")
 
     def __init__(self) -> None:
         self._snaps: list[Snapshot] = []
+        #: position p of the synced list is entry p + _base of every column (the entries
+        #: before _base are those of dropped snapshots, trimmed now and then).
+        self._base = 0
         self._cols: dict[Any, list[Any]] = {}
-        #: per column, [a, b): positions known worked out (a window read cycle after cycle
-        #: then only looks at what the Timeline appended since).
+        #: per column, [a, b): entries (column indices, _base included) known worked out (a
+        #: window read cycle after cycle then only looks at what the Timeline appended since).
         self._filled: dict[Any, list[int]] = {}
 
     def sync(self, snapshots: Sequence[Snapshot]) -> None:
         """Align with ``snapshots``: the same list with its oldest dropped and new ones appended
-        keeps every answer (checked object by object, at C speed); anything else resets."""
+        keeps every answer; anything else resets. Checked item by item in one C-level list
+        comparison (identity first; an item that is not the same object is compared by value,
+        and a snapshot equal in every field has the same answers)."""
         old, n = self._snaps, len(snapshots)
         if old and n:
             first = snapshots[0]
             drop = next((i for i in range(min(len(old), 64)) if old[i] is first), None)
-            if drop is not None:
+            if drop is not None and len(old) - drop <= n:
                 kept = len(old) - drop
-                if kept <= n and all(map(operator.is_, itertools.islice(old, drop, None), snapshots)):
-                    if drop or kept < n:
-                        pad = [_MISSING] * (n - kept)
-                        for col in self._cols.values():
-                            del col[:drop]
-                            col.extend(pad)
-                        for rng in self._filled.values():
-                            rng[0], rng[1] = max(0, rng[0] - drop), max(0, rng[1] - drop)
-                        self._snaps = list(snapshots)
+                if not drop and kept == n:
+                    if old == snapshots:
+                        return  # unchanged
+                    new = old  # reset below
+                else:
+                    # a new list: an evaluation still reading the old one keeps its positions
+                    new = old[drop:]
+                    new.extend(snapshots[kept:])
+                if new is not old and new == snapshots:
+                    self._snaps = new
+                    self._base += drop
+                    if self._base >= _TRIM:
+                        self._trim()
                     return
         self._snaps = list(snapshots)
+        self._base = 0
         self._cols = {}
         self._filled = {}
+
+    def _trim(self) -> None:
+        """Drop the entries of dropped snapshots from every column (amortised: every _TRIM drops)."""
+        base = self._base
+        for col in self._cols.values():
+            del col[:base]
+        for rng in self._filled.values():
+            rng[0], rng[1] = max(0, rng[0] - base), max(0, rng[1] - base)
+        self._base = 0
+
+    def _column(self, key: Any) -> list[Any]:
+        """The column ``key``, as long as the synced list (new entries missing)."""
+        col = self._cols.get(key)
+        want = self._base + len(self._snaps)
+        if col is None:
+            col = self._cols[key] = [_MISSING] * want
+            self._filled[key] = [0, 0]
+        elif len(col) < want:
+            col.extend([_MISSING] * (want - len(col)))
+        return col
 
     def pick(self, key: Any, fn: Callable[[Snapshot], Any], index: Sequence[int]) -> list[Any]:
         """``fn(snapshot)`` for the snapshots at ``index`` (positions in the synced list), each
         worked out once while that snapshot stays. ``key`` names ``fn`` and everything else it
         depends on."""
-        col = self._cols.get(key)
-        if col is None:
-            col = self._cols[key] = [_MISSING] * len(self._snaps)
-            self._filled[key] = [0, 0]
-        got = [col[i] for i in index]
+        col = self._column(key)
+        base = self._base
+        got = (
+            list(map(col.__getitem__, map(base.__add__, index)))
+            if base
+            else list(map(col.__getitem__, index))
+        )
         if _has_missing(got):
             snaps = self._snaps
-            for j, i in enumerate(index):
-                if got[j] is _MISSING:
-                    got[j] = col[i] = fn(snaps[i])
+            for j in _missing_at(got):  # the newest snapshot, mostly: found at C speed
+                i = index[j]
+                got[j] = col[i + base] = fn(snaps[i])
         return got
 
     def span(self, key: Any, fn: Callable[[Snapshot], Any], lo: int, hi: int) -> list[Any]:
         """:meth:`pick` of the positions ``lo … hi - 1`` (a new list)."""
-        col = self._cols.get(key)
-        if col is None:
-            col = self._cols[key] = [_MISSING] * len(self._snaps)
-            self._filled[key] = [0, 0]
-        hi = min(hi, len(col))
-        got = col[lo:hi]
+        return self._span(key, fn, lo, hi, False)
+
+    def span_steps(
+        self, key: Any, fn: Callable[[Snapshot | None, Snapshot], Any], lo: int, hi: int
+    ) -> list[Any]:
+        """Like :meth:`span`, of a function of two snapshots: entry p is ``fn(snapshots[p - 1],
+        snapshots[p])`` (``fn(None, snapshots[0])`` at the first position). Appends and drops
+        keep every pair of neighbours, so each entry is worked out once while both stay."""
+        return self._span(key, fn, lo, hi, True)
+
+    def _span(self, key: Any, fn: Callable[..., Any], lo: int, hi: int, steps: bool) -> list[Any]:
+        col = self._column(key)
+        base = self._base
+        hi = min(hi, len(self._snaps))
+        a, b = lo + base, hi + base
+        got = col[a:b]
         rng = self._filled[key]
-        a, b = rng
-        if lo < a or hi > b:
+        fa, fb = rng
+        if a < fa or b > fb:
             # only what lies outside the filled range can be missing
-            if _has_missing(got[: max(0, a - lo)]) or _has_missing(got[max(0, b - lo) :]):
+            head, tail = max(0, min(fa, b) - a), max(0, fb - a)
+            missing = list(_missing_at(got[:head])) if head else []
+            if tail < len(got):
+                missing.extend(map(tail.__add__, _missing_at(got[tail:])))
+            if missing:
                 snaps = self._snaps
-                for j, x in enumerate(got):
-                    if x is _MISSING:
-                        got[j] = col[lo + j] = fn(snaps[lo + j])
-            if lo <= b and hi >= a:
-                rng[0], rng[1] = min(a, lo), max(b, hi)
+                for j in missing:
+                    p = lo + j
+                    if steps:
+                        got[j] = col[a + j] = fn(snaps[p - 1] if p > 0 else None, snaps[p])
+                    else:
+                        got[j] = col[a + j] = fn(snaps[p])
+            if a <= fb and b >= fa:
+                rng[0], rng[1] = min(fa, a), max(fb, b)
             else:
-                rng[0], rng[1] = lo, hi
+                rng[0], rng[1] = a, b
         return got
+
+
+#: drops between trims of the columns (each trim moves every column once).
+_TRIM = 64
 
 
 _COLUMNS: dict[int, tuple[weakref.ref[Any], Columns]] = {}
@@ -365,9 +424,21 @@ class Scope:
 _VLLM_PROC_RE = lazy_re(r"VLLM::|vllm|VllmWorker|EngineCore", re.IGNORECASE)
 
 
+#: process name → is_vllm_process (bounded): the same GPU processes are asked about by several
+#: families, cycle after cycle.
+_VLLM_NAMES: dict[str, bool] = {}
+
+
 def is_vllm_process(name: str) -> bool:
     """A GPU process whose name says vLLM (``VLLM::Worker_TP0``, ``VLLM::EngineCore``, …)."""
-    return bool(_VLLM_PROC_RE.search(name or ""))
+    hit = _VLLM_NAMES.get(name) if isinstance(name, str) else None
+    if hit is None:
+        hit = bool(_VLLM_PROC_RE.search(name or ""))
+        if isinstance(name, str):
+            if len(_VLLM_NAMES) > 1024:
+                _VLLM_NAMES.clear()
+            _VLLM_NAMES[name] = hit
+    return hit
 
 
 def visible_gpus(snapshot: Snapshot) -> list[Gpu]:

@@ -71,7 +71,13 @@ def _pooling_traffic(s: Scope) -> str | None:
     score request generates nothing, a generate request at least one token (a stalled generating
     engine has generated before, and swaps or preempts). None otherwise (or with fewer than two
     scrapes)."""
-    pts = [m for m in s.series if m.prompt_tokens_total is not None and m.generation_tokens_total is not None]
+    series = s.series
+    for m in reversed(series):
+        if m.prompt_tokens_total is not None and m.generation_tokens_total is not None:
+            if m.generation_tokens_total != 0:
+                return None  # the last of the samples below has generated: no pooling traffic
+            break
+    pts = [m for m in series if m.prompt_tokens_total is not None and m.generation_tokens_total is not None]
     if len(pts) < 2:
         return None
     first, last = pts[0], pts[-1]

@@ -9,6 +9,7 @@ one evaluation does not grow with the Timeline's length.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
@@ -17,8 +18,17 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from kvdoctor.derive.base import Columns, LogRuns, LogView, log_runs
-from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, LogEngine, LogEvent, Snapshot, VllmLog
-from kvdoctor.timeline import Series, sourced_series
+from kvdoctor.facts import (
+    Engine,
+    EngineConfig,
+    EngineMetrics,
+    HistogramData,
+    LogEngine,
+    LogEvent,
+    Snapshot,
+    VllmLog,
+)
+from kvdoctor.timeline import Series, histogram_step_ok, sourced_series
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 _T = TypeVar("_T")
@@ -319,11 +329,21 @@ def _snapshot_time(snap: Snapshot) -> float | None:
     return None
 
 
-def recent_snapshots(snapshots: Sequence[Snapshot], window_s: float) -> tuple[list[Snapshot], bool]:
+def recent_snapshots(
+    snapshots: Sequence[Snapshot], window_s: float, columns: Columns | None = None
+) -> tuple[list[Snapshot], bool]:
     """The snapshots within ``window_s`` seconds of the newest one (oldest first), found from the
     end backwards, and whether a scrape exists before them (looked for among the few snapshots
     just before the window: a live loop scrapes in each). Untimed snapshots are kept (a window
-    without clocks is what was read). O(window), not O(Timeline)."""
+    without clocks is what was read). O(window), not O(Timeline).
+
+    ``columns``: the :class:`Columns` synced with ``snapshots``: each snapshot's time is then
+    read once in its life and a tail that is timed throughout and in time order is cut by
+    bisection (the same cut)."""
+    if columns is not None:
+        got = _recent_by_bisection(snapshots, window_s, columns)
+        if got is not None:
+            return got
     out: list[Snapshot] = []
     end: float | None = None
     older = False
@@ -339,6 +359,34 @@ def recent_snapshots(snapshots: Sequence[Snapshot], window_s: float) -> tuple[li
         out.append(snap)
     out.reverse()
     return out, older
+
+
+#: snapshots of the tail whose times :func:`_recent_by_bisection` reads first (a 60 s window
+#: of a 1 s loop is 61); a window that starts before them reads four times as many, and so on.
+_RECENT_TAIL = 64
+
+
+def _recent_by_bisection(
+    snapshots: Sequence[Snapshot], window_s: float, columns: Columns
+) -> tuple[list[Snapshot], bool] | None:
+    """:func:`recent_snapshots` of a tail timed throughout and never going back in time (the
+    loop's cut: the newest snapshot older than the window's start is the last one before it),
+    or None when the tail is not such."""
+    n = len(snapshots)
+    lo = max(0, n - _RECENT_TAIL)
+    while n:
+        ts: list[Any] = columns.span("snapshot_time", _snapshot_time, lo, n)
+        if None in ts or not all(map(operator.le, ts, itertools.islice(ts, 1, None))):
+            return None
+        j = bisect.bisect_left(ts, ts[-1] - window_s)
+        if j == 0 and lo > 0:
+            lo = max(0, n - 4 * (n - lo))  # the window starts before the tail read
+            continue
+        if j == 0:
+            return list(snapshots), False
+        i = lo + j - 1  # the newest snapshot before the window
+        return list(snapshots[i + 1 :]), any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
+    return None
 
 
 def engine_series(snapshots: Sequence[Snapshot], engine_label: str | None) -> list[EngineMetrics]:
@@ -402,20 +450,48 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
         # a snapshot without a scrape: positions and samples part ways (and identity: ``in``
         # would call each scrape's __eq__)
         return Series(m for m in picks if m is not None)
-    times = [m.timestamp for m in picks]
+    # the picks' timestamps, from a column: the samples themselves are not read here
+    times = columns.span(
+        ("engine_time", engine_label), lambda snap: _pick_time(snap, engine_label), start, end
+    )
+
+    def hist_of(snap: Snapshot, name: str) -> HistogramData | None:
+        return getattr(_pick_raw(snap, engine_label), "histograms", {}).get(name)
 
     def reader(field: Any, lo: int, hi: int) -> Any:
-        if isinstance(field, tuple) and field[0] == "histogram":
-            name = field[1]
-            hs = columns.span(
-                ("engine_histogram", engine_label, name),
-                lambda snap: getattr(_pick_raw(snap, engine_label), "histograms", {}).get(name),
-                lo,
-                hi,
-            )
-            if any(map(operator.is_, hs, itertools.repeat(None))):
-                return [h for h in hs if h is not None]
-            return hs
+        if isinstance(field, tuple):
+            kind, name = field
+            if kind == "histogram":
+                hs = columns.span(
+                    ("engine_histogram", engine_label, name), lambda snap: hist_of(snap, name), lo, hi
+                )
+                if any(map(operator.is_, hs, itertools.repeat(None))):
+                    return [h for h in hs if h is not None]
+                return hs
+            if kind == "histogram_ends" and hi - lo >= 2:
+                # Whether each sample's histogram steps well from the one before is worked out
+                # once per pair of neighbours: a window whose every step is ok reads its ends only.
+                steps = columns.span_steps(
+                    ("engine_histogram_step", engine_label, name),
+                    lambda prev, snap: _hist_step(prev, snap, name),
+                    lo + 1,
+                    hi,
+                )
+                if steps.count(True) != len(steps):
+                    return None
+                ends = columns.pick(
+                    ("engine_histogram", engine_label, name), lambda snap: hist_of(snap, name), (lo, hi - 1)
+                )
+                return ends if ends[0] is not None and ends[1] is not None else None
+            if kind == "present" and name in _METRIC_FIELDS:
+                present = columns.span(
+                    ("engine_present", engine_label, name),
+                    lambda snap: getattr(_pick_raw(snap, engine_label), name) is not None,
+                    lo,
+                    hi,
+                )
+                return True in present
+            return None
         if field == "timestamp" or field not in _METRIC_FIELDS:
             return None
         vals = columns.span(
@@ -424,16 +500,19 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
             lo,
             hi,
         )
-        ts = columns.span(
-            ("engine_time", engine_label),
-            lambda snap: _pick_time(snap, engine_label),
-            lo,
-            hi,
-        )
+        # the window's timestamps are those of the picks above (shared, as the window's own)
+        ts = times if (lo, hi) == (start, end) else times[lo - start : hi - start]
         if None not in vals:
             return ts, vals
         kept = [(t, v) for t, v in zip(ts, vals, strict=True) if v is not None]
         return [t for t, _ in kept], [v for _, v in kept]
+
+    def _hist_step(prev: Snapshot | None, snap: Snapshot, name: str) -> bool | None:
+        cur = hist_of(snap, name)
+        before = hist_of(prev, name) if prev is not None else None
+        if cur is None or before is None:
+            return None
+        return histogram_step_ok(before, cur)
 
     return sourced_series(picks, times, reader, start)
 
@@ -459,6 +538,22 @@ def history_positions(n: int, limit: int = MAX_HISTORY_POINTS) -> tuple[int, ...
         return tuple(range(n))
     step = (n - 1) / (limit - 1)
     return tuple(round(i * step) for i in range(limit))
+
+
+#: label tuples seen (bounded): equal tuples from different snapshots become one object.
+_LABELS: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def engine_labels(snap: Snapshot) -> tuple[str, ...]:
+    """The ``engine`` labels of a snapshot's scrapes (None left out), in page order with repeats
+    (a column function: equal answers are one shared tuple)."""
+    got = tuple(m.engine for m in snap.metrics if m.engine is not None)
+    hit = _LABELS.get(got)
+    if hit is None:
+        if len(_LABELS) > 256:
+            _LABELS.clear()
+        hit = _LABELS[got] = got
+    return hit
 
 
 def dp_targets(

@@ -34,17 +34,16 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     if len(points) < 2:
         return None
     n = len(points)
-    ts = [t for t, _ in points]
-    ys = [y for _, y in points]
+    ts, ys = zip(*points, strict=True)
     mt = sum(ts) / n
     my = sum(ys) / n
-    dt = [t - mt for t in ts]
+    dt = list(map(operator.sub, ts, itertools.repeat(mt)))
     # sum((t - mt) ** 2 …) and sum((t - mt) * (y - my) …): the same float operations in the
     # same order, mapped at C speed (this runs for every engine GPU every cycle).
     var = sum(map(pow, dt, itertools.repeat(2)))
     if var <= 0:
         return None
-    cov = sum(map(operator.mul, dt, [y - my for y in ys]))
+    cov = sum(map(operator.mul, dt, map(operator.sub, ys, itertools.repeat(my))))
     return cov / var * 3600.0
 
 

@@ -4,13 +4,15 @@ over the whole series given (spec/rules.md ``gpu-clock-throttled``)."""
 
 from __future__ import annotations
 
+import itertools
+import operator
 from bisect import bisect_left
 from typing import Any
 
 from kvdoctor.derive.base import Family, Scope, Vars, history_values, snapshot_timestamp
 from kvdoctor.derive.engines import bounded_history, engine_series
 from kvdoctor.devices import APPLICATION_XIDS, HARDWARE_XIDS, normalize_bus_id
-from kvdoctor.facts import Gpu
+from kvdoctor.facts import Gpu, Snapshot
 
 WRITES: dict[str, str] = {
     "xid_hw_count": "count; hardware XID errors (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 154, …; kvdoctor.devices.HARDWARE_XIDS) in dmesg.txt / --dmesg",
@@ -47,7 +49,7 @@ def _slow(gpus: list[Gpu], wanted: set[int]) -> bool | None:
             continue
         seen = True
         for r in g.clock_event_reasons:
-            if any(k in r for k in _SLOW):
+            if any(map(r.__contains__, _SLOW)):  # `k in r` for each k, at C speed
                 return True
     return False if seen else None
 
@@ -82,6 +84,36 @@ def _throttle_readings(s: Scope, wanted: set[int]) -> list[tuple[float | None, b
     return out
 
 
+_TIME = operator.itemgetter(0)
+_THROTTLED = operator.itemgetter(1)
+
+
+def _timestamp_known(snap: Snapshot) -> bool:
+    """Whether a snapshot has its time (a column function)."""
+    return snap.timestamp is not None
+
+
+def _nothing_throttled(s: Scope, wanted: set[int], v: Vars) -> bool:
+    """The sidecar's case, every cycle: a live history whose readings show no slowdown. Writes
+    what :func:`_throttle_cost` would (the readings' count, "compared 0" when one of them is
+    timed) from the per-snapshot flags alone, without the readings' times, and says True;
+    False (nothing written) in any other case."""
+    if s.snapshot.gpu_series or not s.history:
+        return False
+    slow = history_values(s, ("throttle_slow", frozenset(wanted)), lambda snap: _slow(snap.gpus, wanted))
+    if True in slow or False not in slow:
+        return False
+    known = history_values(s, "timestamp_known", _timestamp_known)
+    v["throttle_readings"] = len(slow) - slow.count(None)
+    if None not in slow:
+        any_timed = True in known
+    else:
+        any_timed = any(k for k, t in zip(known, slow, strict=True) if t is not None)
+    if any_timed:
+        v["throttle_compared"] = 0
+    return True
+
+
 def _throttle_cost(s: Scope, v: Vars) -> None:
     """Generation throughput throttled vs unthrottled at comparable load, over the whole series
     (the bounded history, not only the window): consecutive scrapes give a rate of
@@ -89,6 +121,8 @@ def _throttle_cost(s: Scope, v: Vars) -> None:
     the later one; each rate is throttled or not by the GPU reading nearest in time (NVML clock
     event reasons). A counter reset, an untimed pair or a rate with no reading near it is skipped."""
     wanted = set(v["engine_gpus"] or [])
+    if _nothing_throttled(s, wanted, v):
+        return
     readings = _throttle_readings(s, wanted)
     v["throttle_readings"] = len(readings)
     if readings and readings[-1][1]:
@@ -98,12 +132,16 @@ def _throttle_cost(s: Scope, v: Vars) -> None:
         t0, t1 = readings[start][0], readings[-1][0]
         if t0 is not None and t1 is not None:
             v["throttle_since_s"] = max(0.0, t1 - t0)
+    if not any(map(_THROTTLED, readings)):
+        # Nothing throttled, nothing to compare: the pairs below would all be "cool" (the
+        # common case, and the sidecar derives it every cycle; checked at C speed, unsorted).
+        if any(map(operator.is_not, map(_TIME, readings), itertools.repeat(None))):
+            v["throttle_compared"] = 0
+        return
     timed: list[tuple[float, bool]] = sorted((t, thr) for t, thr in readings if t is not None)
     if not timed:
         return
     if not any(thr for _, thr in timed):
-        # Nothing throttled, nothing to compare: the pairs below would all be "cool" (the
-        # common case, and the sidecar derives it every cycle).
         v["throttle_compared"] = 0
         return
     series = engine_series(s.history or [s.snapshot], s.dp_label)
@@ -157,7 +195,12 @@ def derive(s: Scope, v: Vars) -> None:
     snapshot = s.snapshot
     # Keyed by (node, bus id): identical machines have the same bus ids (nodes/<host>/ dmesg.txt
     # tags its XIDs with the node; a top-level one matches a bus id only one node has).
-    by_bus = {(g.node, normalize_bus_id(g.bus_id)): g for g in snapshot.gpus if g.bus_id}
+    # (only XIDs are looked up by bus id: none, none built)
+    by_bus = (
+        {(g.node, normalize_bus_id(g.bus_id)): g for g in snapshot.gpus if g.bus_id}
+        if snapshot.xid_events
+        else {}
+    )
     # Classified by number here too, so a recording made before a list grew reads the same.
     hw = [x for x in snapshot.xid_events if x.get("hardware") or x.get("xid") in HARDWARE_XIDS]
     hw_ids = {id(x) for x in hw}

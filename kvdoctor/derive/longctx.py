@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from kvdoctor import timeline as tl
 from kvdoctor.derive.base import Family, Scope, Vars
 
 WRITES: dict[str, str] = {
@@ -107,7 +108,7 @@ def _spec(s: Scope, v: Vars) -> None:
     except (TypeError, ValueError):
         v["spec_k"] = None
     v["spec_method"] = method
-    drafts = any(m.spec_decode_num_drafts_total is not None for m in s.series)
+    drafts = tl.has_value(s.series, "spec_decode_num_drafts_total")
     v["spec_on"] = bool((v["spec_k"] or 0) > 0 or drafts)
     if v["spec_probabilistic"] is None:
         v["spec_probabilistic"] = False

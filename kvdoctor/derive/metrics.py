@@ -67,7 +67,8 @@ def _scrapes(v: Vars, s: Scope) -> None:
     v["kv_usage"] = latest.kv_cache_usage
     v["running"] = latest.num_requests_running
     v["waiting"] = latest.num_requests_waiting
-    win = tl.window(series, window_s)
+    # the Scope's own series when the window covers it: requests and oom ask it the same things
+    win = tl.window(series, window_s, shared=True)
     times, ordered = tl.indexed_times(win)
     # in time order (what a Timeline gives) the newest and oldest are the extremes
     ts: list[Any] = times if ordered else [t for t in times if t is not None]
