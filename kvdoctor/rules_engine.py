@@ -481,6 +481,12 @@ def _simpleeval_error(kind: str, *args: Any) -> Exception:
 # The guards are simpleeval's safe_add / safe_mult / safe_power / safe_lshift / safe_rshift,
 # same tests, same messages, same exception classes.
 def _g_add(a: Any, b: Any) -> Any:
+    t = type(a)
+    if t is type(b):  # the usual cases first: numbers (no length), texts (their lengths)
+        if t is int or t is float:
+            return a + b
+        if t is str and len(a) + len(b) <= MAX_STRING_LENGTH:
+            return a + b
     if hasattr(a, "__len__") and hasattr(b, "__len__") and len(a) + len(b) > MAX_STRING_LENGTH:
         raise _simpleeval_error(
             "IterableTooLong", "Sorry, adding those two together would make something too long."
@@ -489,6 +495,9 @@ def _g_add(a: Any, b: Any) -> Any:
 
 
 def _g_mult(a: Any, b: Any) -> Any:
+    t = type(a)
+    if (t is int or t is float) and (type(b) is int or type(b) is float):  # no length
+        return a * b
     if hasattr(a, "__len__") and b * len(a) > MAX_STRING_LENGTH:
         raise _simpleeval_error("IterableTooLong", "Sorry, I will not evaluate something that long.")
     if hasattr(b, "__len__") and a * len(b) > MAX_STRING_LENGTH:
@@ -1722,7 +1731,7 @@ class _Names(dict):  # type: ignore[type-arg]
     """
 
     missing: set[str]
-    base: dict[str, Any] = {}  # noqa: RUF012 - read-only default: no names under
+    base: Mapping[str, Any] = {}  # noqa: RUF012 - read-only default: no names under
 
     def __missing__(self, key: str) -> Any:
         base = self.base
@@ -1731,6 +1740,27 @@ class _Names(dict):  # type: ignore[type-arg]
         # the constants sit under the variables (a variable of that name would hide one)
         if key in CONSTANTS:
             return CONSTANTS[key]
+        self.missing.add(key)
+        return None
+
+
+class _ReadNames(_Names):
+    """:class:`_Names` that notes in ``read`` every name it looked up under it (the context
+    variables, constants and missing names one evaluation actually read: a ``when`` that
+    short-circuits reads only what decided it). Starts with the rule's thresholds only; a
+    name found under it is kept here, so each is noted once (a missing one at each read)."""
+
+    read: list[str]
+
+    def __missing__(self, key: str) -> Any:
+        self.read.append(key)
+        base = self.base
+        if key in base:
+            value = self[key] = base[key]
+            return value
+        if key in CONSTANTS:
+            value = self[key] = CONSTANTS[key]
+            return value
         self.missing.add(key)
         return None
 
@@ -1874,6 +1904,33 @@ class _Runner:
         return "".join(out)
 
 
+def _render(run: _Runner, tpl: Template) -> str:
+    """``run.render(tpl)`` of a plain :class:`_Runner` (its ``value`` inline)."""
+    out: list[str] = []
+    names, functions = run.names, run.functions
+    for part in tpl.parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        expr, spec = part
+        try:
+            v = expr.fn(names, functions)
+        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+            run.fail(expr, err)
+            v = None
+        if v is None:
+            out.append(_NA)
+            continue
+        try:
+            out.append(format(v, spec))
+        except Exception as err:  # noqa: BLE001 - bad format spec for this value
+            run.errors.append(
+                EvalError(run.rule.id, run.engine, expr.where, f"format {{{expr.source}:{spec}}}: {err}")
+            )
+            out.append(_NA)
+    return "".join(out)
+
+
 class _ReferenceRunner(_Runner):
     """simpleeval evaluates each expression from its syntax tree: the semantics the compiled
     form keeps (``evaluate(..., reference=True)``: the differential test, ``bench/rules.py``)."""
@@ -1988,8 +2045,9 @@ def _evaluate_traced(
     raise no error either, so the errors are those a full evaluation gives)."""
     rule = run.rule
     trace: list[Any] = [_UNSET] * len(info.deps)
-    value, truthy, render = run.value, run.truthy, run.render
+    value, truthy = run.value, run.truthy
     functions = run.functions
+
     # bit i set: step i is evaluated (every step without a trace)
     dirty = -1
     if prev is not None:
@@ -2035,7 +2093,7 @@ def _evaluate_traced(
         texts = []
         for j, tpl in ((i + 1, e.fact), (i + 2, e.value), (i + 3, e.source)):
             if dirty >> j & 1 or (v := prev[j]) is _UNSET:  # type: ignore[index]
-                v = render(tpl)
+                v = _render(run, tpl)
             texts.append(v)
             trace[j] = v
         evidence.append(Evidence(*texts))
@@ -2075,9 +2133,9 @@ def _evaluate_traced(
         gpus = list(v)
     i += 1
     if dirty >> i & 1 or (title := prev[i]) is _UNSET:  # type: ignore[index]
-        title = render(rule.title)
+        title = _render(run, rule.title)
     if dirty >> i + 1 & 1 or (summary := prev[i + 1]) is _UNSET:  # type: ignore[index]
-        summary = render(rule.summary)
+        summary = _render(run, rule.summary)
     trace[i], trace[i + 1] = title, summary
     finding = Finding(
         rule=rule.id,
@@ -2201,8 +2259,8 @@ def _step_deps(rule: Rule) -> tuple[frozenset[str], ...]:
 def _expr_reads(expr: Expr) -> frozenset[str]:
     """The names ``expr`` may read: its free names, plus, when it holds a comprehension, every
     name in it (a comprehension's target may be read outside it too: a superset is safe)."""
-    if "for" not in expr.source:
-        return expr.names
+    if "for" not in expr.source or not any(isinstance(n, ast.comprehension) for n in ast.walk(expr.node)):
+        return expr.names  # ("for" in a name or a text: no comprehension)
     return expr.names | {n.id for n in ast.walk(expr.node) if isinstance(n, ast.Name)}
 
 
@@ -2237,7 +2295,9 @@ def _rule_info(rule: Rule) -> _RuleInfo:
         deps,
         masks,
     )
-    object.__setattr__(info, "when_keys", tuple(info.when_reads))
+    # the names a rule's own mapping starts with: not the functions and constants, which no
+    # context has (any name it lacks is looked up under it all the same: _Names)
+    object.__setattr__(info, "when_keys", tuple(info.when_reads - set(FUNCTIONS) - set(CONSTANTS)))
     if len(_RULE_INFO) >= 4096:
         _RULE_INFO.clear()
     _RULE_INFO[id(rule)] = info
@@ -2683,15 +2743,20 @@ def _evaluate(
                 finding = last.replay(engine, errors)
             else:
                 n_errors = len(errors)
-                keys = info.when_keys
-                values = list(map(base.get, keys, repeat(_ABSENT)))
-                if any(map(is_, values, repeat(_ABSENT))):  # a name the context lacks
-                    names = _Names({n: base[n] for n in keys if n in base})
-                else:
-                    names = _Names(zip(keys, values, strict=True))
+                names: _Names
+                if keep:  # the names it reads are noted (its memo entry's reads)
+                    names = _ReadNames(rule.thresholds)
+                    names.read = []
+                else:  # the names it may read first, under its thresholds
+                    keys = info.when_keys
+                    values = list(map(base.get, keys, repeat(_ABSENT)))
+                    if any(map(is_, values, repeat(_ABSENT))):  # a name the context lacks
+                        names = _Names({n: base[n] for n in keys if n in base})
+                    else:
+                        names = _Names(zip(keys, values, strict=True))
+                    names.update(rule.thresholds)
                 names.base = base
                 names.missing = set()
-                names.update(rule.thresholds)
                 run: _Runner
                 if evaluator is None:
                     run = _Runner(names, functions, rule, engine, errors)
@@ -2700,9 +2765,15 @@ def _evaluate(
                     run.evaluator = evaluator
                 trace: list[Any] | None = None
                 if keep:
+                    # the steps of a rule that fired are reused (its templates, fixes: most of
+                    # its cost); one that did not is evaluated afresh, so its entry reads only
+                    # what its lets and when read this time (a when that short-circuits)
                     last_trace = (
                         last.trace
-                        if last is not None and last.rule is rule and last.functions is functions
+                        if last is not None
+                        and last.finding is not None
+                        and last.rule is rule
+                        and last.functions is functions
                         else None
                     )
                     finding, trace, fix_reads = _evaluate_traced(run, names, base, last_trace, changed, info)
@@ -2721,9 +2792,10 @@ def _evaluate(
                     memo.evaluated += 1
                     fresh = True
                     if keep:
-                        reads = info.when_reads
-                        if finding is not None:
-                            reads = info.reads | fix_reads
+                        if last_trace is None:  # every step evaluated: what it read decides it
+                            reads = frozenset(names.read) | fix_reads  # type: ignore[attr-defined]
+                        else:  # a step reused reads nothing now: what any step may read
+                            reads = info.when_reads if finding is None else info.reads | fix_reads
                         now[rid] = _Kept(
                             rule,
                             functions,

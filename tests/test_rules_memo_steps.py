@@ -56,7 +56,7 @@ family: L
 severity: info
 title: plain
 let: {q: "y + 1"}
-when: "q > 2"
+when: "gate and q > 2"
 summary: "q={q}"
 evidence:
   - {fact: q, value: "{q}", source: s}
@@ -87,6 +87,7 @@ def _variables(rng: random.Random) -> dict[str, Any]:
         "opt": rng.choice([1, 1, "s"]),
         "max_num_seqs": rng.choice([8, 16, None]),
         "kv_cache_dtype": rng.choice(["auto", "fp8"]),
+        "gate": rng.choice([True, True, False, 0, 1]),
     }
 
 
@@ -151,6 +152,43 @@ def test_only_the_steps_whose_variables_changed_are_evaluated_again(tmp_path: Pa
     assert third[0][0]["suggested_flags"] == {"--max-num-seqs": "8", "--kv-cache-dtype": "fp8"}
 
 
+def test_a_rule_that_did_not_fire_reads_only_what_decided_it(tmp_path: Path) -> None:
+    rules = [r for r in _load(tmp_path) if r.id == "plain-rule"]
+    memo = RuleMemo()
+
+    def run(**variables: Any) -> tuple[Any, ...]:
+        ctxs = [RuleContext("e", variables, set())]
+        got = _outcome(evaluate(rules, ctxs, memo=memo))
+        assert got == _outcome(evaluate(rules, ctxs))
+        return got
+
+    run(gate=False, y=1)
+    assert memo.evaluated == 1
+    # the let reads y: a change of y is evaluated; the when stopped at gate
+    run(gate=False, y=5)
+    assert memo.evaluated == 2
+    run(gate=False, y=5, other=1)
+    assert (memo.evaluated, memo.replayed) == (2, 1)
+    (tmp_path / "gated").mkdir()
+    (tmp_path / "gated" / "gated-rule.yaml").write_text(
+        'id: gated-rule\nfamily: U\nseverity: info\ntitle: t\nwhen: "gate and w > 1"\nsummary: "{w}"\n'
+        "evidence:\n  - {fact: f, value: v, source: s}\n" + DOC
+    )
+    gated = load_rules([tmp_path / "gated"])
+    gmemo = RuleMemo()
+    for w in (1, 2, 3, 4):  # the when stops at gate: w is not read, so not watched
+        ctxs = [RuleContext("e", {"gate": False, "w": w}, set())]
+        assert _outcome(evaluate(gated, ctxs, memo=gmemo)) == _outcome(evaluate(gated, ctxs))
+    assert (gmemo.evaluated, gmemo.replayed) == (1, 3)
+    ctxs = [RuleContext("e", {"gate": True, "w": 4}, set())]
+    assert _outcome(evaluate(gated, ctxs, memo=gmemo))[0][0]["summary"] == "4"
+    assert run(gate=True, y=5)[0][0]["summary"] == "q=6"
+    assert memo.evaluated == 3
+    # a when that reads q now: y counts, and a gate that goes back to False
+    assert run(gate=True, y=0)[0] == []
+    assert run(gate=0, y=0)[0] == [] and memo.evaluated == 5
+
+
 def test_a_step_that_erred_is_never_reused(tmp_path: Path) -> None:
     rules = _load(tmp_path)
     memo = RuleMemo()
@@ -168,7 +206,9 @@ def test_causes_and_order_follow_severities_that_change(tmp_path: Path) -> None:
     rules = _load(tmp_path)
     memo = RuleMemo()
     for y in (4, 41, 41, 4, 1, 4, 41):
-        ctxs = [RuleContext("e", {"x": 8, "y": y, "d": 1, "vs": [1], "z": 0.5, "opt": 1}, set())]
+        ctxs = [
+            RuleContext("e", {"x": 8, "y": y, "d": 1, "vs": [1], "z": 0.5, "opt": 1, "gate": True}, set())
+        ]
         got = evaluate(rules, ctxs, memo=memo)
         want = evaluate(rules, ctxs)
         assert [(f.rule, f.severity, f.caused_by) for f in got.findings] == [
