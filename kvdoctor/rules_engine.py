@@ -1724,10 +1724,12 @@ class Evaluation:
 class _Names(dict):  # type: ignore[type-arg]
     """Expression names; a name no context provides reads as None (and is noted).
 
-    ``base``: the names under these (the context's constants and variables, read-only): a name
-    this mapping lacks is looked up there before it counts as missing. :func:`evaluate` fills a
-    rule's own mapping with the names its expressions read and its thresholds (a copy of every
-    context variable per rule was a fifth of the rules' time) and leaves the rest to ``base``.
+    ``base``: the names under these (the context's variables, read-only, then
+    :data:`CONSTANTS`): a name this mapping lacks is looked up there before it counts as
+    missing. :func:`evaluate` fills a rule's own mapping with the names its expressions read
+    and its thresholds (a copy of every context variable per rule was a fifth of the rules'
+    time) and leaves the rest to ``base``; with a memo, with its thresholds only
+    (:class:`_ReadNames`).
     """
 
     missing: set[str]
@@ -2066,7 +2068,16 @@ def _evaluate_traced(
         names[name] = trace[i] = v
         i += 1
     if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
-        v = truthy(rule.when)
+        try:  # run.truthy, inline (every rule evaluated reaches it)
+            v = rule.when.fn(names, functions)
+        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+            run.fail(rule.when, err)
+            v = None
+        try:
+            v = bool(v)
+        except Exception as err:  # noqa: BLE001 - e.g. ambiguous truth values
+            run.fail(rule.when, err)
+            v = False
     trace[i] = v
     if not v:
         return None, trace, frozenset()
@@ -2195,6 +2206,11 @@ def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
 # of the values of the names it reads (expressions, templates, the fix check), compared strictly
 # (:func:`_frozen`: 1, 1.0 and True differ, so do -0.0 and 0.0, and a list's or dict's order);
 # rules calling a function that is not one of the shipped (pure) ones are never kept.
+# The names kept are those the evaluation actually read (:class:`_ReadNames`: a ``when`` that
+# short-circuits read only what decided it), or, for a rule whose steps were reused, every name
+# its steps may read. A rule that fired and is evaluated again re-evaluates only the steps
+# whose variables changed (:func:`_evaluate_traced`); the causes and order of the findings are
+# reused while their keys hold (:func:`_link_and_sort`).
 
 
 @dataclass(frozen=True)
@@ -2800,7 +2816,9 @@ def _evaluate(
                             rule,
                             functions,
                             reads,
-                            tuple((e.where, e.message) for e in errors[n_errors:]),
+                            tuple([(e.where, e.message) for e in errors[n_errors:]])
+                            if len(errors) > n_errors
+                            else (),
                             None if finding is None else _finding_data(finding),
                             # reused only from an evaluation without errors (_evaluate_traced)
                             None if names.missing or len(errors) > n_errors else trace,

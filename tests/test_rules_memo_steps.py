@@ -290,3 +290,25 @@ def test_the_report_s_order_is_causal_order_for_any_findings() -> None:
         got = RP._causal_order(findings)
         assert [id(f) for f in got] == [id(f) for f in causal_order(findings)]
     assert len(RP._ORDER) <= RP._ORDER_MAX
+
+
+class _NoTruth:
+    """A value whose truth raises (what numpy arrays do)."""
+
+    def __bool__(self) -> bool:
+        raise ValueError("ambiguous")
+
+
+def test_a_when_whose_truth_raises_counts_as_not_firing_with_the_memo_too(tmp_path: Path) -> None:
+    (tmp_path / "truth-rule.yaml").write_text(
+        'id: truth-rule\nfamily: U\nseverity: info\ntitle: t\nwhen: "v"\nsummary: "{v}"\n'
+        "evidence:\n  - {fact: f, value: v, source: s}\n" + DOC
+    )
+    rules = load_rules([tmp_path])
+    memo = RuleMemo()
+    for v in (_NoTruth(), 1, _NoTruth(), None):
+        ctxs = [RuleContext("e", {"v": v}, set())]
+        got = _outcome(evaluate(rules, ctxs, memo=memo))
+        assert got == _outcome(evaluate(rules, ctxs))
+        assert bool(got[0]) == (v == 1)
+        assert any("ValueError: ambiguous" in e for e in got[2]) == isinstance(v, _NoTruth)
