@@ -102,7 +102,19 @@ def _iso_utc(now: datetime | float | None) -> str:
         dt = datetime.fromtimestamp(now, timezone.utc)
     else:
         dt = now if now.tzinfo is not None else now.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # the text is a function of the UTC second alone: a live face stamps the same second's
+    # text again (strftime was a quarter of a report's cost)
+    second = math.floor(dt.timestamp())
+    last = _ISO_LAST[0]
+    if last[0] == second:
+        return last[1]
+    text = dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _ISO_LAST[0] = (second, text)  # one tuple: a concurrent reader sees either pair whole
+    return text
+
+
+#: the last (unix second, its ISO-8601 text) :func:`_iso_utc` made
+_ISO_LAST: list[tuple[int | None, str]] = [(None, "")]
 
 
 def build_report(
@@ -163,7 +175,7 @@ def build_report(
         sources=sources,
         gpus=gpus,
         engines=engine_rows,
-        findings=causal_order(shown),
+        findings=_causal_order(shown),
         skipped=sorted(skipped, key=lambda s: (s.rule, s.engine or "")),
     )
 
@@ -185,6 +197,28 @@ def _redacted(text: str) -> str:
         _REDACTED.clear()
     _REDACTED[text] = out
     return out
+
+
+#: the (rule, severity, family, engine, caused_by) of each finding in the order given → the
+#: positions :func:`~kvdoctor.findings.causal_order` puts them in (a function of those alone);
+#: bounded, cleared when full
+_ORDER: dict[tuple[tuple[Any, ...], ...], tuple[int, ...]] = {}
+_ORDER_MAX = 256
+
+
+def _causal_order(findings: list[Finding]) -> list[Finding]:
+    """:func:`~kvdoctor.findings.causal_order` of ``findings``, its order kept per keys: a
+    live face's findings keep their keys cycle after cycle while their texts change."""
+    keys = tuple([(f.rule, f.severity, f.family, f.engine, f.caused_by) for f in findings])
+    order = _ORDER.get(keys)
+    if order is None:
+        ordered = causal_order(findings)
+        position = {id(f): i for i, f in enumerate(findings)}
+        order = tuple([position[id(f)] for f in ordered])
+        if len(_ORDER) >= _ORDER_MAX:
+            _ORDER.clear()
+        _ORDER[keys] = order
+    return [findings[i] for i in order]
 
 
 def _shown(f: Finding) -> Finding:

@@ -481,6 +481,12 @@ def _simpleeval_error(kind: str, *args: Any) -> Exception:
 # The guards are simpleeval's safe_add / safe_mult / safe_power / safe_lshift / safe_rshift,
 # same tests, same messages, same exception classes.
 def _g_add(a: Any, b: Any) -> Any:
+    t = type(a)
+    if t is type(b):  # the usual cases first: numbers (no length), texts (their lengths)
+        if t is int or t is float:
+            return a + b
+        if t is str and len(a) + len(b) <= MAX_STRING_LENGTH:
+            return a + b
     if hasattr(a, "__len__") and hasattr(b, "__len__") and len(a) + len(b) > MAX_STRING_LENGTH:
         raise _simpleeval_error(
             "IterableTooLong", "Sorry, adding those two together would make something too long."
@@ -489,6 +495,9 @@ def _g_add(a: Any, b: Any) -> Any:
 
 
 def _g_mult(a: Any, b: Any) -> Any:
+    t = type(a)
+    if (t is int or t is float) and (type(b) is int or type(b) is float):  # no length
+        return a * b
     if hasattr(a, "__len__") and b * len(a) > MAX_STRING_LENGTH:
         raise _simpleeval_error("IterableTooLong", "Sorry, I will not evaluate something that long.")
     if hasattr(b, "__len__") and a * len(b) > MAX_STRING_LENGTH:
@@ -1715,19 +1724,45 @@ class Evaluation:
 class _Names(dict):  # type: ignore[type-arg]
     """Expression names; a name no context provides reads as None (and is noted).
 
-    ``base``: the names under these (the context's constants and variables, read-only): a name
-    this mapping lacks is looked up there before it counts as missing. :func:`evaluate` fills a
-    rule's own mapping with the names its expressions read and its thresholds (a copy of every
-    context variable per rule was a fifth of the rules' time) and leaves the rest to ``base``.
+    ``base``: the names under these (the context's variables, read-only, then
+    :data:`CONSTANTS`): a name this mapping lacks is looked up there before it counts as
+    missing. :func:`evaluate` fills a rule's own mapping with the names its expressions read
+    and its thresholds (a copy of every context variable per rule was a fifth of the rules'
+    time) and leaves the rest to ``base``; with a memo, with its thresholds only
+    (:class:`_ReadNames`).
     """
 
     missing: set[str]
-    base: dict[str, Any] = {}  # noqa: RUF012 - read-only default: no names under
+    base: Mapping[str, Any] = {}  # noqa: RUF012 - read-only default: no names under
 
     def __missing__(self, key: str) -> Any:
         base = self.base
         if key in base:
             return base[key]
+        # the constants sit under the variables (a variable of that name would hide one)
+        if key in CONSTANTS:
+            return CONSTANTS[key]
+        self.missing.add(key)
+        return None
+
+
+class _ReadNames(_Names):
+    """:class:`_Names` that notes in ``read`` every name it looked up under it (the context
+    variables, constants and missing names one evaluation actually read: a ``when`` that
+    short-circuits reads only what decided it). Starts with the rule's thresholds only; a
+    name found under it is kept here, so each is noted once (a missing one at each read)."""
+
+    read: list[str]
+
+    def __missing__(self, key: str) -> Any:
+        self.read.append(key)
+        base = self.base
+        if key in base:
+            value = self[key] = base[key]
+            return value
+        if key in CONSTANTS:
+            value = self[key] = CONSTANTS[key]
+            return value
         self.missing.add(key)
         return None
 
@@ -1791,19 +1826,24 @@ def _functions() -> _Functions:
     return out
 
 
-#: (the items of FUNCTIONS it was made from, :func:`_functions` of them): one evaluation's
-#: functions are the same mapping while FUNCTIONS holds the very same functions
-_FUNCTIONS_NOW: list[Any] = [None, None]
+#: (the names and the functions of FUNCTIONS it was made from, :func:`_functions` of them):
+#: one evaluation's functions are the same mapping while FUNCTIONS holds the very same ones
+_FUNCTIONS_NOW: list[Any] = [(), (), None]
 
 
 def _current_functions() -> _Functions:
     """:func:`_functions`, made again only when :data:`FUNCTIONS` changed (a function added,
-    removed or replaced: compared by identity); the mapping is read-only to its users."""
-    items = tuple(FUNCTIONS.items())
-    cached_items, cached = _FUNCTIONS_NOW
-    if cached is None or items != cached_items:
+    removed or replaced: names and functions compared by identity, no copy of the items);
+    the mapping is read-only to its users."""
+    names, fns, cached = _FUNCTIONS_NOW
+    if (
+        cached is None
+        or len(FUNCTIONS) != len(names)
+        or not all(map(is_, FUNCTIONS.values(), fns))
+        or not all(map(is_, FUNCTIONS, names))
+    ):
         cached = _functions()
-        _FUNCTIONS_NOW[:] = [items, cached]
+        _FUNCTIONS_NOW[:] = [tuple(FUNCTIONS), tuple(FUNCTIONS.values()), cached]
     return cached  # type: ignore[no-any-return]
 
 
@@ -1864,6 +1904,33 @@ class _Runner:
                 )
                 out.append(_NA)
         return "".join(out)
+
+
+def _render(run: _Runner, tpl: Template) -> str:
+    """``run.render(tpl)`` of a plain :class:`_Runner` (its ``value`` inline)."""
+    out: list[str] = []
+    names, functions = run.names, run.functions
+    for part in tpl.parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        expr, spec = part
+        try:
+            v = expr.fn(names, functions)
+        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+            run.fail(expr, err)
+            v = None
+        if v is None:
+            out.append(_NA)
+            continue
+        try:
+            out.append(format(v, spec))
+        except Exception as err:  # noqa: BLE001 - bad format spec for this value
+            run.errors.append(
+                EvalError(run.rule.id, run.engine, expr.where, f"format {{{expr.source}:{spec}}}: {err}")
+            )
+            out.append(_NA)
+    return "".join(out)
 
 
 class _ReferenceRunner(_Runner):
@@ -1956,6 +2023,145 @@ def _evaluate_rule(run: _Runner, names: _Names, context: dict[str, Any] | None =
     )
 
 
+#: a step of a trace not evaluated (the rule did not get that far, or the when was false)
+_UNSET: Any = object()
+
+
+def _evaluate_traced(
+    run: _Runner,
+    names: _Names,
+    base: Mapping[str, Any],
+    prev: list[Any] | None,
+    changed: set[str],
+    info: _RuleInfo,
+) -> tuple[Finding | None, list[Any], frozenset[str]]:
+    """:func:`_evaluate_rule`, step by step, each step's outcome kept: (the finding or None,
+    the trace: per step of ``info.deps`` its value, rendering or checked fix, :data:`_UNSET`
+    when not reached; the names the fix checks read).
+
+    ``prev``: the trace of this rule's last evaluation for this context, kept only from an
+    evaluation that raised no error and read no missing name (see :func:`_evaluate`): a step
+    reached then none of whose variables (``info.deps``) is in ``changed`` is not evaluated
+    again, its outcome is the one kept (an expression's value is a function of the values it
+    reads, which ``changed`` compares strictly: see :func:`_changes`; evaluated again, it would
+    raise no error either, so the errors are those a full evaluation gives)."""
+    rule = run.rule
+    trace: list[Any] = [_UNSET] * len(info.deps)
+    value, truthy = run.value, run.truthy
+    functions = run.functions
+
+    # bit i set: step i is evaluated (every step without a trace)
+    dirty = -1
+    if prev is not None:
+        dirty = 0
+        masks = info.masks
+        for name in changed:
+            dirty |= masks.get(name, 0)
+    i = 0
+    for name, expr in rule.let:
+        if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
+            try:  # run.value, inline (the most frequent step)
+                v = expr.fn(names, functions)
+            except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+                run.fail(expr, err)
+                v = None
+        names[name] = trace[i] = v
+        i += 1
+    if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
+        try:  # run.truthy, inline (every rule evaluated reaches it)
+            v = rule.when.fn(names, functions)
+        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+            run.fail(rule.when, err)
+            v = None
+        try:
+            v = bool(v)
+        except Exception as err:  # noqa: BLE001 - e.g. ambiguous truth values
+            run.fail(rule.when, err)
+            v = False
+    trace[i] = v
+    if not v:
+        return None, trace, frozenset()
+    i += 1
+    severity = rule.severity
+    for expr, sev in rule.severity_if:
+        if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
+            v = truthy(expr)
+        trace[i] = v
+        i += 1
+        if v:
+            severity = sev
+            break
+    i = len(rule.let) + 1 + len(rule.severity_if)
+    evidence = []
+    for e in rule.evidence:
+        if e.when is not None:
+            if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
+                v = truthy(e.when)
+            trace[i] = v
+            if not v:
+                i += 4
+                continue
+        texts = []
+        for j, tpl in ((i + 1, e.fact), (i + 2, e.value), (i + 3, e.source)):
+            if dirty >> j & 1 or (v := prev[j]) is _UNSET:  # type: ignore[index]
+                v = _render(run, tpl)
+            texts.append(v)
+            trace[j] = v
+        evidence.append(Evidence(*texts))
+        i += 4
+    flags: dict[str, str] = {}
+    fix_reads: frozenset[str] = frozenset()
+    for key, expr in rule.fix:
+        # (the flag's value, or None: dropped; the names its check read)
+        if dirty >> i & 1 or (p := prev[i]) is _UNSET or not changed.isdisjoint(p[1]):  # type: ignore[index]
+            rendered = format_flag_value(value(expr))
+            read: frozenset[str] = frozenset()
+            if rendered is not None:
+                # A fix vLLM would reject, or one already in effect, is no fix (kvdoctor.fix_validity).
+                reads = _Reads(base)
+                why = valid_fix(key, rendered, reads)
+                read = frozenset(reads.read)
+                if why is not None:
+                    run.errors.append(
+                        EvalError(rule.id, run.engine, f"fix {key}", f"dropped {rendered}: {why}")
+                    )
+                    rendered = None
+            p = (rendered, read)
+        trace[i] = p
+        fix_reads |= p[1]
+        if p[0] is not None:
+            flags[key] = p[0]
+        i += 1
+    gpus: list[int] = []
+    if rule.gpus is not None:
+        if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
+            try:
+                v = tuple(_as_gpu_list(value(rule.gpus)))
+            except (TypeError, ValueError) as err:
+                run.errors.append(EvalError(rule.id, run.engine, "gpus", f"{type(err).__name__}: {err}"))
+                v = ()
+        trace[i] = v
+        gpus = list(v)
+    i += 1
+    if dirty >> i & 1 or (title := prev[i]) is _UNSET:  # type: ignore[index]
+        title = _render(run, rule.title)
+    if dirty >> i + 1 & 1 or (summary := prev[i + 1]) is _UNSET:  # type: ignore[index]
+        summary = _render(run, rule.summary)
+    trace[i], trace[i + 1] = title, summary
+    finding = Finding(
+        rule=rule.id,
+        severity=severity,  # type: ignore[arg-type]
+        family=rule.family,  # type: ignore[arg-type]
+        title=title,
+        summary=summary,
+        evidence=evidence,
+        suggested_flags=flags,
+        gpus=gpus,
+        engine=run.engine,
+    )
+    return finding, trace, fix_reads
+
+
 def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
     """Set ``caused_by`` on each finding another fired finding explains (``explains:``), for
     the same engine or where either is about the host (engine None). The worst such root wins
@@ -2000,6 +2206,11 @@ def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
 # of the values of the names it reads (expressions, templates, the fix check), compared strictly
 # (:func:`_frozen`: 1, 1.0 and True differ, so do -0.0 and 0.0, and a list's or dict's order);
 # rules calling a function that is not one of the shipped (pure) ones are never kept.
+# The names kept are those the evaluation actually read (:class:`_ReadNames`: a ``when`` that
+# short-circuits read only what decided it), or, for a rule whose steps were reused, every name
+# its steps may read. A rule that fired and is evaluated again re-evaluates only the steps
+# whose variables changed (:func:`_evaluate_traced`); the causes and order of the findings are
+# reused while their keys hold (:func:`_link_and_sort`).
 
 
 @dataclass(frozen=True)
@@ -2013,13 +2224,59 @@ class _RuleInfo:
     when_reads: frozenset[str]
     reads: frozenset[str]
     calls: frozenset[str]
+    #: per step of an evaluation (:func:`_evaluate_traced`'s order), the context variables its
+    #: value depends on, through the lets it reads (a superset: see :func:`_step_deps`)
+    deps: tuple[frozenset[str], ...] = ()
+    #: context variable → the steps depending on it, as a bit mask (bit i: step i)
+    masks: dict[str, int] = field(default_factory=dict)
+    #: ``when_reads`` as a tuple (the names a rule's own names mapping starts with)
+    when_keys: tuple[str, ...] = ()
+
+
+def _step_deps(rule: Rule) -> tuple[frozenset[str], ...]:
+    """The context variables each step of an evaluation of ``rule`` depends on, in the order
+    of :func:`_evaluate_traced`'s trace: each let, the when, each severity_if, per evidence
+    item its when, fact, value and source, each fix, the gpus, the title, the summary. A name
+    an expression reads is a let defined before it (that let's dependencies), a threshold
+    (none: fixed for the rule) or a context variable (itself); a template depends on what its
+    fields depend on. Every step's set lies within :attr:`_RuleInfo.reads` (lets and when:
+    within ``when_reads``)."""
+    thresholds = set(rule.thresholds)
+    lets: dict[str, frozenset[str]] = {}
+
+    def deps(e: Expr | None) -> frozenset[str]:
+        if e is None:
+            return frozenset()
+        out: set[str] = set()
+        for n in _expr_reads(e):
+            if n in lets:
+                out |= lets[n]
+            elif n not in thresholds:
+                out.add(n)
+        return frozenset(out)
+
+    def tdeps(t: Template) -> frozenset[str]:
+        return frozenset().union(*map(deps, t.exprs))
+
+    steps: list[frozenset[str]] = []
+    for name, e in rule.let:
+        d = deps(e)  # before its own name is bound: a let reading its name reads the variable
+        steps.append(d)
+        lets[name] = d
+    steps.append(deps(rule.when))
+    steps += [deps(e) for e, _ in rule.severity_if]
+    for ev in rule.evidence:
+        steps += [deps(ev.when), tdeps(ev.fact), tdeps(ev.value), tdeps(ev.source)]
+    steps += [deps(e) for _, e in rule.fix]
+    steps += [deps(rule.gpus), tdeps(rule.title), tdeps(rule.summary)]
+    return tuple(steps)
 
 
 def _expr_reads(expr: Expr) -> frozenset[str]:
     """The names ``expr`` may read: its free names, plus, when it holds a comprehension, every
     name in it (a comprehension's target may be read outside it too: a superset is safe)."""
-    if "for" not in expr.source:
-        return expr.names
+    if "for" not in expr.source or not any(isinstance(n, ast.comprehension) for n in ast.walk(expr.node)):
+        return expr.names  # ("for" in a name or a text: no comprehension)
     return expr.names | {n.id for n in ast.walk(expr.node) if isinstance(n, ast.Name)}
 
 
@@ -2041,12 +2298,22 @@ def _rule_info(rule: Rule) -> _RuleInfo:
             hidden.add(name)
     first = [e for _, e in rule.let] + [rule.when]
     every = list(_all_exprs(rule))
+    deps = _step_deps(rule)
+    masks: dict[str, int] = {}
+    for i, names in enumerate(deps):
+        for n in names:
+            masks[n] = masks.get(n, 0) | 1 << i
     info = _RuleInfo(
         rule,
         frozenset().union(*map(_expr_reads, first)) - hidden,
         frozenset().union(*map(_expr_reads, every)) - hidden,
         frozenset().union(*(e.calls for e in every)),
+        deps,
+        masks,
     )
+    # the names a rule's own mapping starts with: not the functions and constants, which no
+    # context has (any name it lacks is looked up under it all the same: _Names)
+    object.__setattr__(info, "when_keys", tuple(info.when_reads - set(FUNCTIONS) - set(CONSTANTS)))
     if len(_RULE_INFO) >= 4096:
         _RULE_INFO.clear()
     _RULE_INFO[id(rule)] = info
@@ -2187,7 +2454,7 @@ def _changes(before: _Snapshot, variables: dict[str, Any]) -> tuple[set[str], _S
 class _Reads(Mapping[str, Any]):
     """A read-only view of the context that notes each name read (what the fix check reads)."""
 
-    def __init__(self, names: dict[str, Any]) -> None:
+    def __init__(self, names: Mapping[str, Any]) -> None:
         self.names = names
         self.read: set[str] = set()
 
@@ -2211,16 +2478,26 @@ class _Reads(Mapping[str, Any]):
         return len(self.names)
 
 
-@dataclass(frozen=True)
 class _Kept:
     """One rule's evaluation for one engine: the names it read (``reads``), its errors
-    (``(where, message)``) and its finding's fields (None: it did not fire)."""
+    (``(where, message)``), its finding's fields (None: it did not fire) and its ``trace``:
+    each step's outcome (:func:`_evaluate_traced`), None when the evaluation raised an error
+    or read a name no context provided. Read-only once made (a plain class with slots: one
+    is made per rule evaluated, every cycle)."""
 
-    rule: Rule
-    functions: Any
-    reads: frozenset[str]
-    errors: tuple[tuple[str, str], ...]
-    finding: tuple[Any, ...] | None
+    __slots__ = ("rule", "functions", "reads", "errors", "finding", "trace")
+
+    def __init__(
+        self,
+        rule: Rule,
+        functions: Any,
+        reads: frozenset[str],
+        errors: tuple[tuple[str, str], ...],
+        finding: tuple[Any, ...] | None,
+        trace: list[Any] | None = None,
+    ) -> None:
+        self.rule, self.functions, self.reads, self.errors = rule, functions, reads, errors
+        self.finding, self.trace = finding, trace
 
     def replay(self, engine: str | None, errors: list[EvalError]) -> Finding | None:
         """Its errors appended to ``errors``; a new Finding (nothing shared with the kept one)."""
@@ -2258,11 +2535,14 @@ class RuleMemo:
         #: rules evaluated and rules replayed (kept results), over the memo's life
         self.evaluated = 0
         self.replayed = 0
+        #: the last evaluation's causes and order of its findings (:func:`_link_and_sort`)
+        self.order: _Order | None = None
 
     def clear(self) -> None:
         """Forget everything (the next evaluation evaluates every rule)."""
         with self.lock:
             self.engines.clear()
+            self.order = None
 
 
 #: (id(rule info), the functions) → whether the rule calls only shipped functions; bounded
@@ -2333,9 +2613,9 @@ def evaluate(
 class _EngineMemo:
     """One engine's part of a :class:`RuleMemo`: the ``snapshot`` of the names its kept
     results read, the ``kept`` results (id(rule) → :class:`_Kept`), and the ``plan`` made for
-    the ``rules`` and ``inputs`` of its last context."""
+    the ``rules``, ``inputs`` and ``functions`` of its last context."""
 
-    __slots__ = ("snapshot", "kept", "rules", "inputs", "plan")
+    __slots__ = ("snapshot", "kept", "rules", "inputs", "functions", "plan")
 
     def __init__(
         self,
@@ -2343,24 +2623,84 @@ class _EngineMemo:
         kept: dict[int, _Kept],
         rules: list[Rule],
         inputs: frozenset[str],
-        plan: list[tuple[Rule, int, _RuleInfo, Skipped | None]],
+        functions: Any,
+        plan: _Plan,
     ) -> None:
-        self.snapshot, self.kept, self.rules, self.inputs, self.plan = snapshot, kept, rules, inputs, plan
+        self.snapshot, self.kept, self.rules, self.inputs = snapshot, kept, rules, inputs
+        self.functions, self.plan = functions, plan
 
 
-def _plan(
-    rules: list[Rule], inputs: Iterable[str], engine: str | None
-) -> list[tuple[Rule, int, _RuleInfo, Skipped | None]]:
-    """Per rule: (rule, its id(), what it reads, its :class:`Skipped` for ``engine`` when it
-    does not run, else None): a rule whose ``needs`` (all) or ``needs_any`` (one of) are
-    absent is skipped. The Skipped objects are made once per plan (reports only read them)."""
-    out: list[tuple[Rule, int, _RuleInfo, Skipped | None]] = []
+#: a plan: the rules that run, each as (rule, its id(), what it reads, whether its results may
+#: be kept: it calls only the shipped functions, see :func:`_pure`), and the rules skipped,
+#: each as ((rule id, engine), its Skipped)
+_Plan = tuple[list[tuple[Rule, int, _RuleInfo, bool]], list[tuple[tuple[str, str | None], Skipped]]]
+
+
+def _plan(rules: list[Rule], inputs: Iterable[str], engine: str | None, functions: Any) -> _Plan:
+    """The rules that run for ``engine`` (in order: each with its id(), what it reads and
+    whether its result may be kept, :func:`_pure` over ``functions``; False when
+    ``functions`` is None: no memo) and the rules skipped, with their :class:`Skipped`: a
+    rule whose ``needs`` (all) or ``needs_any`` (one of) are absent from ``inputs``. The
+    Skipped objects are made once per plan (reports only read them)."""
+    runs: list[tuple[Rule, int, _RuleInfo, bool]] = []
+    skips: list[tuple[tuple[str, str | None], Skipped]] = []
     for rule in rules:
         missing = [n for n in rule.needs if n not in inputs]
         if rule.needs_any and not any(n in inputs for n in rule.needs_any):
             missing.append("|".join(rule.needs_any))
-        out.append((rule, id(rule), _rule_info(rule), Skipped(rule.id, missing, engine) if missing else None))
-    return out
+        if missing:
+            if all(k != (rule.id, engine) for k, _ in skips):  # a rule id given twice: the first
+                skips.append(((rule.id, engine), Skipped(rule.id, missing, engine)))
+            continue
+        info = _rule_info(rule)
+        runs.append((rule, id(rule), info, functions is not None and _pure(info, functions)))
+    return runs, skips
+
+
+class _Order:
+    """The last call's ordering of a :class:`RuleMemo`: for the ``rules`` and the findings'
+    ``keys`` ((rule id, engine, severity) in the order they were found), each one's
+    ``caused_by`` (:func:`link_causes`) and the positions in :func:`sort_findings` order.
+    Both are functions of those keys and the rules' families and ``explains`` alone."""
+
+    __slots__ = ("rules", "keys", "causes", "order")
+
+    def __init__(
+        self,
+        rules: list[Rule],
+        keys: tuple[tuple[str, str | None, str], ...],
+        causes: tuple[str | None, ...],
+        order: tuple[int, ...],
+    ) -> None:
+        self.rules, self.keys, self.causes, self.order = rules, keys, causes, order
+
+
+def _link_and_sort(rules: list[Rule], findings: list[Finding], memo: RuleMemo | None) -> list[Finding]:
+    """:func:`link_causes` then :func:`sort_findings` of ``findings`` (fresh ones: only their
+    ``caused_by`` is set); with a memo, the last call's result is reused when its rules are
+    the same objects and its findings had the same keys."""
+    if memo is None:
+        link_causes(rules, findings)
+        return sort_findings(findings)
+    keys = tuple([(f.rule, f.engine, f.severity) for f in findings])
+    last = memo.order
+    if (
+        last is not None
+        and last.keys == keys
+        and len(last.rules) == len(rules)
+        and all(map(is_, last.rules, rules))
+    ):
+        for f, cause in zip(findings, last.causes, strict=True):
+            if cause is not None:
+                f.caused_by = cause
+        return [findings[i] for i in last.order]
+    link_causes(rules, findings)
+    ordered = sort_findings(findings)
+    position = {id(f): i for i, f in enumerate(findings)}
+    memo.order = _Order(
+        rules, keys, tuple([f.caused_by for f in findings]), tuple([position[id(f)] for f in ordered])
+    )
+    return ordered
 
 
 def _evaluate(
@@ -2376,7 +2716,8 @@ def _evaluate(
     skipped: dict[tuple[str, str | None], Skipped] = {}
     for ctx in contexts:
         engine = ctx.engine
-        base: dict[str, Any] | None = None  # constants and variables, made when a rule runs
+        # the context's variables, read-only; the constants are found under them (_Names)
+        base = ctx.variables
         changed: set[str] = set()
         kept: dict[int, _Kept] = {}
         now: dict[int, _Kept] = {}
@@ -2385,21 +2726,25 @@ def _evaluate(
         if (
             state is not None
             and state.inputs == inputs
+            and state.functions is functions
             and len(state.rules) == len(rules)
             and all(map(is_, state.rules, rules))
         ):
             plan = state.plan
         else:
-            plan = _plan(rules, inputs, engine)
+            plan = _plan(rules, inputs, engine, functions if memo is not None else None)
         fresh = False  # a rule was evaluated (not replayed) for this context
         if state is not None:
             kept = state.kept
-            changed, snapshot = _changes(state.snapshot, ctx.variables)
+            changed, snapshot = _changes(state.snapshot, base)
         made: list[_Kept] = []  # the results evaluated (not replayed) this time
-        for rule, rid, info, skip in plan:
-            if skip is not None:
-                skipped.setdefault((rule.id, engine), skip)
-                continue
+        runs, skips = plan
+        if skipped:  # another context's: the first Skipped of a (rule, engine) stays
+            for key, skip in skips:
+                skipped.setdefault(key, skip)
+        else:
+            skipped.update(skips)
+        for rule, rid, info, keep in runs:
             last = kept.get(rid)
             if (
                 last is not None
@@ -2413,25 +2758,43 @@ def _evaluate(
                     continue  # did not fire, nothing to report (most rules, most cycles)
                 finding = last.replay(engine, errors)
             else:
-                if base is None:
-                    base = dict(CONSTANTS)
-                    base.update(ctx.variables)
                 n_errors = len(errors)
-                names = _Names({n: base[n] for n in info.when_reads if n in base})
+                names: _Names
+                if keep:  # the names it reads are noted (its memo entry's reads)
+                    names = _ReadNames(rule.thresholds)
+                    names.read = []
+                else:  # the names it may read first, under its thresholds
+                    keys = info.when_keys
+                    values = list(map(base.get, keys, repeat(_ABSENT)))
+                    if any(map(is_, values, repeat(_ABSENT))):  # a name the context lacks
+                        names = _Names({n: base[n] for n in keys if n in base})
+                    else:
+                        names = _Names(zip(keys, values, strict=True))
+                    names.update(rule.thresholds)
                 names.base = base
                 names.missing = set()
-                names.update(rule.thresholds)
                 run: _Runner
                 if evaluator is None:
                     run = _Runner(names, functions, rule, engine, errors)
                 else:
                     run = _ReferenceRunner(names, functions, rule, engine, errors)
                     run.evaluator = evaluator
-                context: Any = base
-                keep = memo is not None and _pure(info, functions)
-                if keep and rule.fix:
-                    context = _Reads(base)
-                finding = _evaluate_rule(run, names, context)
+                trace: list[Any] | None = None
+                if keep:
+                    # the steps of a rule that fired are reused (its templates, fixes: most of
+                    # its cost); one that did not is evaluated afresh, so its entry reads only
+                    # what its lets and when read this time (a when that short-circuits)
+                    last_trace = (
+                        last.trace
+                        if last is not None
+                        and last.finding is not None
+                        and last.rule is rule
+                        and last.functions is functions
+                        else None
+                    )
+                    finding, trace, fix_reads = _evaluate_traced(run, names, base, last_trace, changed, info)
+                else:
+                    finding = _evaluate_rule(run, names, base)
                 if names.missing:
                     errors.append(
                         EvalError(
@@ -2445,15 +2808,20 @@ def _evaluate(
                     memo.evaluated += 1
                     fresh = True
                     if keep:
-                        reads = info.when_reads
-                        if finding is not None:
-                            reads = info.reads | context.read if isinstance(context, _Reads) else info.reads
+                        if last_trace is None:  # every step evaluated: what it read decides it
+                            reads = frozenset(names.read) | fix_reads  # type: ignore[attr-defined]
+                        else:  # a step reused reads nothing now: what any step may read
+                            reads = info.when_reads if finding is None else info.reads | fix_reads
                         now[rid] = _Kept(
                             rule,
                             functions,
                             reads,
-                            tuple((e.where, e.message) for e in errors[n_errors:]),
+                            tuple([(e.where, e.message) for e in errors[n_errors:]])
+                            if len(errors) > n_errors
+                            else (),
                             None if finding is None else _finding_data(finding),
+                            # reused only from an evaluation without errors (_evaluate_traced)
+                            None if names.missing or len(errors) > n_errors else trace,
                         )
                         made.append(now[rid])
             if finding is None:
@@ -2467,12 +2835,11 @@ def _evaluate(
             # (names no kept result reads any more stay: a superset only costs a comparison)
             if state is None or (fresh and not all(k.reads <= snapshot.watched for k in made)):
                 watch = tuple(frozenset().union(*(k.reads for k in now.values())))
-                snapshot = _snapshot(watch, list(map(ctx.variables.get, watch, repeat(_ABSENT))))
+                snapshot = _snapshot(watch, list(map(base.get, watch, repeat(_ABSENT))))
             while len(memo.engines) >= memo.max_engines:
                 del memo.engines[next(iter(memo.engines))]
-            memo.engines[engine] = _EngineMemo(snapshot, now, rules, inputs, plan)
-    link_causes(rules, list(found.values()))
-    result.findings = sort_findings(found.values())
+            memo.engines[engine] = _EngineMemo(snapshot, now, rules, inputs, functions, plan)
+    result.findings = _link_and_sort(rules, list(found.values()), memo)
     # A rule that fired for an engine is not also "skipped" for it.
     result.skipped = [s for k, s in skipped.items() if k not in found]
     return result
