@@ -1890,19 +1890,7 @@ class _Runner:
                 out.append(part)
                 continue
             expr, spec = part
-            v = self.value(expr)
-            if v is None:
-                out.append(_NA)
-                continue
-            try:
-                out.append(format(v, spec))
-            except Exception as err:  # noqa: BLE001 - bad format spec for this value
-                self.errors.append(
-                    EvalError(
-                        self.rule.id, self.engine, expr.where, f"format {{{expr.source}:{spec}}}: {err}"
-                    )
-                )
-                out.append(_NA)
+            _append_formatted(self, out, expr, spec, self.value(expr))
         return "".join(out)
 
 
@@ -1920,17 +1908,23 @@ def _render(run: _Runner, tpl: Template) -> str:
         except Exception as err:  # noqa: BLE001 - a rule must never crash the run
             run.fail(expr, err)
             v = None
-        if v is None:
-            out.append(_NA)
-            continue
-        try:
-            out.append(format(v, spec))
-        except Exception as err:  # noqa: BLE001 - bad format spec for this value
-            run.errors.append(
-                EvalError(run.rule.id, run.engine, expr.where, f"format {{{expr.source}:{spec}}}: {err}")
-            )
-            out.append(_NA)
+        _append_formatted(run, out, expr, spec, v)
     return "".join(out)
+
+
+def _append_formatted(run: _Runner, out: list[str], expr: Any, spec: str, v: Any) -> None:
+    """``format(v, spec)`` onto ``out``; ``N/A`` for None or a format spec the value refuses (an
+    EvalError on ``run``)."""
+    if v is None:
+        out.append(_NA)
+        return
+    try:
+        out.append(format(v, spec))
+    except Exception as err:  # noqa: BLE001 - bad format spec for this value
+        run.errors.append(
+            EvalError(run.rule.id, run.engine, expr.where, f"format {{{expr.source}:{spec}}}: {err}")
+        )
+        out.append(_NA)
 
 
 class _ReferenceRunner(_Runner):

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +100,16 @@ def _private_rules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         os.environ.pop("KVDOCTOR_CACHE_DIR", None)
     else:
         os.environ["KVDOCTOR_CACHE_DIR"] = old
+
+
+# ------------------------------------------------------------------ rules memo tests
+
+
+def evaluation_outcome(ev: Any) -> tuple[Any, ...]:
+    """Everything a ``kvdoctor.rules_engine.Evaluation`` gave, as data (findings, skipped,
+    errors): a memoised evaluation and a fresh one must give the same."""
+    return (
+        [f.to_dict() for f in ev.findings],
+        [s.to_dict() for s in ev.skipped],
+        [str(e) for e in ev.errors],
+    )

@@ -16,6 +16,7 @@ from kvdoctor.inputs import InputOptions, open_feed
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.report import render_json
 from kvdoctor.rules_engine import RuleContext, RuleMemo, evaluate, load_rules
+from tests.conftest import evaluation_outcome as _outcome
 
 DATA = Path(__file__).parent / "data"
 DOC = "doc: |\n  ## What\n  x\n  ## Why\n  x\n  ## How to confirm\n  x\n  ## Fix\n  x\n  ## Sources\n  x\n"
@@ -27,15 +28,6 @@ def _rules(tmp_path: Path, body: str, rid: str = "memo-rule") -> list[RE.Rule]:
         f"evidence:\n  - {{fact: f, value: '{{x}}', source: s}}\n{DOC}"
     )
     return load_rules([tmp_path])
-
-
-def _outcome(ev: RE.Evaluation) -> tuple[Any, ...]:
-    """Everything an evaluation gave, as data."""
-    return (
-        [f.to_dict() for f in ev.findings],
-        [s.to_dict() for s in ev.skipped],
-        [str(e) for e in ev.errors],
-    )
 
 
 def _twice(rules: list[RE.Rule], memo: RuleMemo, variables: dict[str, Any]) -> tuple[Any, ...]:

@@ -22,6 +22,7 @@ from kvdoctor.pipeline import Pipeline
 from kvdoctor.report import render_json
 from kvdoctor.rules_engine import RuleContext, RuleMemo, evaluate, load_rules
 from kvdoctor.units import GiB
+from tests.conftest import evaluation_outcome as _outcome
 
 DOC = "doc: |\n  ## What\n  x\n  ## Why\n  x\n  ## How to confirm\n  x\n  ## Fix\n  x\n  ## Sources\n  x\n"
 
@@ -67,14 +68,6 @@ def _load(tmp_path: Path) -> list[RE.Rule]:
     (tmp_path / "rich-rule.yaml").write_text(RICH + DOC)
     (tmp_path / "plain-rule.yaml").write_text(PLAIN + DOC)
     return load_rules([tmp_path])
-
-
-def _outcome(ev: RE.Evaluation) -> tuple[Any, ...]:
-    return (
-        [f.to_dict() for f in ev.findings],
-        [s.to_dict() for s in ev.skipped],
-        [str(e) for e in ev.errors],
-    )
 
 
 def _variables(rng: random.Random) -> dict[str, Any]:
