@@ -28,9 +28,12 @@ class FakeHost:
         self.port_reads: list[int] = []
         self.title_reads: list[int] = []
         self.stat_reads: list[int] = []  # the same-process checks of a rescan
+        self.cursor = 100  # the kernel's last pid handed out (/proc/loadavg's last field)
+        self.listings = 0  # psutil.pids() calls
 
     def add(self, pid: int, name: str, cmdline: list[str], ppid: int = 1, ctime: float = OLD) -> None:
         self.procs[pid] = {"pid": pid, "ppid": ppid, "name": name, "cmdline": cmdline, "create_time": ctime}
+        self.cursor += 1  # a new process takes a new pid (an exit moves nothing)
 
     def process(self, pid: int) -> Any:
         host = self
@@ -87,8 +90,15 @@ class FakeHost:
             return iter([self.process(pid) for pid in sorted(self.procs)])
 
         monkeypatch.setattr(processes.psutil, "process_iter", process_iter)
-        monkeypatch.setattr(processes.psutil, "pids", lambda: sorted(self.procs))
+
+        def pids() -> list[int]:
+            self.listings += 1
+            return sorted(self.procs)
+
+        monkeypatch.setattr(processes.psutil, "pids", pids)
         monkeypatch.setattr(processes.psutil, "Process", self.process)
+        monkeypatch.setattr(processes, "_pid_cursor", lambda: str(self.cursor).encode())
+        monkeypatch.setattr(processes, "_pid_listed", lambda pid: pid in self.procs)
         processes._SEEN.clear()
 
 
@@ -325,3 +335,109 @@ def test_a_kernel_thread_pid_reused_by_vllm_is_read_again(host: FakeHost) -> Non
     host.add(80, "vllm", ["vllm", "serve", "m"], ppid=1, ctime=OLD + 5)  # same pid, a new process
     now[0] += 60.0
     assert {p.pid: p.vllm_role for p in table.read()}[80] == "api_server" and 80 in host.single_reads
+
+
+# --------------------------------------------------------------------------- no listing while no pid appears
+
+
+def test_no_listing_while_the_pid_cursor_stays(host: FakeHost) -> None:
+    """Between rescans /proc is listed only after a new pid appeared (the pid cursor moved):
+    an unchanged host costs no listing, a new process is still seen on the next read."""
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    table.read()
+    now[0] += 1
+    table.read()  # the first read between rescans lists /proc and keeps the cursor
+    host.listings = 0
+    for _ in range(5):
+        now[0] += 1
+        got = table.read()
+    assert host.listings == 0 and table.listings_skipped == 5
+    assert [p.pid for p in got] == [10, 11] and got[0].cpu_percent == 3.0  # counters still read
+    host.add(20, "VLLM::Worker_TP0", ["VLLM::Worker_TP0"], ppid=10)
+    now[0] += 1
+    assert [p.pid for p in table.read()] == [10, 11, 20] and host.listings == 1
+
+
+def test_a_vllm_process_that_exits_is_dropped_without_a_new_pid(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    for _ in range(3):
+        now[0] += 1
+        table.read()
+    del host.procs[11]  # the engine core exits; no pid is handed out
+    now[0] += 1
+    assert [p.pid for p in table.read()] == [10] and table.rescans == 1
+
+
+def test_the_same_processes_with_and_without_the_cursor(
+    host: FakeHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Differential: a table that skips listings while the cursor stays and one that lists
+    /proc on every read (no cursor) give the same processes over a run of exits, starts,
+    retitles and unreadable pids."""
+    now = [0.0]
+    wall = [time.time()]
+    monkeypatch.setattr(processes, "time", SimpleNamespace(time=lambda: wall[0], sleep=time.sleep))
+    cursor = processes._pid_cursor
+    skipping = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    listing = ProcessTable(rescan_s=600.0, clock=lambda: now[0])
+    spawn = ["python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]
+    steps: list[Any] = [
+        lambda: None,
+        lambda: host.add(13, "python3", ["python3", "tool.py"], ctime=wall[0]),
+        lambda: host.procs.pop(12),  # bash exits: no new pid
+        lambda: host.procs[13].update(name="VLLM::Worker_TP0", cmdline=["VLLM::Worker_TP0"]),
+        lambda: host.add(60, "python3", spawn, ppid=10),
+        lambda: host.procs.pop(13),  # a worker exits
+        lambda: host.procs.pop(60),
+        lambda: host.add(61, "VLLM::Worker_TP1", ["VLLM::Worker_TP1"], ppid=10),
+        lambda: host.procs.pop(10),  # the server exits, its engine core stays
+        lambda: None,
+    ]
+    strip = lambda ps: [(p.pid, p.vllm_role, p.name, p.cmdline, p.rss_bytes) for p in ps]  # noqa: E731
+    for step in steps:
+        step()
+        now[0] += 1
+        wall[0] += 1
+        monkeypatch.setattr(processes, "_pid_cursor", cursor)
+        a = skipping.read()
+        monkeypatch.setattr(processes, "_pid_cursor", lambda: None)
+        b = listing.read()
+        assert strip(a) == strip(b)
+    assert skipping.listings_skipped > 0 and listing.listings_skipped == 0
+
+
+def test_the_pid_cursor_of_this_host() -> None:
+    """The real cursor (/proc/loadavg): it moves when a process starts; None where it cannot
+    be trusted. /proc/PID of a live pid is listed, of a reaped one not."""
+    import subprocess
+    import sys
+
+    before = processes._pid_cursor()
+    if before is None:
+        pytest.skip("this procfs gives no usable pid cursor")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert processes._pid_cursor() != before
+    assert processes._pid_listed(child.pid) is False
+    import os
+
+    assert processes._pid_listed(os.getpid()) is True
+
+
+def test_no_cursor_from_another_namespaces_procfs_or_a_still_field(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A procfs whose /proc/self is not this process (another PID namespace's, e.g. the
+    host's mounted into a container), or whose last-pid field does not move when a thread
+    starts, gives no cursor: every read lists /proc."""
+    import os
+
+    (tmp_path / "loadavg").write_text("0.00 0.01 0.05 1/80 4242\n")
+    monkeypatch.setattr(processes.psutil, "PROCFS_PATH", str(tmp_path))
+    (tmp_path / "self").symlink_to("1")
+    assert processes._open_cursor() is False
+    (tmp_path / "self").unlink()
+    (tmp_path / "self").symlink_to(str(os.getpid()))
+    assert processes._open_cursor() is False  # 4242 stays when a thread starts
