@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -33,25 +35,87 @@ def _text(v: object) -> str | None:
     return str(v)
 
 
+#: The NVML functions a read calls, looked up once per read (a pynvml without one: that field None).
+_FUNCTIONS = (
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlSystemGetProcessName",
+)
+
+#: NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_NO_PERMISSION, NVML_ERROR_FUNCTION_NOT_FOUND: what the
+#: device, the driver or this user lacks, for the whole session (a GPU without MIG or ECC says so
+#: on every read); no sign of a bad handle.
+_LACKS = (3, 4, 13)
+_LACKS_NAMES = ("NVMLError_NotSupported", "NVMLError_NoPermission", "NVMLError_FunctionNotFound")
+
+#: seconds between reads of the fields only an administrator changes (enforced power limit,
+#: MIG mode): :class:`NvmlReader`
+SLOW_FIELDS_S = 10.0
+
+
+def _lacks(err: BaseException) -> bool:
+    return getattr(err, "value", None) in _LACKS or type(err).__name__ in _LACKS_NAMES
+
+
 class NvmlReader:
     """Reads every GPU NVML sees; keeps NVML initialised until :meth:`close`.
 
     ``nvml`` is the pynvml module (injected by tests); by default ``import pynvml`` at
     :meth:`open` time. Thread-safe: reads are serialised by a lock.
+
+    Kept for the NVML session (dropped by :meth:`close`): each index's device handle
+    (``nvmlDeviceGetHandleByIndex``, valid until ``nvmlShutdown``) and its name, UUID and bus
+    id. The fields only an administrator changes, ``power_limit_w`` (``nvmlDevice
+    GetEnforcedPowerLimit``, ``nvidia-smi -pl``) and ``mig_enabled`` (``nvmlDeviceGetMigMode``,
+    ``nvidia-smi -mig``, which needs a GPU reset anyway), are read every ``slow_s`` seconds
+    (default :data:`SLOW_FIELDS_S`, 10; ``clock`` is monotonic seconds): they may be that much
+    stale. Any NVML error on a device other than "not supported", "no permission" or "function
+    not found" (what the device, driver or user lacks, every read alike) drops
+    its handle and those fields: the next read asks for them again. Every other field is read
+    on every read.
     """
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType | None = None,
+        *,
+        slow_s: float = SLOW_FIELDS_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._nvml: Any = nvml
         self._initialised = False
         self._lock = threading.Lock()
-        # What one NVML session does not change, read once per device index: name, UUID, bus id
-        # (three of a device's ~15 calls a read; ctypes calls cost µs each, every second).
+        self.slow_s = slow_s
+        self._clock = clock
+        # What one NVML session does not change, read once per device index: name, UUID, bus
+        # id, the device handle (four of a device's ~15 calls a read; ctypes calls cost µs each,
+        # every second).
         self._static: dict[int, tuple[str | None, str | None, str | None]] = {}
+        self._handles: dict[int, Any] = {}
+        # index → (monotonic time read, power_limit_w, mig_enabled)
+        self._slow: dict[int, tuple[float, float | None, bool | None]] = {}
+        # an NVML call of the device being read failed (not "not supported")
+        self._failed = False
         # Process names of the previous read, by pid: a pid seen in two reads a cycle apart is
         # the same process (a reused pid would first have to leave NVML's list), so psutil is
         # asked once per GPU process, not once per read.
         self._names: dict[int, str] = {}
         self._names_now: dict[int, str] = {}
+        self._fns: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -64,7 +128,7 @@ class NvmlReader:
             if self._nvml is None:
                 self._nvml = importlib.import_module("pynvml")
             self._nvml.nvmlInit()
-            self._static, self._names = {}, {}
+            self._static, self._names, self._handles, self._slow = {}, {}, {}, {}
         except ImportError as e:
             raise SourceError(f"NVML unavailable: cannot import pynvml ({e})") from None
         except Exception as e:  # pynvml.NVMLError_* (library not found, driver not loaded, …)
@@ -76,6 +140,7 @@ class NvmlReader:
         with self._lock:
             if self._initialised:
                 self._initialised = False
+                self._handles, self._slow = {}, {}
                 try:
                     self._nvml.nvmlShutdown()
                 except Exception:  # noqa: BLE001 - shutting down; nothing to report
@@ -83,15 +148,17 @@ class NvmlReader:
 
     # ------------------------------------------------------------------ reading
 
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call one NVML function by name; any NVML error (or a function this pynvml lacks) →
-        None. (One frame a call: ~90 calls a read of 8 GPUs, every second.)"""
-        fn = getattr(self._nvml, name, None)
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call one NVML function (looked up for this read: None when this pynvml lacks it);
+        any NVML error → None, and one other than "not supported", "no permission" or "function
+        not found" marks the device's read as failed. (One frame a call: ~70 calls a read of 8 GPUs, every second.)"""
         if fn is None:
             return None
         try:
             return fn(*args, **kwargs)
-        except (self._nvml.NVMLError, AttributeError, TypeError, ValueError):
+        except (self._nvml.NVMLError, AttributeError, TypeError, ValueError) as e:
+            if not _lacks(e):
+                self._failed = True
             return None
 
     def read(self) -> list[Gpu]:
@@ -108,6 +175,8 @@ class NvmlReader:
         clock_event_reasons; ``nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)`` →
         ecc_uncorrectable; ``nvmlDeviceGetComputeRunningProcesses`` + ``…GraphicsRunning…`` →
         processes (usedGpuMemory bytes, None when NVML says not available; names from psutil).
+        Name, UUID and bus id are read once per NVML session, power_limit_w and mig_enabled
+        every ``slow_s`` seconds (the class doc).
 
         Raises SourceError when NVML cannot be initialised or the device count cannot be read;
         per-device and per-field errors only blank those fields.
@@ -119,23 +188,31 @@ class NvmlReader:
                 count = int(nv.nvmlDeviceGetCount())
             except Exception as e:
                 raise SourceError(f"NVML: cannot count devices: {e}", origin="NVML") from None
+            # looked up once a read, not once a call (a test or a reload may swap them between reads)
+            self._fns = {name: getattr(nv, name, None) for name in _FUNCTIONS}
             self._names_now = {}
+            now = self._clock()
             try:
-                return [self._read_device(i) for i in range(count)]
+                return [self._read_device(i, now) for i in range(count)]
             finally:
                 self._names = self._names_now
 
-    def _read_device(self, index: int) -> Gpu:
+    def _read_device(self, index: int, now: float) -> Gpu:
         nv = self._nvml
+        f = self._fns
+        call = self._call
         gpu = Gpu(index=index)
-        handle = self._call("nvmlDeviceGetHandleByIndex", index)
+        self._failed = False
+        handle = self._handles.get(index)
         if handle is None:
-            return gpu
+            handle = call(f["nvmlDeviceGetHandleByIndex"], index)
+            if handle is None:
+                return gpu
         static = self._static.get(index)
         if static is None:
-            name = _text(self._call("nvmlDeviceGetName", handle))
-            uuid = _text(self._call("nvmlDeviceGetUUID", handle))
-            pci = self._call("nvmlDeviceGetPciInfo", handle)
+            name = _text(call(f["nvmlDeviceGetName"], handle))
+            uuid = _text(call(f["nvmlDeviceGetUUID"], handle))
+            pci = call(f["nvmlDeviceGetPciInfo"], handle)
             bus_id = normalize_bus_id(_text(getattr(pci, "busId", None))) if pci is not None else None
             static = (name, uuid, bus_id)
             if None not in static:  # a field that failed is asked again next read
@@ -143,41 +220,57 @@ class NvmlReader:
         gpu.name, gpu.uuid, gpu.bus_id = static
         mem = None
         if hasattr(nv, "nvmlMemory_v2"):
-            mem = self._call("nvmlDeviceGetMemoryInfo", handle, version=nv.nvmlMemory_v2)
+            mem = call(f["nvmlDeviceGetMemoryInfo"], handle, version=nv.nvmlMemory_v2)
         if mem is None:
-            mem = self._call("nvmlDeviceGetMemoryInfo", handle)
+            mem = call(f["nvmlDeviceGetMemoryInfo"], handle)
         if mem is not None:
             gpu.memory_total_bytes = int(mem.total)
             gpu.memory_used_bytes = int(mem.used)
-        util = self._call("nvmlDeviceGetUtilizationRates", handle)
+        util = call(f["nvmlDeviceGetUtilizationRates"], handle)
         if util is not None:
             gpu.utilization_gpu = util.gpu / 100.0
             gpu.utilization_memory = util.memory / 100.0
-        temp = self._call("nvmlDeviceGetTemperature", handle, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        temp = call(f["nvmlDeviceGetTemperature"], handle, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
         gpu.temperature_c = None if temp is None else float(temp)
-        mw = self._call("nvmlDeviceGetPowerUsage", handle)
+        mw = call(f["nvmlDeviceGetPowerUsage"], handle)
         gpu.power_w = None if mw is None else mw / 1000.0
-        lim = self._call("nvmlDeviceGetEnforcedPowerLimit", handle)
-        if lim is None:
-            lim = self._call("nvmlDeviceGetPowerManagementLimit", handle)
-        gpu.power_limit_w = None if lim is None else lim / 1000.0
-        mig = self._call("nvmlDeviceGetMigMode", handle)
-        if mig is not None:
-            gpu.mig_enabled = int(mig[0]) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
-        reasons = self._call("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        slow = self._slow.get(index)
+        if slow is None or now - slow[0] >= self.slow_s:
+            slow = self._read_slow(handle, now)
+        gpu.power_limit_w, gpu.mig_enabled = slow[1], slow[2]
+        reasons = call(f["nvmlDeviceGetCurrentClocksEventReasons"], handle)
         if reasons is None:
-            reasons = self._call("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+            reasons = call(f["nvmlDeviceGetCurrentClocksThrottleReasons"], handle)
         if reasons is not None:
             gpu.clock_event_reasons = decode_clock_event_reasons(int(reasons))
-        ecc = self._call(
-            "nvmlDeviceGetTotalEccErrors",
+        ecc = call(
+            f["nvmlDeviceGetTotalEccErrors"],
             handle,
             getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
             getattr(nv, "NVML_VOLATILE_ECC", 0),
         )
         gpu.ecc_uncorrectable = None if ecc is None else int(ecc)
         gpu.processes = self._processes(handle, gpu)
+        if self._failed:  # the handle may be stale (GPU lost, reset): asked again next read
+            self._handles.pop(index, None)
+            self._slow.pop(index, None)
+        else:
+            self._handles[index] = handle
+            self._slow[index] = slow
         return gpu
+
+    def _read_slow(self, handle: Any, now: float) -> tuple[float, float | None, bool | None]:
+        """(now, power_limit_w, mig_enabled): ``nvmlDeviceGetEnforcedPowerLimit`` (else
+        ``…PowerManagementLimit``, mW → W) and ``nvmlDeviceGetMigMode``."""
+        f = self._fns
+        lim = self._call(f["nvmlDeviceGetEnforcedPowerLimit"], handle)
+        if lim is None:
+            lim = self._call(f["nvmlDeviceGetPowerManagementLimit"], handle)
+        mig = self._call(f["nvmlDeviceGetMigMode"], handle)
+        enabled = None
+        if mig is not None:
+            enabled = int(mig[0]) == int(getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+        return (now, None if lim is None else lim / 1000.0, enabled)
 
     def _processes(self, handle: Any, gpu: Gpu) -> list[GpuProcess]:
         """Compute ("C") and graphics ("G") processes; one in both lists is "C+G"."""
@@ -186,7 +279,7 @@ class NvmlReader:
             ("nvmlDeviceGetComputeRunningProcesses", "C"),
             ("nvmlDeviceGetGraphicsRunningProcesses", "G"),
         ):
-            for p in self._call(fn, handle) or []:
+            for p in self._call(self._fns[fn], handle) or []:
                 pid = int(p.pid)
                 used = getattr(p, "usedGpuMemory", None)
                 used = None if used is None or used >= _NOT_AVAILABLE_ULL else int(used)
@@ -233,7 +326,10 @@ class NvmlReader:
             return proc.name()
         except Exception:  # noqa: BLE001 - psutil.NoSuchProcess/AccessDenied/ZombieProcess
             pass
-        return _text(self._call("nvmlSystemGetProcessName", pid)) or ""
+        failed = self._failed  # a pid NVML cannot name says nothing about the device's handle
+        name = _text(self._call(self._fns.get("nvmlSystemGetProcessName"), pid)) or ""
+        self._failed = failed
+        return name
 
 
 _default: NvmlReader | None = None

@@ -332,3 +332,74 @@ def test_process_name_asked_once_while_the_pid_stays(monkeypatch: pytest.MonkeyP
     mod.nvmlDeviceGetGraphicsRunningProcesses = real_gfx
     reader.read()
     assert len(asked) == 4
+
+
+# --------------------------------------------------------------------------- handles and slow fields kept
+
+
+def test_handle_kept_for_the_session_and_asked_again_after_an_error() -> None:
+    devices = [dict(H100), dict(A100_MIG)]
+    mod = make_fake(devices)
+    counts: dict[str, int] = {}
+    _counting(mod, "nvmlDeviceGetHandleByIndex", counts)
+    reader = NvmlReader(mod)
+    for _ in range(4):
+        reader.read()
+    # once per index: "not supported" and "no permission" (every read of the A100) keep it
+    assert counts["nvmlDeviceGetHandleByIndex"] == 2
+    devices[0]["nvmlDeviceGetTemperature"] = NVMLError("GPU is lost")
+    assert reader.read()[0].temperature_c is None
+    assert counts["nvmlDeviceGetHandleByIndex"] == 2
+    devices[0]["nvmlDeviceGetTemperature"] = 41
+    assert reader.read()[0].temperature_c == 41.0
+    assert counts["nvmlDeviceGetHandleByIndex"] == 3  # the failed index asked again
+    reader.read()
+    assert counts["nvmlDeviceGetHandleByIndex"] == 3
+    reader.close()
+    reader.read()  # a new NVML session: handles asked afresh
+    assert counts["nvmlDeviceGetHandleByIndex"] == 5
+
+
+def test_power_limit_and_mig_mode_read_every_slow_s_and_at_once_after_an_error() -> None:
+    dev = dict(H100)
+    mod = make_fake([dev])
+    counts: dict[str, int] = {}
+    for name in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetMigMode", "nvmlDeviceGetPowerUsage"):
+        _counting(mod, name, counts)
+    now = [0.0]
+    reader = NvmlReader(mod, slow_s=10.0, clock=lambda: now[0])
+    assert reader.read()[0].power_limit_w == 700.0
+    dev["nvmlDeviceGetEnforcedPowerLimit"] = 350_000  # nvidia-smi -pl 350
+    for _ in range(9):
+        now[0] += 1.0
+        gpu = reader.read()[0]
+    assert gpu.power_limit_w == 700.0 and gpu.mig_enabled is False  # up to slow_s stale
+    assert counts["nvmlDeviceGetEnforcedPowerLimit"] == counts["nvmlDeviceGetMigMode"] == 1
+    assert counts["nvmlDeviceGetPowerUsage"] == 10  # the live fields: every read
+    now[0] += 1.0
+    assert reader.read()[0].power_limit_w == 350.0
+    assert counts["nvmlDeviceGetEnforcedPowerLimit"] == 2
+    dev["nvmlDeviceGetEnforcedPowerLimit"] = 300_000
+    dev["nvmlDeviceGetUtilizationRates"] = NVMLError("Unknown Error")
+    now[0] += 1.0
+    assert reader.read()[0].power_limit_w == 350.0  # read before the failing call
+    dev["nvmlDeviceGetUtilizationRates"] = obj(gpu=21, memory=9)
+    now[0] += 1.0
+    assert reader.read()[0].power_limit_w == 300.0  # after an error: read again at once
+    assert counts["nvmlDeviceGetEnforcedPowerLimit"] == 3
+
+
+def test_kept_handles_and_slow_fields_read_what_a_fresh_read_reads() -> None:
+    """Differential: a reader keeping handles and slow fields and one asking for everything on
+    every read (a new reader each time) give equal GPUs over reads whose live fields change,
+    with a device whose fields are not supported and one that errors once."""
+    devices = [dict(H100), dict(A100_MIG), {**H100, "nvmlDeviceGetTotalEccErrors": NVMLError_NotSupported()}]
+    mod = make_fake(devices)
+    kept = NvmlReader(mod)
+    for step in range(8):
+        devices[0]["nvmlDeviceGetUtilizationRates"] = obj(gpu=step * 10, memory=step)
+        devices[1]["nvmlDeviceGetPowerUsage"] = 100_000 + step
+        devices[2]["nvmlDeviceGetTemperature"] = NVMLError("Unknown Error") if step == 3 else 50 + step
+        a = kept.read()
+        b = NvmlReader(mod).read()
+        assert a == b
