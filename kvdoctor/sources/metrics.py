@@ -244,6 +244,14 @@ _LINE_CACHE: dict[str, _Sample] = {}
 _HEAD_CACHE: dict[str, _Sample] = {}
 
 
+#: The last page's kept lines up to their values (in order) and its samples, when every line
+#: parsed and had its value last, with the _HEAD_CACHE made with them: a page whose kept lines
+#: have those same heads in the same order (a busy engine's next page: every value moved, no
+#: series came or went) reads as those samples with its own values. None, or replaced, as the
+#: caches are.
+_LAST_PAGE: tuple[dict[str, _Sample], list[str], list[_Sample], int] | None = None
+
+
 def _value_is_last(line: str) -> bool:
     """The line's value is its last token (no timestamp, no exemplar after it)."""
     m = _SAMPLE_RE.fullmatch(line)
@@ -257,16 +265,21 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Sample], int | None
 
     Returns (samples in line order, the first bad line's number in ``text`` or None, its
     reason)."""
-    global _LINE_CACHE, _HEAD_CACHE
+    global _LINE_CACHE, _HEAD_CACHE, _LAST_PAGE
     # another sampler thread may replace them meanwhile: only hits are lost
-    prev, prev_heads = _LINE_CACHE, _HEAD_CACHE
+    prev, prev_heads, last = _LINE_CACHE, _HEAD_CACHE, _LAST_PAGE
+    split = [ln.rpartition(" ") for ln in lines]
+    line_heads = [h for h, _, _ in split]
+    if last is not None and last[0] is prev_heads and last[1] == line_heads:
+        samples = _same_heads(last, [v for _, _, v in split])
+        if samples is not None:
+            return samples, None, ""
     got: dict[str, _Sample] = {}
     heads: dict[str, _Sample] = {}
     out: list[_Sample] = []
     bad_line, reason = None, ""
-    for ln in lines:
+    for ln, (head, _, value) in zip(lines, split, strict=True):
         hit = got.get(ln) or prev.get(ln)
-        head, _, value = ln.rpartition(" ")
         if hit is None and head and len(ln) <= _MAX_LINE_CHARS:
             known = prev_heads.get(head)
             # The same name and labels as a line of the last page whose value was its last
@@ -295,7 +308,30 @@ def _parse_lines(text: str, lines: list[str]) -> tuple[list[_Sample], int | None
         got[ln] = hit
         out.append(hit)
     _LINE_CACHE, _HEAD_CACHE = got, heads
+    if bad_line is None and all(h in heads for h in line_heads):
+        _LAST_PAGE = (heads, line_heads, out, max(map(len, line_heads), default=0))
+    else:
+        _LAST_PAGE = None
     return out, bad_line, reason
+
+
+def _same_heads(
+    last: tuple[dict[str, _Sample], list[str], list[_Sample], int], values: list[str]
+) -> list[_Sample] | None:
+    """The samples of a page whose kept lines are ``last``'s heads, in order, each followed by
+    one of ``values``: ``last``'s samples with these values, or None when a value is not what
+    the full parse would read there (a Go float token: no tab, '#' or '_', which float() would
+    take or split on; the line not past :data:`_MAX_LINE_CHARS`)."""
+    joined = " ".join(values)
+    if "\t" in joined or "#" in joined or "_" in joined or "" in values:
+        return None
+    if last[3] + 1 + max(map(len, values), default=0) > _MAX_LINE_CHARS:
+        return None
+    try:
+        numbers = list(map(float, values))
+    except ValueError:
+        return None
+    return [(s[0], s[1], n, s[3], s[4], s[5], s[6]) for s, n in zip(last[2], numbers, strict=True)]
 
 
 def _line_no(text: str, pos: int) -> int:

@@ -391,3 +391,69 @@ def test_only_a_line_whose_value_ends_it_is_reused(
     monkeypatch.setattr(M, "_parse_sample", counted)
     M._parse_lines(line, [line])
     assert (calls == []) is reused
+
+
+# --- a page whose kept lines have the last page's heads, in order ---------------------------
+
+_BENCH_PAGE = DATA / "bench" / "vllm-0.33.0-metrics-sample.txt"
+
+
+def _with_values(page: str, values: list[str]) -> str:
+    """``page`` with the value of its n-th vllm:* sample line replaced by ``values[n % len]``."""
+    out, n = [], 0
+    for ln in page.splitlines():
+        if ln.startswith("vllm:") and " " in ln:
+            ln = ln.rsplit(" ", 1)[0] + " " + values[n % len(values)]
+            n += 1
+        out.append(ln)
+    return "\n".join(out) + "\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["0", "1.5", "-0.0", "7e3", "NaN", "+Inf", "1e309", "2", "1_0", "0x1", "9" * 40]),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_page_with_the_last_pages_heads_reads_as_a_fresh_parse(values: list[str]) -> None:
+    """Differential: the page after a busy one (same series, every value moved, some to NaN,
+    ±Inf, out of range or not a Prometheus float) reads as it does with no cache at all."""
+    page = _BENCH_PAGE.read_text()
+    moved = _with_values(page, values)
+    saved = (M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE)
+    try:
+        M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE = {}, {}, None
+        try:
+            want: object = M.parse_metrics(moved, timestamp=1.0)
+        except SourceError as e:
+            want = str(e)
+        M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE = {}, {}, None
+        M.parse_metrics(_with_values(page, ["3"]), timestamp=1.0)
+        assert M._LAST_PAGE is not None  # every line read, each with its value last
+        try:
+            got: object = M.parse_metrics(moved, timestamp=1.0)
+        except SourceError as e:
+            got = str(e)
+    finally:
+        M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE = saved
+    assert repr(got) == repr(want)
+
+
+def test_the_last_pages_samples_are_reused_only_with_its_own_head_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reset head cache (another endpoint's page, a test's fresh parse) is a fresh parse."""
+    page = _BENCH_PAGE.read_text()
+    M.parse_metrics(page, timestamp=1.0)
+    plan = M._LAST_PAGE
+    assert plan is not None
+    calls = []
+    real = M._same_heads
+    monkeypatch.setattr(M, "_same_heads", lambda *a: calls.append(1) or real(*a))
+    M.parse_metrics(_with_values(page, ["4"]), timestamp=2.0)
+    assert calls == [1]
+    monkeypatch.setattr(M, "_HEAD_CACHE", {})
+    M.parse_metrics(_with_values(page, ["5"]), timestamp=3.0)
+    assert calls == [1]
