@@ -89,6 +89,10 @@ class NvmlReader:
     on every read.
     """
 
+    #: every read's Gpu, GpuProcess and list objects are new and given to no one else (the
+    #: sampler's NvmlSource stamps them in place rather than copying them)
+    fresh_objects = True
+
     def __init__(
         self,
         nvml: ModuleType | None = None,

@@ -403,3 +403,36 @@ def test_kept_handles_and_slow_fields_read_what_a_fresh_read_reads() -> None:
         a = kept.read()
         b = NvmlReader(mod).read()
         assert a == b
+
+
+def test_the_sampler_stamps_a_readers_own_objects_as_it_would_copies() -> None:
+    """Differential: NvmlSource over an NvmlReader (its fresh objects stamped, interned and
+    shared in place) gives what it gives over the same reader with the copies made (a reader
+    not known to make fresh objects); unchanged process lists and reasons are the previous
+    reading's objects, changed ones new, and earlier readings are never modified."""
+    from kvdoctor.sampler import NvmlSource
+
+    class Copied(NvmlReader):
+        fresh_objects = False
+
+    devices = [dict(H100), dict(A100_MIG)]
+    mod = make_fake(devices)
+    in_place = NvmlSource(factory=lambda: NvmlReader(mod))
+    copied = NvmlSource(factory=lambda: Copied(mod))
+    seen: list[list[Gpu]] = []
+    for step in range(4):
+        devices[0]["nvmlDeviceGetUtilizationRates"] = obj(gpu=10 * step, memory=step)
+        if step == 2:
+            devices[0]["nvmlDeviceGetComputeRunningProcesses"] = [
+                obj(pid=os.getpid(), usedGpuMemory=71 * GiB)
+            ]
+        a, b = in_place.read().values["gpus"], copied.read().values["gpus"]
+        for ga, gb in zip(a, b, strict=True):
+            assert ga.timestamp is not None and gb.timestamp is not None
+            ga.timestamp = gb.timestamp = 0.0
+        assert a == b
+        seen.append(a)
+    assert seen[1][0].processes is seen[0][0].processes  # unchanged: shared
+    assert seen[2][0].processes is not seen[1][0].processes  # a process grew
+    assert seen[1][0].processes[0].used_bytes == 70 * GiB  # the earlier reading unchanged
+    assert seen[3][1].clock_event_reasons is seen[0][1].clock_event_reasons
