@@ -457,3 +457,51 @@ def test_the_last_pages_samples_are_reused_only_with_its_own_head_cache(
     monkeypatch.setattr(M, "_HEAD_CACHE", {})
     M.parse_metrics(_with_values(page, ["5"]), timestamp=3.0)
     assert calls == [1]
+
+
+def _two_pages_vs_fresh(first: str, second: str) -> tuple[object, object, int]:
+    """(second parsed after first, second parsed with no cache, whether the second parse
+    after first read it as the first page's samples with new values)."""
+    saved = (M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE, M._same_heads)
+    calls = [0]
+    real = M._same_heads
+
+    def counting(*a: object) -> object:
+        calls[0] += 1
+        return real(*a)  # type: ignore[arg-type]
+
+    try:
+        M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE = {}, {}, None
+        want = M.parse_metrics(second, timestamp=1.0)
+        M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE = {}, {}, None
+        M.parse_metrics(first, timestamp=1.0)
+        M._same_heads = counting  # type: ignore[assignment]
+        got = M.parse_metrics(second, timestamp=1.0)
+    finally:
+        M._LINE_CACHE, M._HEAD_CACHE, M._LAST_PAGE, M._same_heads = saved  # type: ignore[assignment]
+    return got, want, calls[0]
+
+
+def test_the_last_pages_samples_keep_the_engine_cap_sleep_states_and_repeated_series() -> None:
+    """A page of the last page's shape, read through its samples: past MAX_ENGINES engines,
+    sleep states (assigned, not summed; they pass the cap), a series given twice (summed), an
+    info line and a bucket without a number for le, as a fresh parse reads them."""
+    from kvdoctor.sources.limits import MAX_ENGINES
+
+    def page(v: int) -> str:
+        lines = []
+        for e in range(MAX_ENGINES + 3):
+            lines.append(f'vllm:num_requests_running{{engine="{e}"}} {v + e}')
+            lines.append(f'vllm:engine_sleep_state{{engine="{e}",sleep_state="awake"}} {v % 2}')
+        lines.append(f'vllm:engine_sleep_state{{engine="x",sleep_state="awake"}} {v}')
+        lines.append(f'vllm:engine_sleep_state{{engine="x",sleep_state="awake"}} {v + 1}')
+        lines.append(f'vllm:num_requests_waiting{{engine="0"}} {v}')
+        lines.append(f'vllm:num_requests_waiting{{engine="0"}} {v * 3}')
+        lines.append(f'vllm:request_prompt_tokens_bucket{{engine="0",le="oops"}} {v}')
+        lines.append(f'vllm:request_prompt_tokens_bucket{{engine="0",le="+Inf"}} {v}')
+        lines.append('vllm:cache_config_info{engine="0",block_size="16"} 1')
+        return "\n".join(lines) + "\n"
+
+    got, want, calls = _two_pages_vs_fresh(page(2), page(5))
+    assert calls == 1
+    assert repr(got) == repr(want)
