@@ -30,6 +30,7 @@ class FakeHost:
         self.stat_reads: list[int] = []  # the same-process checks of a rescan
         self.cursor = 100  # the kernel's last pid handed out (/proc/loadavg's last field)
         self.listings = 0  # psutil.pids() calls
+        self.usage_reads: list[int] = []  # cpu_percent / memory_info reads
 
     def add(self, pid: int, name: str, cmdline: list[str], ppid: int = 1, ctime: float = OLD) -> None:
         self.procs[pid] = {"pid": pid, "ppid": ppid, "name": name, "cmdline": cmdline, "create_time": ctime}
@@ -73,6 +74,7 @@ class FakeHost:
                 return list(host.procs[pid]["cmdline"])
 
             def cpu_percent(self, interval: float | None = None) -> float:
+                host.usage_reads.append(pid)
                 return 3.0
 
             def memory_info(self) -> Any:
@@ -441,3 +443,40 @@ def test_no_cursor_from_another_namespaces_procfs_or_a_still_field(
     (tmp_path / "self").unlink()
     (tmp_path / "self").symlink_to(str(os.getpid()))
     assert processes._open_cursor() is False  # 4242 stays when a thread starts
+
+
+def test_vllm_process_usage_is_read_every_stats_s(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0], stats_s=5.0)
+    first = table.read()
+    assert [p.cpu_percent for p in first] == [None, None]  # psutil's counters only primed
+    now[0] = 1.0
+    second = table.read()  # no figure yet: read again at once, not stats_s later
+    assert [p.cpu_percent for p in second] == [3.0, 3.0]
+    host.usage_reads.clear()
+    for t in (2.0, 3.0, 5.9):
+        now[0] = t
+        again = table.read()
+        assert all(a is b for a, b in zip(again, second, strict=True))  # the same facts
+    assert host.usage_reads == []
+    now[0] = 6.0  # stats_s after the last read: read again, new facts
+    fresh = table.read()
+    assert sorted(host.usage_reads) == [10, 11]
+    assert all(a is not b for a, b in zip(fresh, second, strict=True))
+
+
+def test_usage_is_read_again_on_a_rescan_and_an_exit_is_seen_at_once(host: FakeHost) -> None:
+    now = [0.0]
+    table = ProcessTable(rescan_s=600.0, clock=lambda: now[0], stats_s=5.0)
+    table.read()
+    now[0] = 1.0
+    table.read()
+    host.usage_reads.clear()
+    now[0] = 2.0
+    table.note_gpu_pids({10})
+    table.note_gpu_pids({10, 11})  # NVML's GPU pids changed: a full rescan
+    table.read()
+    assert table.rescans == 2 and sorted(host.usage_reads) == [10, 11]
+    del host.procs[11]  # the engine core exits within stats_s of its last read
+    now[0] = 3.0
+    assert [p.pid for p in table.read()] == [10]
