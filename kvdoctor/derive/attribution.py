@@ -9,8 +9,7 @@ ask (``engines-stacked-on-one-gpu``, ``weights-not-sharded``).
 
 from __future__ import annotations
 
-from kvdoctor import catalog
-from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, is_vllm_process
+from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, gpu_spec, is_vllm_process
 from kvdoctor.facts import Engine, Gpu, GpuProcess
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.units import GiB
@@ -96,7 +95,7 @@ def _catalogue_total(egpus: list[Gpu]) -> int | None:
     for g in egpus:
         if g.no_permission and g.name:
             try:
-                return catalog.gpu(g.name).memory_bytes
+                return gpu_spec(g.name).memory_bytes
             except KeyError:
                 return None
     return None

@@ -107,7 +107,47 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
     ``vllm:cache_config_info`` labels; then vLLM's defaults for the detected version. Returns
     new :class:`Engine` objects with configs of their own: ``configs`` and ``snapshot`` are not
     modified.
+
+    Answers are reused while the inputs are the same (a live Timeline asks every cycle):
+    ``configs`` and the log the same objects (the log with as many events: :func:`base.log_runs`
+    keys on the same), the newest scrape's ``cache_config`` and the first one's model name
+    equal. The engines are new objects on every call; their configs are shared with the calls
+    that reused them (facts: never modified).
     """
+    log = snapshot.log
+    metrics = snapshot.metrics
+    key = (
+        log,
+        len(log.events) if log is not None else -1,
+        metrics[-1].cache_config if metrics else None,
+        metrics[0].model_name if metrics else None,
+    )
+    hit = _ENGINES_MEMO.get(len(configs))
+    if (
+        hit is not None
+        and hit[0][0] is key[0]
+        and hit[0][1:] == key[1:]
+        and all(map(operator.is_, hit[1], configs))
+    ):
+        return [Engine(id=e.id, config=e.config, pids=list(e.pids)) for e in hit[2]]
+    engines = _build_engines(snapshot, configs)
+    if len(_ENGINES_MEMO) > 8:
+        _ENGINES_MEMO.clear()
+    # the memo's own Engine objects: the caller may change the lists of those it was given
+    _ENGINES_MEMO[len(configs)] = (
+        key,
+        tuple(configs),
+        tuple(Engine(id=e.id, config=e.config, pids=list(e.pids)) for e in engines),
+    )
+    return engines
+
+
+#: number of launch configs → (key, configs, engines) of the last :func:`build_engines` call.
+_ENGINES_MEMO: dict[int, tuple[tuple[Any, ...], tuple[EngineConfig, ...], tuple[Engine, ...]]] = {}
+
+
+def _build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engine]:
+    """:func:`build_engines` worked out."""
     log = snapshot.log
     version = log.vllm_version if log else None
     cfgs = [_own_copy(c) for c in configs]

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from kvdoctor import catalog, kvmath
-from kvdoctor.derive.base import Family, Scope, Vars
+from kvdoctor import kvmath
+from kvdoctor.derive.base import Family, Scope, Vars, gpu_spec
 from kvdoctor.vllm_flags import nearest_valid_kv_cache_dtype, valid_kv_cache_dtypes
 
 WRITES: dict[str, str] = {
@@ -107,7 +107,7 @@ def _kv_dtype(s: Scope, v: Vars) -> None:
     cc = _log_capability(s, v)
     name = v["gpu_name"] or v["log_gpu_name"]
     try:
-        spec = catalog.gpu(name) if name else None
+        spec = gpu_spec(name) if name else None
     except (KeyError, ValueError):
         spec = None
     if cc is not None:
