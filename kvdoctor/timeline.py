@@ -393,6 +393,29 @@ def _ends_no_reset(first: HistogramData, last: HistogramData) -> bool:
     return all(map(operator.ge, map(_SECOND, last.buckets), map(_SECOND, first.buckets)))
 
 
+def _ends_delta(first: HistogramData, last: HistogramData) -> HistogramData | None:
+    """``_hist_diff(first, last)`` when :func:`_ends_no_reset` holds for them, else None: the
+    two in one pass over the buckets (each bucket's bound and count read once)."""
+    fb, lb = first.buckets, last.buckets
+    bounds = list(map(_FIRST, lb))
+    if list(map(_FIRST, fb)) != bounds:
+        return None
+    counts, before = list(map(_SECOND, lb)), list(map(_SECOND, fb))
+    if not all(map(operator.ge, counts, before)):
+        return None
+    if len(set(bounds)) != len(bounds):
+        return _hist_diff(first, last)  # a bound repeated: _hist_diff's dict keeps its last count
+    # Same bounds in the same order, none repeated, no bucket lower: _hist_diff's dict lookups
+    # are these positions and none of its bucket checks fails.
+    if last.count < first.count:
+        return last
+    return HistogramData(
+        buckets=list(zip(bounds, map(operator.sub, counts, before), strict=True)),
+        count=last.count - first.count,
+        sum=last.sum - first.sum,
+    )
+
+
 def histogram_delta(
     series: list[EngineMetrics], name: str, seconds: float = DEFAULT_WINDOW_S
 ) -> HistogramData | None:
@@ -428,8 +451,10 @@ def _histogram_delta(win: Series, name: str) -> HistogramData | None:
         # not read. None: some sample lacks it, or a step resets: every sample is read below.
         reader, offset = win._source
         ends = reader(("histogram_ends", name), offset, offset + len(win))
-        if ends is not None and _ends_no_reset(ends[0], ends[1]):
-            return _hist_diff(ends[0], ends[1])
+        if ends is not None:
+            got = _ends_delta(ends[0], ends[1])
+            if got is not None:
+                return got
     hs = _with_hist(win, name)
     if len(hs) < 2:
         return None
