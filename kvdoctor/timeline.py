@@ -38,6 +38,7 @@ __all__ = [
     "histogram_latest",
     "histogram_max_bucket",
     "histogram_quantile",
+    "sample_values",
     "slope",
     "window",
 ]
@@ -270,6 +271,29 @@ def has_value(series: list[EngineMetrics], field: str) -> bool:
             if got is not None:
                 return bool(got)
     return any(get(m) is not None for m in series)
+
+
+def sample_values(series: list[EngineMetrics], fn: Callable[[EngineMetrics], Any]) -> list[Any]:
+    """``[fn(m) for m in series]``, one answer per sample in order (a shared list: do not modify
+    it). ``fn`` is a function of the sample alone, known by its identity (a module-level
+    function): a :class:`Series` of a Timeline's columns asks it once per snapshot in its life,
+    and any Series once per window. Raises what ``fn`` raises."""
+    if not isinstance(series, Series) or not series:
+        return list(map(fn, series))
+    _index(series)  # a list changed in place reads its samples
+    cols = series._cols
+    key = ("sample_fn", fn)
+    hit = cols.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    got = None
+    if series._source is not None:
+        reader, offset = series._source
+        got = reader(key, offset, offset + len(series))
+    if got is None:
+        got = list(map(fn, series))
+    cols[key] = got
+    return got  # type: ignore[no-any-return]
 
 
 def _increase(vals: list[float]) -> float:

@@ -589,3 +589,40 @@ def test_gpu_spec_is_the_catalogues_answer() -> None:
         assert gpu_spec(name) is catalog.gpu(name) or vars(gpu_spec(name)) == vars(catalog.gpu(name))
     with pytest.raises(KeyError):
         gpu_spec("no such card 123")
+
+
+def test_sample_values_from_the_columns_match_the_samples_through_a_rolling_timeline() -> None:
+    # A function of the sample asked once per snapshot of the Timeline's columns gives, window
+    # after window, what it gives applied to each sample of a plain list: through evictions,
+    # trims, scrapes without a timestamp of their own (stamped copies), values absent or NaN.
+    from kvdoctor import timeline as tlm
+    from kvdoctor.derive import pressure
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import engine_series, engine_series_at, recent_snapshots
+
+    asked: list[float | None] = []
+
+    def stamp_and_waiting(m: EngineMetrics) -> tuple[float | None, int | None]:
+        asked.append(m.timestamp)
+        return m.timestamp, m.num_requests_waiting
+
+    tl = Timeline(max_len=30)
+    for i in range(150):
+        m = EngineMetrics(timestamp=None if i % 7 == 2 else float(i), engine="0",
+                          num_requests_waiting=None if i % 5 == 1 else i % 3,
+                          kv_cache_usage=math.nan if i % 11 == 4 else (None if i % 13 == 6 else (i % 10) / 10))  # fmt: skip
+        tl.append(Snapshot(timestamp=float(i), metrics=[m]))
+        recent, _ = recent_snapshots(tl.snapshots, 9.0)
+        end = len(tl.snapshots)
+        sourced = engine_series_at(timeline_columns(tl), end - len(recent), end, "0")
+        plain = list(engine_series(recent, "0"))
+        before = len(asked)
+        got = tlm.sample_values(sourced, stamp_and_waiting)
+        assert got == [stamp_and_waiting(x) for x in plain], i
+        if i > 10:
+            assert len(asked) - before == 1 + len(plain)  # the appended scrape, and the plain list
+        assert tlm.sample_values(sourced, stamp_and_waiting) is got  # memoised per window
+        want = [float(x.kv_cache_usage or 0.0) for x in plain if (x.num_requests_waiting or 0) > 0]
+        marks = tlm.sample_values(sourced, pressure._queued_kv)
+        queued = [kv for q, kv in marks if q]
+        assert repr(queued) == repr(want), i

@@ -531,6 +531,14 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
                     hi,
                 )
                 return True in present
+            if kind == "sample_fn":
+                # a function of the sample alone: asked once per snapshot of the window's column
+                return columns.span(
+                    ("engine_sample_fn", engine_label, name),
+                    lambda snap: name(_pick(snap, engine_label)),
+                    lo,
+                    hi,
+                )
             return None
         if field == "timestamp" or field not in _METRIC_FIELDS:
             return None
