@@ -182,6 +182,15 @@ def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, c
     if not series:
         return Series()
     times, ordered = _index(series)
+    memo = series._cols if not copy and now is None and isinstance(series, Series) else None
+    if memo is not None:
+        # the shared windows of this series by length (float keys: no field or histogram key
+        # is one); _WHOLE: the series itself (not held by itself)
+        hit = memo.get(float(seconds))
+        if hit is _WHOLE:
+            return series  # type: ignore[return-value]
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
     if ordered:
         ts: list[Any] = times  # ordered: every sample is timed
         end = now if now is not None else ts[-1]
@@ -189,10 +198,14 @@ def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, c
         hi = len(ts) if now is None else bisect.bisect_right(ts, end)
         src = series._source if isinstance(series, Series) else None
         if lo == 0 and hi == len(ts):
-            if not copy and isinstance(series, Series):
-                return series
+            if memo is not None:
+                memo[float(seconds)] = _WHOLE
+                return series  # type: ignore[return-value]
             return _indexed(series, ts, True, src)
-        return _indexed(series[lo:hi], ts[lo:hi], True, (src[0], src[1] + lo) if src is not None else None)
+        got = _indexed(series[lo:hi], ts[lo:hi], True, (src[0], src[1] + lo) if src is not None else None)
+        if memo is not None:
+            memo[float(seconds)] = got
+        return got
     timed = [(m, t) for m, t in zip(series, times, strict=True) if t is not None]
     if not timed:
         return Series(series[-1:])
@@ -200,6 +213,9 @@ def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, c
     start = end - seconds
     return Series(m for m, t in timed if start <= t <= end)
 
+
+#: a memoised window that is the whole series.
+_WHOLE: Any = object()
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(EngineMetrics))
 
@@ -520,14 +536,22 @@ _SECOND = operator.itemgetter(1)
 
 #: (histogram, its _monotonic buckets) of the last call: one window's quantiles and largest
 #: bucket ask about the same histogram in turn. Holds the histogram (its id is not reused).
-_MONOTONIC_LAST: tuple[HistogramData | None, list[tuple[float, float]]] = (None, [])
+_MONOTONIC_LAST: tuple[HistogramData | None, list[tuple[float, float]], list[float]] = (None, [], [])
+
+
+def _monotonic_counts(h: HistogramData) -> list[float]:
+    """The counts of :func:`_monotonic`'s buckets, in order (shared: do not modify)."""
+    last = _MONOTONIC_LAST  # one read: another thread may replace it
+    if last[0] is h:
+        return last[2]
+    return list(map(_SECOND, _monotonic(h)))
 
 
 def _monotonic(h: HistogramData) -> list[tuple[float, float]]:
     """Sorted cumulative buckets with +Inf last, counts forced non-decreasing (as Prometheus
     does for float noise). Shared with the next caller asking about ``h``: do not modify."""
     global _MONOTONIC_LAST
-    last_h, last_out = _MONOTONIC_LAST
+    last_h, last_out, _ = _MONOTONIC_LAST
     if last_h is h:
         return last_out
     buckets = sorted(h.buckets)
@@ -537,8 +561,9 @@ def _monotonic(h: HistogramData) -> list[tuple[float, float]]:
     # hi = max(hi, c) from 0.0, bucket after bucket (accumulate calls max(hi, c) in that order)
     his = itertools.accumulate([c for _, c in buckets], max, initial=0.0)
     next(his)
-    out = list(zip([le for le, _ in buckets], his, strict=True))
-    _MONOTONIC_LAST = (h, out)
+    counts = list(his)
+    out = list(zip([le for le, _ in buckets], counts, strict=True))
+    _MONOTONIC_LAST = (h, out, counts)
     return out
 
 
@@ -557,7 +582,7 @@ def histogram_quantile(h: HistogramData, q: float) -> float | None:
     if total <= 0 or len(buckets) < 2:
         return None
     rank = q * total
-    i = bisect.bisect_left([c for _, c in buckets], rank)
+    i = bisect.bisect_left(_monotonic_counts(h), rank)
     i = min(i, len(buckets) - 1)
     if i == len(buckets) - 1:
         return buckets[-2][0]

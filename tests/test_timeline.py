@@ -412,3 +412,23 @@ def test_ends_delta_is_hist_diff_when_the_ends_do_not_reset_else_none() -> None:
         got = _ends_delta(a, b)
         assert shape(got) == shape(want) or (repr(shape(got)) == repr(shape(want))), (a, b)
         assert (got is b) == (want is b)
+
+
+def test_shared_windows_are_memoised_per_length_and_follow_a_series_changed_in_place() -> None:
+    from kvdoctor.timeline import Series
+
+    s = Series(EngineMetrics(timestamp=float(t), num_requests_waiting=t) for t in range(10))
+    whole = window(s, 60.0, shared=True)
+    assert whole is s and window(s, 60.0, shared=True) is s
+    tail = window(s, 3.0, shared=True)
+    assert [m.timestamp for m in tail] == [6.0, 7.0, 8.0, 9.0] and window(s, 3, shared=True) is tail
+    assert window(s, 3.0) is not tail and list(window(s, 3.0)) == list(tail)  # a copy unless shared
+    assert gauge_stats(s, "num_requests_waiting", 3.0) == GaugeStats(
+        min=6, max=9, mean=7.5, last=9, first=6, n=4
+    )
+    s.append(EngineMetrics(timestamp=10.0, num_requests_waiting=10))  # changed in place
+    moved = window(s, 3.0, shared=True)
+    assert moved is not tail and [m.timestamp for m in moved] == [7.0, 8.0, 9.0, 10.0]
+    assert gauge_stats(s, "num_requests_waiting", 3.0) == GaugeStats(
+        min=7, max=10, mean=8.5, last=10, first=7, n=4
+    )
