@@ -626,3 +626,20 @@ def test_sample_values_from_the_columns_match_the_samples_through_a_rolling_time
         marks = tlm.sample_values(sourced, pressure._queued_kv)
         queued = [kv for q, kv in marks if q]
         assert repr(queued) == repr(want), i
+
+
+def test_describe_processes_memo_follows_every_field_it_shows() -> None:
+    from kvdoctor.derive.base import describe_processes
+
+    a = GpuProcess(pid=7, name="python3", used_bytes=3 * GiB)
+    assert describe_processes([(a, 0)]) == "pid 7 (python3) 3.00 GiB on GPU 0"
+    assert describe_processes([(GpuProcess(pid=7, name="python3", used_bytes=3 * GiB), 0)]) == (
+        "pid 7 (python3) 3.00 GiB on GPU 0"
+    )
+    assert describe_processes([(GpuProcess(pid=7, name="python3", used_bytes=GiB), 0)]) == (
+        "pid 7 (python3) 1.00 GiB on GPU 0"
+    )
+    assert describe_processes([(GpuProcess(pid=8, name="", used_bytes=None), 1), (a, 2)]) == (
+        "pid 8 (?) N/A on GPU 1, pid 7 (python3) 3.00 GiB on GPU 2"
+    )
+    assert describe_processes([]) == ""

@@ -490,14 +490,27 @@ def visible_gpus(snapshot: Snapshot) -> list[Gpu]:
     return gpus
 
 
-def describe_processes(items: list[tuple[GpuProcess, int]]) -> str:
-    """'pid 48213 (/opt/conda/bin/python3.10) 15.42 GiB on GPU 0, …'"""
-    from kvdoctor.units import fmt_bytes
+#: (pid, name, used bytes, GPU index) of each process → describe_processes' text (bounded): the
+#: same processes are described cycle after cycle.
+_DESCRIBED: dict[tuple[tuple[int, str | None, int | None, int], ...], str] = {}
 
-    return ", ".join(
-        f"pid {proc.pid} ({proc.name or '?'}) {fmt_bytes(proc.used_bytes)} on GPU {idx}"
-        for proc, idx in items
-    )
+
+def describe_processes(items: list[tuple[GpuProcess, int]]) -> str:
+    """'pid 48213 (/opt/conda/bin/python3.10) 15.42 GiB on GPU 0, …' (NVML / nvidia-smi
+    process pid, name and used memory)."""
+    key = tuple([(proc.pid, proc.name, proc.used_bytes, idx) for proc, idx in items])
+    hit = _DESCRIBED.get(key)
+    if hit is None:
+        from kvdoctor.units import fmt_bytes
+
+        hit = ", ".join(
+            f"pid {proc.pid} ({proc.name or '?'}) {fmt_bytes(proc.used_bytes)} on GPU {idx}"
+            for proc, idx in items
+        )
+        if len(_DESCRIBED) > 256:
+            _DESCRIBED.clear()
+        _DESCRIBED[key] = hit
+    return hit
 
 
 def stats_engine(e: LogEvent) -> int:
