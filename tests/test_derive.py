@@ -643,3 +643,26 @@ def test_describe_processes_memo_follows_every_field_it_shows() -> None:
         "pid 8 (?) N/A on GPU 1, pid 7 (python3) 3.00 GiB on GPU 2"
     )
     assert describe_processes([]) == ""
+
+
+def test_pick_of_a_sampled_history_matches_the_snapshots_through_drops_and_trims() -> None:
+    # The sampled history (one index tuple, cycle after cycle) is picked by one itemgetter per
+    # shift of the columns: the same answers as asking each snapshot, past several trims, with
+    # the index tuple recreated equal, and after the columns start afresh.
+    from kvdoctor.derive import base
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import history_positions
+
+    tl = Timeline(max_len=40)
+    cols = timeline_columns(tl)
+    for t in range(3 * base._TRIM + 11):
+        tl.append(Snapshot(timestamp=float(t)))
+        timeline_columns(tl)
+        n = len(tl.snapshots)
+        index = history_positions(n, 12) if t % 5 else tuple(history_positions(n, 12))  # equal, not the same
+        want = [tl.snapshots[i].timestamp for i in index]
+        assert cols.pick("t", lambda s: s.timestamp, index) == want, t
+    tl.snapshots.reverse()  # not append-only: afresh
+    timeline_columns(tl)
+    index = history_positions(len(tl.snapshots), 12)
+    assert cols.pick("t", lambda s: s.timestamp, index) == [tl.snapshots[i].timestamp for i in index]
