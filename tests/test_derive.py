@@ -666,3 +666,18 @@ def test_pick_of_a_sampled_history_matches_the_snapshots_through_drops_and_trims
     timeline_columns(tl)
     index = history_positions(len(tl.snapshots), 12)
     assert cols.pick("t", lambda s: s.timestamp, index) == [tl.snapshots[i].timestamp for i in index]
+
+
+def test_vllm_holders_are_each_gpus_own_and_leave_the_weights_daemon_out() -> None:
+    from kvdoctor.derive.base import vllm_holders
+
+    procs = [GpuProcess(pid=1, name="VLLM::Worker_TP0", used_bytes=40 * GiB),
+             GpuProcess(pid=2, name="python3", used_bytes=40 * GiB),
+             GpuProcess(pid=3, name="VLLM::EngineCore", used_bytes=GiB // 2),
+             GpuProcess(pid=4, name="vllm preload", used_bytes=20 * GiB)]  # fmt: skip
+    g = Gpu(index=0, processes=procs)
+    assert [p.pid for p in vllm_holders(g, frozenset())] == [1, 4]
+    assert [p.pid for p in vllm_holders(g, frozenset({4}))] == [1]
+    assert [p.pid for p in vllm_holders(g, frozenset())] == [1, 4]  # asked again: the same
+    other = Gpu(index=0, processes=procs[1:])  # another GPU object: its own processes
+    assert [p.pid for p in vllm_holders(other, frozenset())] == [4]

@@ -33,7 +33,7 @@ from kvdoctor.facts import (
     VllmLog,
 )
 from kvdoctor.lazyre import lazy_re
-from kvdoctor.units import number_in_range
+from kvdoctor.units import GiB, number_in_range
 
 Vars = dict[str, Any]
 
@@ -494,6 +494,30 @@ def gpu_spec(name: str) -> GpuSpec:
             _GPU_SPECS.clear()
         _GPU_SPECS[name] = hit
     return hit
+
+
+#: (id of a GPU, weights-daemon pids) → (the GPU, its vllm_holders), for the GPUs of the last
+#: cycles (bounded): attribution and colocation both ask, about every visible GPU.
+_HOLDERS: dict[tuple[int, frozenset[int]], tuple[Gpu, list[GpuProcess]]] = {}
+
+
+def vllm_holders(g: Gpu, daemon_pids: frozenset[int]) -> list[GpuProcess]:
+    """The processes on ``g`` (NVML running processes / nvidia-smi Processes) named like vLLM
+    and holding 1 GiB or more, a `vllm preload` weights daemon's (``daemon_pids``) left out, in
+    process order: the engines a GPU holds. A shared list: do not modify it."""
+    key = (id(g), daemon_pids)
+    hit = _HOLDERS.get(key)
+    if hit is not None and hit[0] is g:
+        return hit[1]
+    got = [
+        p
+        for p in g.processes
+        if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in daemon_pids
+    ]
+    if len(_HOLDERS) > 64:
+        _HOLDERS.clear()
+    _HOLDERS[key] = (g, got)
+    return got
 
 
 def visible_gpus(snapshot: Snapshot) -> list[Gpu]:
