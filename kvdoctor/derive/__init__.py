@@ -107,6 +107,9 @@ ORDER: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 #: validated against.
 VARIABLES: dict[str, str] = {name: desc for fam in FAMILIES for name, desc in fam.writes.items()}
 
+#: every variable, None: the start of each context's variables (copied).
+_BLANK: dict[str, Any] = dict.fromkeys(VARIABLES)
+
 #: inputs a rule can need (``needs:`` in rules/*.yaml) → what provides them.
 INPUTS = {
     "gpus": "nvidia-smi / NVML",
@@ -270,7 +273,7 @@ def _inputs(s: Scope) -> set[str]:
 
 def derive_variables(scope: Scope) -> dict[str, Any]:
     """Every family over one scope, in :data:`ORDER`: name → value (None when unknown)."""
-    v: dict[str, Any] = dict.fromkeys(VARIABLES)
+    v: dict[str, Any] = _BLANK.copy()  # dict.fromkeys(VARIABLES): a tenth of the time
     failed: list[str] = []
     for fam in FAMILIES:
         try:
