@@ -84,13 +84,29 @@ def weight_daemon_pids(
     ]
     for g in snapshot.gpus:
         for p in g.processes:
-            name = (p.name or "").lower()
-            if "preload" in name and "vllm" in name:
+            if _preload_name(p.name):
                 pids.add(p.pid)
             elif held and p.pid not in engine_pids and p.used_bytes is not None:
                 if any(b <= p.used_bytes <= b + _DAEMON_SLACK_BYTES for b in held):
                     pids.add(p.pid)
     return frozenset(pids)
+
+
+#: GPU process name → it names a `vllm preload` daemon (bounded): the same names cycle after cycle.
+_PRELOAD_NAMES: dict[str, bool] = {}
+
+
+def _preload_name(name: str | None) -> bool:
+    """A GPU process name (NVML / nvidia-smi) with both "preload" and "vllm" in it, any case."""
+    hit = _PRELOAD_NAMES.get(name) if isinstance(name, str) else None
+    if hit is None:
+        low = (name or "").lower()
+        hit = "preload" in low and "vllm" in low
+        if isinstance(name, str):
+            if len(_PRELOAD_NAMES) > 1024:
+                _PRELOAD_NAMES.clear()
+            _PRELOAD_NAMES[name] = hit
+    return hit
 
 
 def _own_copy(cfg: EngineConfig) -> EngineConfig:
