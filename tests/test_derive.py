@@ -681,3 +681,48 @@ def test_vllm_holders_are_each_gpus_own_and_leave_the_weights_daemon_out() -> No
     assert [p.pid for p in vllm_holders(g, frozenset())] == [1, 4]  # asked again: the same
     other = Gpu(index=0, processes=procs[1:])  # another GPU object: its own processes
     assert [p.pid for p in vllm_holders(other, frozenset())] == [4]
+
+
+def test_growth_of_one_gpu_from_its_columns_matches_the_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one-GPU shortcut (per-snapshot point and total columns) writes every variable the
+    # readings would: through evictions and trims, snapshots without GPUs or without a time
+    # (a GPU's own time then counts), totals unknown or zero, a table listing the GPU twice.
+    from kvdoctor.derive import growth
+
+    def contexts(tl: Timeline) -> list[Any]:
+        return [ctx for _, ctx, _ in build_contexts(tl, [])[1]]
+
+    taken: list[int] = []
+    one_gpu = growth._one_gpu
+
+    def counted(*a: Any) -> Any:
+        got = one_gpu(*a)
+        if got is not None and got[0]:
+            taken.append(len(next(iter(got[0].values()))))
+        return got
+
+    monkeypatch.setattr(growth, "_one_gpu", counted)
+    tl = Timeline(max_len=150)
+    for i in range(260):
+        used = 60 * GiB + (i * i % 97) * (1 << 24)
+        g0 = Gpu(index=0, memory_total_bytes=None if i % 17 == 3 else (0 if i % 19 == 5 else 80 * GiB),
+                 memory_used_bytes=None if i % 23 == 7 else used, timestamp=float(i) if i % 7 == 3 else None,
+                 processes=[GpuProcess(pid=10, name="VLLM::Worker", used_bytes=50 * GiB)])  # fmt: skip
+        gpus = [g0, Gpu(index=1, memory_total_bytes=80 * GiB, memory_used_bytes=GiB)]
+        if i == 140:
+            gpus.append(
+                Gpu(index=0, memory_total_bytes=80 * GiB, memory_used_bytes=used + GiB)
+            )  # listed twice
+        m = EngineMetrics(timestamp=float(i), engine="0", num_requests_running=1)
+        tl.append(
+            Snapshot(
+                timestamp=None if i % 7 == 3 else float(i), gpus=gpus if i % 13 != 4 else [], metrics=[m]
+            )
+        )
+        if i % 9 == 0 or i > 250:
+            got = contexts(tl)
+            with monkeypatch.context() as mp:
+                mp.setattr(growth, "_one_gpu", lambda *a: None)
+                want = contexts(tl)
+            assert repr(got) == repr(want), i
+    assert taken and max(taken) > 40  # the shortcut ran, over the sampled history
