@@ -726,3 +726,34 @@ def test_growth_of_one_gpu_from_its_columns_matches_the_readings(monkeypatch: py
                 want = contexts(tl)
             assert repr(got) == repr(want), i
     assert taken and max(taken) > 40  # the shortcut ran, over the sampled history
+
+
+def test_sampled_history_and_recent_count_read_what_the_lists_hold() -> None:
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import (
+        SampledHistory,
+        bounded_history,
+        history_positions,
+        recent_count,
+        recent_snapshots,
+    )
+
+    tl = Timeline(max_len=300)
+    for i in range(260):
+        m = [EngineMetrics(timestamp=float(i), engine="0")] if i % 5 else []
+        tl.append(
+            Snapshot(timestamp=None if i in (3, 250) else float(i) - (2.0 if i == 100 else 0.0), metrics=m)
+        )
+        if i % 11 == 0 or i > 245:
+            snaps = tl.snapshots
+            hist = SampledHistory(snaps, history_positions(len(snaps)))
+            want = bounded_history(snaps)
+            assert list(hist) == want and len(hist) == len(want) and bool(hist) is bool(want)
+            assert hist[-1] is want[-1] and hist[1:4] == want[1:4] and list(reversed(hist)) == want[::-1]
+            for window_s in (0.0, 7.0, 60.0, 1e9):
+                recent, older = recent_snapshots(snaps, window_s)
+                assert recent_count(snaps, window_s, timeline_columns(tl)) == (len(recent), older), (
+                    i,
+                    window_s,
+                )
+    assert not SampledHistory([], history_positions(0))

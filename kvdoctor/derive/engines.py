@@ -15,7 +15,7 @@ import functools
 import itertools
 import operator
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from kvdoctor.derive.base import Columns, LogRuns, LogView, log_runs
 from kvdoctor.facts import (
@@ -397,9 +397,9 @@ def recent_snapshots(
     read once in its life and a tail that is timed throughout and in time order is cut by
     bisection (the same cut)."""
     if columns is not None:
-        got = _recent_by_bisection(snapshots, window_s, columns)
-        if got is not None:
-            return got
+        cut = _recent_by_bisection(snapshots, window_s, columns)
+        if cut is not None:
+            return list(snapshots[len(snapshots) - cut[0] :]), cut[1]
     out: list[Snapshot] = []
     end: float | None = None
     older = False
@@ -422,12 +422,22 @@ def recent_snapshots(
 _RECENT_TAIL = 64
 
 
+def recent_count(snapshots: Sequence[Snapshot], window_s: float, columns: Columns) -> tuple[int, bool]:
+    """(how many snapshots :func:`recent_snapshots` returns, whether a scrape exists before
+    them), without the list: the window is the Timeline's tail."""
+    cut = _recent_by_bisection(snapshots, window_s, columns)
+    if cut is not None:
+        return cut
+    recent, older = recent_snapshots(snapshots, window_s)
+    return len(recent), older
+
+
 def _recent_by_bisection(
     snapshots: Sequence[Snapshot], window_s: float, columns: Columns
-) -> tuple[list[Snapshot], bool] | None:
-    """:func:`recent_snapshots` of a tail timed throughout and never going back in time (the
-    loop's cut: the newest snapshot older than the window's start is the last one before it),
-    or None when the tail is not such."""
+) -> tuple[int, bool] | None:
+    """(count, scrape before) of :func:`recent_snapshots` for a tail timed throughout and never
+    going back in time (the loop's cut: the newest snapshot older than the window's start is
+    the last one before it), or None when the tail is not such."""
     n = len(snapshots)
     lo = max(0, n - _RECENT_TAIL)
     while n:
@@ -439,9 +449,9 @@ def _recent_by_bisection(
             lo = max(0, n - 4 * (n - lo))  # the window starts before the tail read
             continue
         if j == 0:
-            return list(snapshots), False
+            return n, False
         i = lo + j - 1  # the newest snapshot before the window
-        return list(snapshots[i + 1 :]), any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
+        return n - i - 1, any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
     return None
 
 
@@ -602,6 +612,34 @@ def history_positions(n: int, limit: int = MAX_HISTORY_POINTS) -> tuple[int, ...
         return tuple(range(n))
     step = (n - 1) / (limit - 1)
     return tuple(round(i * step) for i in range(limit))
+
+
+class SampledHistory(Sequence[Snapshot]):
+    """The snapshots of a Timeline's list at ``index`` (:func:`history_positions`), oldest
+    first, read on demand: an evaluation mostly asks only whether there is a history (the
+    per-snapshot answers come from the Timeline's columns), and a list of them took and
+    released a reference to each sampled snapshot, out of the cache, every cycle. Valid while
+    the Timeline is unchanged (one evaluation)."""
+
+    __slots__ = ("_index", "_snaps")
+
+    def __init__(self, snapshots: Sequence[Snapshot], index: Sequence[int]) -> None:
+        self._snaps = snapshots
+        self._index = index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, i: int) -> Snapshot: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Snapshot]: ...
+
+    def __getitem__(self, i: int | slice) -> Snapshot | list[Snapshot]:
+        if isinstance(i, slice):
+            return list(map(self._snaps.__getitem__, self._index[i]))
+        return self._snaps[self._index[i]]
 
 
 #: label tuples seen (bounded): equal tuples from different snapshots become one object.
