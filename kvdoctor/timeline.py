@@ -38,6 +38,7 @@ __all__ = [
     "histogram_latest",
     "histogram_max_bucket",
     "histogram_quantile",
+    "sample_values",
     "slope",
     "window",
 ]
@@ -181,6 +182,15 @@ def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, c
     if not series:
         return Series()
     times, ordered = _index(series)
+    memo = series._cols if not copy and now is None and isinstance(series, Series) else None
+    if memo is not None:
+        # the shared windows of this series by length (float keys: no field or histogram key
+        # is one); _WHOLE: the series itself (not held by itself)
+        hit = memo.get(float(seconds))
+        if hit is _WHOLE:
+            return series  # type: ignore[return-value]
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
     if ordered:
         ts: list[Any] = times  # ordered: every sample is timed
         end = now if now is not None else ts[-1]
@@ -188,10 +198,14 @@ def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, c
         hi = len(ts) if now is None else bisect.bisect_right(ts, end)
         src = series._source if isinstance(series, Series) else None
         if lo == 0 and hi == len(ts):
-            if not copy and isinstance(series, Series):
-                return series
+            if memo is not None:
+                memo[float(seconds)] = _WHOLE
+                return series  # type: ignore[return-value]
             return _indexed(series, ts, True, src)
-        return _indexed(series[lo:hi], ts[lo:hi], True, (src[0], src[1] + lo) if src is not None else None)
+        got = _indexed(series[lo:hi], ts[lo:hi], True, (src[0], src[1] + lo) if src is not None else None)
+        if memo is not None:
+            memo[float(seconds)] = got
+        return got
     timed = [(m, t) for m, t in zip(series, times, strict=True) if t is not None]
     if not timed:
         return Series(series[-1:])
@@ -199,6 +213,9 @@ def _window(series: list[EngineMetrics], seconds: float, now: float | None, *, c
     start = end - seconds
     return Series(m for m, t in timed if start <= t <= end)
 
+
+#: a memoised window that is the whole series.
+_WHOLE: Any = object()
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(EngineMetrics))
 
@@ -270,6 +287,29 @@ def has_value(series: list[EngineMetrics], field: str) -> bool:
             if got is not None:
                 return bool(got)
     return any(get(m) is not None for m in series)
+
+
+def sample_values(series: list[EngineMetrics], fn: Callable[[EngineMetrics], Any]) -> list[Any]:
+    """``[fn(m) for m in series]``, one answer per sample in order (a shared list: do not modify
+    it). ``fn`` is a function of the sample alone, known by its identity (a module-level
+    function): a :class:`Series` of a Timeline's columns asks it once per snapshot in its life,
+    and any Series once per window. Raises what ``fn`` raises."""
+    if not isinstance(series, Series) or not series:
+        return list(map(fn, series))
+    _index(series)  # a list changed in place reads its samples
+    cols = series._cols
+    key = ("sample_fn", fn)
+    hit = cols.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    got = None
+    if series._source is not None:
+        reader, offset = series._source
+        got = reader(key, offset, offset + len(series))
+    if got is None:
+        got = list(map(fn, series))
+    cols[key] = got
+    return got  # type: ignore[no-any-return]
 
 
 def _increase(vals: list[float]) -> float:
@@ -393,6 +433,29 @@ def _ends_no_reset(first: HistogramData, last: HistogramData) -> bool:
     return all(map(operator.ge, map(_SECOND, last.buckets), map(_SECOND, first.buckets)))
 
 
+def _ends_delta(first: HistogramData, last: HistogramData) -> HistogramData | None:
+    """``_hist_diff(first, last)`` when :func:`_ends_no_reset` holds for them, else None: the
+    two in one pass over the buckets (each bucket's bound and count read once)."""
+    fb, lb = first.buckets, last.buckets
+    bounds = list(map(_FIRST, lb))
+    if list(map(_FIRST, fb)) != bounds:
+        return None
+    counts, before = list(map(_SECOND, lb)), list(map(_SECOND, fb))
+    if not all(map(operator.ge, counts, before)):
+        return None
+    if len(set(bounds)) != len(bounds):
+        return _hist_diff(first, last)  # a bound repeated: _hist_diff's dict keeps its last count
+    # Same bounds in the same order, none repeated, no bucket lower: _hist_diff's dict lookups
+    # are these positions and none of its bucket checks fails.
+    if last.count < first.count:
+        return last
+    return HistogramData(
+        buckets=list(zip(bounds, map(operator.sub, counts, before), strict=True)),
+        count=last.count - first.count,
+        sum=last.sum - first.sum,
+    )
+
+
 def histogram_delta(
     series: list[EngineMetrics], name: str, seconds: float = DEFAULT_WINDOW_S
 ) -> HistogramData | None:
@@ -428,8 +491,10 @@ def _histogram_delta(win: Series, name: str) -> HistogramData | None:
         # not read. None: some sample lacks it, or a step resets: every sample is read below.
         reader, offset = win._source
         ends = reader(("histogram_ends", name), offset, offset + len(win))
-        if ends is not None and _ends_no_reset(ends[0], ends[1]):
-            return _hist_diff(ends[0], ends[1])
+        if ends is not None:
+            got = _ends_delta(ends[0], ends[1])
+            if got is not None:
+                return got
     hs = _with_hist(win, name)
     if len(hs) < 2:
         return None
@@ -471,14 +536,22 @@ _SECOND = operator.itemgetter(1)
 
 #: (histogram, its _monotonic buckets) of the last call: one window's quantiles and largest
 #: bucket ask about the same histogram in turn. Holds the histogram (its id is not reused).
-_MONOTONIC_LAST: tuple[HistogramData | None, list[tuple[float, float]]] = (None, [])
+_MONOTONIC_LAST: tuple[HistogramData | None, list[tuple[float, float]], list[float]] = (None, [], [])
+
+
+def _monotonic_counts(h: HistogramData) -> list[float]:
+    """The counts of :func:`_monotonic`'s buckets, in order (shared: do not modify)."""
+    last = _MONOTONIC_LAST  # one read: another thread may replace it
+    if last[0] is h:
+        return last[2]
+    return list(map(_SECOND, _monotonic(h)))
 
 
 def _monotonic(h: HistogramData) -> list[tuple[float, float]]:
     """Sorted cumulative buckets with +Inf last, counts forced non-decreasing (as Prometheus
     does for float noise). Shared with the next caller asking about ``h``: do not modify."""
     global _MONOTONIC_LAST
-    last_h, last_out = _MONOTONIC_LAST
+    last_h, last_out, _ = _MONOTONIC_LAST
     if last_h is h:
         return last_out
     buckets = sorted(h.buckets)
@@ -488,8 +561,9 @@ def _monotonic(h: HistogramData) -> list[tuple[float, float]]:
     # hi = max(hi, c) from 0.0, bucket after bucket (accumulate calls max(hi, c) in that order)
     his = itertools.accumulate([c for _, c in buckets], max, initial=0.0)
     next(his)
-    out = list(zip([le for le, _ in buckets], his, strict=True))
-    _MONOTONIC_LAST = (h, out)
+    counts = list(his)
+    out = list(zip([le for le, _ in buckets], counts, strict=True))
+    _MONOTONIC_LAST = (h, out, counts)
     return out
 
 
@@ -508,7 +582,7 @@ def histogram_quantile(h: HistogramData, q: float) -> float | None:
     if total <= 0 or len(buckets) < 2:
         return None
     rank = q * total
-    i = bisect.bisect_left([c for _, c in buckets], rank)
+    i = bisect.bisect_left(_monotonic_counts(h), rank)
     i = min(i, len(buckets) - 1)
     if i == len(buckets) - 1:
         return buckets[-2][0]

@@ -501,3 +501,259 @@ def test_nothing_throttled_shortcut_writes_what_the_readings_would(monkeypatch: 
             mp.setattr(hardware, "_nothing_throttled", lambda *a: False)
             want = contexts(tl)
         assert got == want, i
+
+
+# --------------------------------------------------------------------------- session 8: cycle memos
+
+
+def test_sliding_span_reads_only_the_newest_entry_and_matches_a_fresh_read() -> None:
+    # A window slid on by one snapshot cycle after cycle asks only the appended snapshot (or
+    # its step); its answers equal a fresh Columns' through drops, trims, an entry a pick
+    # already filled, and a window that reaches the first snapshot (a step of None before it).
+    from kvdoctor.derive import base
+    from kvdoctor.derive.base import Columns, timeline_columns
+
+    asked: list[float | None] = []
+
+    def stamp(snap: Snapshot) -> float | None:
+        asked.append(snap.timestamp)
+        return snap.timestamp
+
+    def step(prev: Snapshot | None, snap: Snapshot) -> float | None:
+        return None if prev is None else (snap.timestamp or 0.0) - (prev.timestamp or 0.0)
+
+    tl = Timeline(max_len=20)
+    cols = timeline_columns(tl)
+    for t in range(2 * base._TRIM + 30):
+        tl.append(Snapshot(timestamp=float(t * 3 % 17 + t)))
+        timeline_columns(tl)
+        n = len(tl.snapshots)
+        lo = max(0, n - 6)
+        if t % 9 == 4:
+            cols.pick("w", stamp, [n - 1])  # the newest entry filled before the span reads it
+        before = len(asked)
+        got = cols.span("w", stamp, lo, n)
+        fresh = Columns()
+        fresh.sync(tl.snapshots)
+        assert (
+            got == fresh.span("w", lambda s: s.timestamp, lo, n) == [s.timestamp for s in tl.snapshots[lo:n]]
+        )
+        assert cols.span_steps("d", step, lo, n) == fresh.span_steps("d", step, lo, n)
+        if t > 6:
+            assert len(asked) - before == (0 if t % 9 == 4 else 1), t  # only the appended one
+
+
+def test_build_engines_reuses_its_answer_while_the_inputs_stay_and_follows_them() -> None:
+    # Same launch configs, same log (as many events), equal cache_config: the same engines (new
+    # objects each call); a log that grew, another config, another cache_config: worked out
+    # again, as a call with nothing remembered gives.
+    from kvdoctor.derive import engines as eng_mod
+    from kvdoctor.derive.engines import build_engines
+    from kvdoctor.sources.vllm_log import parse_log
+
+    log = parse_log("INFO 01-01 00:00:00 api_server.py:1] vLLM API server version 0.10.1\n")
+    cfg = EngineConfig(model="m", block_size=32, explicit={"block_size"})
+
+    def snap(blocks: str, lg: Any = log) -> Snapshot:
+        m = EngineMetrics(
+            timestamp=1.0, model_name="m", cache_config={"num_gpu_blocks": blocks, "block_size": "32"}
+        )
+        return Snapshot(timestamp=1.0, log=lg, metrics=[m], configs=[cfg])
+
+    def fresh(s: Snapshot, configs: list[EngineConfig]) -> list[Any]:
+        eng_mod._ENGINES_MEMO.clear()
+        return [(e.id, e.config, e.pids, e.gpus) for e in build_engines(s, configs)]
+
+    first = build_engines(snap("100"), [cfg])
+    again = build_engines(snap("100"), [cfg])
+    assert again[0] is not first[0] and again[0].config is first[0].config  # reused, new engines
+    again[0].pids.append(7)
+    assert build_engines(snap("100"), [cfg])[0].pids == []  # a caller's change does not stay
+    other = EngineConfig(model="m", block_size=64, explicit={"block_size"})
+    for s, configs in ((snap("200"), [cfg]), (snap("100"), [other]), (snap("100"), [])):
+        got = [(e.id, e.config, e.pids, e.gpus) for e in build_engines(s, configs)]
+        assert got == fresh(s, configs)
+    grown = parse_log("INFO 01-01 00:00:00 api_server.py:1] vLLM API server version 0.10.1\n")
+    s = snap("100", grown)
+    assert build_engines(s, [])[0].config.vllm_version == "0.10.1"
+    grown.events.clear()  # the same log object with other events: worked out again
+    grown.vllm_version = None
+    assert build_engines(s, [])[0].config.vllm_version is None
+
+
+def test_gpu_spec_is_the_catalogues_answer() -> None:
+    from kvdoctor import catalog
+    from kvdoctor.derive.base import gpu_spec
+
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"):
+        assert gpu_spec(name) is catalog.gpu(name) or vars(gpu_spec(name)) == vars(catalog.gpu(name))
+    with pytest.raises(KeyError):
+        gpu_spec("no such card 123")
+
+
+def test_sample_values_from_the_columns_match_the_samples_through_a_rolling_timeline() -> None:
+    # A function of the sample asked once per snapshot of the Timeline's columns gives, window
+    # after window, what it gives applied to each sample of a plain list: through evictions,
+    # trims, scrapes without a timestamp of their own (stamped copies), values absent or NaN.
+    from kvdoctor import timeline as tlm
+    from kvdoctor.derive import pressure
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import engine_series, engine_series_at, recent_snapshots
+
+    asked: list[float | None] = []
+
+    def stamp_and_waiting(m: EngineMetrics) -> tuple[float | None, int | None]:
+        asked.append(m.timestamp)
+        return m.timestamp, m.num_requests_waiting
+
+    tl = Timeline(max_len=30)
+    for i in range(150):
+        m = EngineMetrics(timestamp=None if i % 7 == 2 else float(i), engine="0",
+                          num_requests_waiting=None if i % 5 == 1 else i % 3,
+                          kv_cache_usage=math.nan if i % 11 == 4 else (None if i % 13 == 6 else (i % 10) / 10))  # fmt: skip
+        tl.append(Snapshot(timestamp=float(i), metrics=[m]))
+        recent, _ = recent_snapshots(tl.snapshots, 9.0)
+        end = len(tl.snapshots)
+        sourced = engine_series_at(timeline_columns(tl), end - len(recent), end, "0")
+        plain = list(engine_series(recent, "0"))
+        before = len(asked)
+        got = tlm.sample_values(sourced, stamp_and_waiting)
+        assert got == [stamp_and_waiting(x) for x in plain], i
+        if i > 10:
+            assert len(asked) - before == 1 + len(plain)  # the appended scrape, and the plain list
+        assert tlm.sample_values(sourced, stamp_and_waiting) is got  # memoised per window
+        want = [float(x.kv_cache_usage or 0.0) for x in plain if (x.num_requests_waiting or 0) > 0]
+        marks = tlm.sample_values(sourced, pressure._queued_kv)
+        queued = [kv for q, kv in marks if q]
+        assert repr(queued) == repr(want), i
+
+
+def test_describe_processes_memo_follows_every_field_it_shows() -> None:
+    from kvdoctor.derive.base import describe_processes
+
+    a = GpuProcess(pid=7, name="python3", used_bytes=3 * GiB)
+    assert describe_processes([(a, 0)]) == "pid 7 (python3) 3.00 GiB on GPU 0"
+    assert describe_processes([(GpuProcess(pid=7, name="python3", used_bytes=3 * GiB), 0)]) == (
+        "pid 7 (python3) 3.00 GiB on GPU 0"
+    )
+    assert describe_processes([(GpuProcess(pid=7, name="python3", used_bytes=GiB), 0)]) == (
+        "pid 7 (python3) 1.00 GiB on GPU 0"
+    )
+    assert describe_processes([(GpuProcess(pid=8, name="", used_bytes=None), 1), (a, 2)]) == (
+        "pid 8 (?) N/A on GPU 1, pid 7 (python3) 3.00 GiB on GPU 2"
+    )
+    assert describe_processes([]) == ""
+
+
+def test_pick_of_a_sampled_history_matches_the_snapshots_through_drops_and_trims() -> None:
+    # The sampled history (one index tuple, cycle after cycle) is picked by one itemgetter per
+    # shift of the columns: the same answers as asking each snapshot, past several trims, with
+    # the index tuple recreated equal, and after the columns start afresh.
+    from kvdoctor.derive import base
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import history_positions
+
+    tl = Timeline(max_len=40)
+    cols = timeline_columns(tl)
+    for t in range(3 * base._TRIM + 11):
+        tl.append(Snapshot(timestamp=float(t)))
+        timeline_columns(tl)
+        n = len(tl.snapshots)
+        index = history_positions(n, 12) if t % 5 else tuple(history_positions(n, 12))  # equal, not the same
+        want = [tl.snapshots[i].timestamp for i in index]
+        assert cols.pick("t", lambda s: s.timestamp, index) == want, t
+    tl.snapshots.reverse()  # not append-only: afresh
+    timeline_columns(tl)
+    index = history_positions(len(tl.snapshots), 12)
+    assert cols.pick("t", lambda s: s.timestamp, index) == [tl.snapshots[i].timestamp for i in index]
+
+
+def test_vllm_holders_are_each_gpus_own_and_leave_the_weights_daemon_out() -> None:
+    from kvdoctor.derive.base import vllm_holders
+
+    procs = [GpuProcess(pid=1, name="VLLM::Worker_TP0", used_bytes=40 * GiB),
+             GpuProcess(pid=2, name="python3", used_bytes=40 * GiB),
+             GpuProcess(pid=3, name="VLLM::EngineCore", used_bytes=GiB // 2),
+             GpuProcess(pid=4, name="vllm preload", used_bytes=20 * GiB)]  # fmt: skip
+    g = Gpu(index=0, processes=procs)
+    assert [p.pid for p in vllm_holders(g, frozenset())] == [1, 4]
+    assert [p.pid for p in vllm_holders(g, frozenset({4}))] == [1]
+    assert [p.pid for p in vllm_holders(g, frozenset())] == [1, 4]  # asked again: the same
+    other = Gpu(index=0, processes=procs[1:])  # another GPU object: its own processes
+    assert [p.pid for p in vllm_holders(other, frozenset())] == [4]
+
+
+def test_growth_of_one_gpu_from_its_columns_matches_the_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one-GPU shortcut (per-snapshot point and total columns) writes every variable the
+    # readings would: through evictions and trims, snapshots without GPUs or without a time
+    # (a GPU's own time then counts), totals unknown or zero, a table listing the GPU twice.
+    from kvdoctor.derive import growth
+
+    def contexts(tl: Timeline) -> list[Any]:
+        return [ctx for _, ctx, _ in build_contexts(tl, [])[1]]
+
+    taken: list[int] = []
+    one_gpu = growth._one_gpu
+
+    def counted(*a: Any) -> Any:
+        got = one_gpu(*a)
+        if got is not None and got[0]:
+            taken.append(len(next(iter(got[0].values()))))
+        return got
+
+    monkeypatch.setattr(growth, "_one_gpu", counted)
+    tl = Timeline(max_len=150)
+    for i in range(260):
+        used = 60 * GiB + (i * i % 97) * (1 << 24)
+        g0 = Gpu(index=0, memory_total_bytes=None if i % 17 == 3 else (0 if i % 19 == 5 else 80 * GiB),
+                 memory_used_bytes=None if i % 23 == 7 else used, timestamp=float(i) if i % 7 == 3 else None,
+                 processes=[GpuProcess(pid=10, name="VLLM::Worker", used_bytes=50 * GiB)])  # fmt: skip
+        gpus = [g0, Gpu(index=1, memory_total_bytes=80 * GiB, memory_used_bytes=GiB)]
+        if i == 140:
+            gpus.append(
+                Gpu(index=0, memory_total_bytes=80 * GiB, memory_used_bytes=used + GiB)
+            )  # listed twice
+        m = EngineMetrics(timestamp=float(i), engine="0", num_requests_running=1)
+        tl.append(
+            Snapshot(
+                timestamp=None if i % 7 == 3 else float(i), gpus=gpus if i % 13 != 4 else [], metrics=[m]
+            )
+        )
+        if i % 9 == 0 or i > 250:
+            got = contexts(tl)
+            with monkeypatch.context() as mp:
+                mp.setattr(growth, "_one_gpu", lambda *a: None)
+                want = contexts(tl)
+            assert repr(got) == repr(want), i
+    assert taken and max(taken) > 40  # the shortcut ran, over the sampled history
+
+
+def test_sampled_history_and_recent_count_read_what_the_lists_hold() -> None:
+    from kvdoctor.derive.base import timeline_columns
+    from kvdoctor.derive.engines import (
+        SampledHistory,
+        bounded_history,
+        history_positions,
+        recent_count,
+        recent_snapshots,
+    )
+
+    tl = Timeline(max_len=300)
+    for i in range(260):
+        m = [EngineMetrics(timestamp=float(i), engine="0")] if i % 5 else []
+        tl.append(
+            Snapshot(timestamp=None if i in (3, 250) else float(i) - (2.0 if i == 100 else 0.0), metrics=m)
+        )
+        if i % 11 == 0 or i > 245:
+            snaps = tl.snapshots
+            hist = SampledHistory(snaps, history_positions(len(snaps)))
+            want = bounded_history(snaps)
+            assert list(hist) == want and len(hist) == len(want) and bool(hist) is bool(want)
+            assert hist[-1] is want[-1] and hist[1:4] == want[1:4] and list(reversed(hist)) == want[::-1]
+            for window_s in (0.0, 7.0, 60.0, 1e9):
+                recent, older = recent_snapshots(snaps, window_s)
+                assert recent_count(snaps, window_s, timeline_columns(tl)) == (len(recent), older), (
+                    i,
+                    window_s,
+                )
+    assert not SampledHistory([], history_positions(0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -367,3 +368,67 @@ def test_values_read_out_of_a_window_follow_the_list_when_it_changes() -> None:
     for _ in range(2):
         got = gauge_stats(series, "kv_cache_usage", 100)
         assert got is not None and got.n == 6 and got.last == pytest.approx(0.05)
+
+
+# --------------------------------------------------------------------------- session 8: fused window ends
+
+
+def test_ends_delta_is_hist_diff_when_the_ends_do_not_reset_else_none() -> None:
+    # The one-pass delta of a window's ends gives what _ends_no_reset then _hist_diff give, for
+    # ends that reset in every way: a count or bucket lower, bounds changed or in another order,
+    # a bound repeated, NaN counts, an empty histogram.
+    import random
+
+    from kvdoctor.timeline import _ends_delta, _ends_no_reset, _hist_diff
+
+    rng = random.Random(8)
+    nan = float("nan")
+
+    def hist(bounds: list[float], counts: list[float], count: float) -> HistogramData:
+        return HistogramData(buckets=list(zip(bounds, counts, strict=True)), count=count, sum=count * 2.5)
+
+    def shape(h: HistogramData | None) -> Any:
+        return None if h is None else (h.buckets, h.count, h.sum)
+
+    for _ in range(3000):
+        n = rng.randint(0, 5)
+        bounds = sorted(rng.sample([1.0, 2.0, 4.0, 8.0, 16.0, math.inf], n))
+        first = [float(rng.randint(0, 9)) for _ in bounds]
+        last = [c + rng.choice((0.0, 1.0, 3.0, -1.0)) for c in first]
+        b2 = list(bounds)
+        kind = rng.randint(0, 6)
+        if kind == 0 and b2:
+            b2[rng.randrange(len(b2))] = 32.0  # a bound changed
+        elif kind == 1 and len(b2) > 1:
+            b2.reverse()  # another order
+        elif kind == 2 and len(b2) > 1:
+            bounds[1] = b2[1] = b2[0]  # a bound repeated in both
+        elif kind == 3 and last:
+            last[rng.randrange(len(last))] = nan
+        c1 = float(rng.randint(0, 20))
+        c2 = c1 + rng.choice((0.0, 2.0, -1.0))
+        a, b = hist(bounds, first, c1), hist(b2, last, c2)
+        want = _hist_diff(a, b) if _ends_no_reset(a, b) else None
+        got = _ends_delta(a, b)
+        assert shape(got) == shape(want) or (repr(shape(got)) == repr(shape(want))), (a, b)
+        assert (got is b) == (want is b)
+
+
+def test_shared_windows_are_memoised_per_length_and_follow_a_series_changed_in_place() -> None:
+    from kvdoctor.timeline import Series
+
+    s = Series(EngineMetrics(timestamp=float(t), num_requests_waiting=t) for t in range(10))
+    whole = window(s, 60.0, shared=True)
+    assert whole is s and window(s, 60.0, shared=True) is s
+    tail = window(s, 3.0, shared=True)
+    assert [m.timestamp for m in tail] == [6.0, 7.0, 8.0, 9.0] and window(s, 3, shared=True) is tail
+    assert window(s, 3.0) is not tail and list(window(s, 3.0)) == list(tail)  # a copy unless shared
+    assert gauge_stats(s, "num_requests_waiting", 3.0) == GaugeStats(
+        min=6, max=9, mean=7.5, last=9, first=6, n=4
+    )
+    s.append(EngineMetrics(timestamp=10.0, num_requests_waiting=10))  # changed in place
+    moved = window(s, 3.0, shared=True)
+    assert moved is not tail and [m.timestamp for m in moved] == [7.0, 8.0, 9.0, 10.0]
+    assert gauge_stats(s, "num_requests_waiting", 3.0) == GaugeStats(
+        min=7, max=10, mean=8.5, last=10, first=7, n=4
+    )

@@ -9,8 +9,15 @@ ask (``engines-stacked-on-one-gpu``, ``weights-not-sharded``).
 
 from __future__ import annotations
 
-from kvdoctor import catalog
-from kvdoctor.derive.base import Family, Scope, Vars, describe_processes, is_vllm_process
+from kvdoctor.derive.base import (
+    Family,
+    Scope,
+    Vars,
+    describe_processes,
+    gpu_spec,
+    is_vllm_process,
+    vllm_holders,
+)
 from kvdoctor.facts import Engine, Gpu, GpuProcess
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.units import GiB
@@ -96,7 +103,7 @@ def _catalogue_total(egpus: list[Gpu]) -> int | None:
     for g in egpus:
         if g.no_permission and g.name:
             try:
-                return catalog.gpu(g.name).memory_bytes
+                return gpu_spec(g.name).memory_bytes
             except KeyError:
                 return None
     return None
@@ -264,11 +271,7 @@ def _stacked(visible: list[Gpu], daemon_pids: frozenset[int]) -> tuple[Gpu, list
     """The first GPU on which two or more vLLM engine processes hold 1 GiB or more, and them
     (a `vllm preload` weights daemon beside its engine is not a second engine)."""
     for g in visible:
-        holders = [
-            p
-            for p in g.processes
-            if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in daemon_pids
-        ]
+        holders = vllm_holders(g, daemon_pids)
         if len(holders) >= 2:
             return g, holders
     return None

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdoctor import catalog
+from kvdoctor.catalog import GpuSpec
 from kvdoctor.dcmethods import shared_methods
 from kvdoctor.devices import visible_devices
 from kvdoctor.facts import (
@@ -31,7 +33,7 @@ from kvdoctor.facts import (
     VllmLog,
 )
 from kvdoctor.lazyre import lazy_re
-from kvdoctor.units import number_in_range
+from kvdoctor.units import GiB, number_in_range
 
 Vars = dict[str, Any]
 
@@ -127,7 +129,7 @@ class Columns:
     (:meth:`pick`): an evaluation reads the sampled history, never the whole Timeline. Holds
     the snapshots it indexes (until the next sync); answers are shared."""
 
-    __slots__ = ("__weakref__", "_base", "_cols", "_filled", "_snaps")
+    __slots__ = ("__weakref__", "_base", "_cols", "_filled", "_getters", "_snaps")
 
     def __init__(self) -> None:
         self._snaps: list[Snapshot] = []
@@ -138,6 +140,10 @@ class Columns:
         #: per column, [a, b): entries (column indices, _base included) known worked out (a
         #: window read cycle after cycle then only looks at what the Timeline appended since).
         self._filled: dict[Any, list[int]] = {}
+        #: (id of an index tuple, _base) → (the tuple, an itemgetter of its column entries):
+        #: the sampled history is the same positions cycle after cycle, and _base takes at
+        #: most _TRIM values.
+        self._getters: dict[tuple[int, int], tuple[tuple[int, ...], Callable[[list[Any]], Any]]] = {}
 
     def sync(self, snapshots: Sequence[Snapshot]) -> None:
         """Align with ``snapshots``: the same list with its oldest dropped and new ones appended
@@ -153,17 +159,19 @@ class Columns:
                 if not drop and kept == n:
                     if old == snapshots:
                         return  # unchanged
-                    new = old  # reset below
                 else:
-                    # a new list: an evaluation still reading the old one keeps its positions
-                    new = old[drop:]
-                    new.extend(snapshots[kept:])
-                if new is not old and new == snapshots:
-                    self._snaps = new
-                    self._base += drop
-                    if self._base >= _TRIM:
-                        self._trim()
-                    return
+                    # In place: the kept snapshots are neither copied nor touched (a copy took
+                    # and then released a reference to each of them, 600 objects out of the
+                    # cache, every cycle). One evaluation at a time reads a Timeline's columns:
+                    # the loop that appends to it evaluates it.
+                    if drop:
+                        del old[:drop]
+                    old.extend(snapshots[kept:])
+                    if old == snapshots:  # identity first, item by item, at C speed
+                        self._base += drop
+                        if self._base >= _TRIM:
+                            self._trim()
+                        return
         self._snaps = list(snapshots)
         self._base = 0
         self._cols = {}
@@ -193,19 +201,35 @@ class Columns:
         """``fn(snapshot)`` for the snapshots at ``index`` (positions in the synced list), each
         worked out once while that snapshot stays. ``key`` names ``fn`` and everything else it
         depends on."""
-        col = self._column(key)
         base = self._base
-        got = (
-            list(map(col.__getitem__, map(base.__add__, index)))
-            if base
-            else list(map(col.__getitem__, index))
-        )
+        col = self._cols.get(key)
+        if col is None:
+            col = self._column(key)
+        elif len(col) < base + len(self._snaps):
+            col.extend([_MISSING] * (base + len(self._snaps) - len(col)))
+        if type(index) is tuple and len(index) > 8:
+            got = list(self._getter(index, base)(col))
+        elif base:
+            got = list(map(col.__getitem__, map(base.__add__, index)))
+        else:
+            got = list(map(col.__getitem__, index))
         if _has_missing(got):
             snaps = self._snaps
             for j in _missing_at(got):  # the newest snapshot, mostly: found at C speed
                 i = index[j]
                 got[j] = col[i + base] = fn(snaps[i])
         return got
+
+    def _getter(self, index: tuple[int, ...], base: int) -> Callable[[list[Any]], Any]:
+        """An itemgetter of the column entries at ``index`` (two or more positions) shifted by
+        ``base``: one C call instead of a mapped addition and lookup per position."""
+        k = (id(index), base)
+        hit = self._getters.get(k)
+        if hit is None or hit[0] is not index:
+            if len(self._getters) > 4 * _TRIM:
+                self._getters.clear()
+            hit = self._getters[k] = (index, operator.itemgetter(*[i + base for i in index]))
+        return hit[1]
 
     def span(self, key: Any, fn: Callable[[Snapshot], Any], lo: int, hi: int) -> list[Any]:
         """:meth:`pick` of the positions ``lo … hi - 1`` (a new list)."""
@@ -220,21 +244,35 @@ class Columns:
         return self._span(key, fn, lo, hi, True)
 
     def _span(self, key: Any, fn: Callable[..., Any], lo: int, hi: int, steps: bool) -> list[Any]:
-        col = self._column(key)
-        base = self._base
-        hi = min(hi, len(self._snaps))
+        snaps = self._snaps
+        n, base = len(snaps), self._base
+        col = self._cols.get(key)
+        if col is None:
+            col = self._column(key)
+        elif len(col) < base + n:
+            col.extend([_MISSING] * (base + n - len(col)))  # the snapshots appended since
+        if hi > n:
+            hi = n
         a, b = lo + base, hi + base
         got = col[a:b]
         rng = self._filled[key]
         fa, fb = rng
-        if a < fa or b > fb:
+        if fa <= a <= fb == b - 1:
+            # the window of the cycle before, slid on by the snapshot appended since: only its
+            # newest entry can be missing
+            if got[-1] is _MISSING:
+                p = hi - 1
+                got[-1] = col[b - 1] = (
+                    fn(snaps[p - 1] if p > 0 else None, snaps[p]) if steps else fn(snaps[p])
+                )
+            rng[1] = b
+        elif a < fa or b > fb:
             # only what lies outside the filled range can be missing
             head, tail = max(0, min(fa, b) - a), max(0, fb - a)
             missing = list(_missing_at(got[:head])) if head else []
             if tail < len(got):
                 missing.extend(map(tail.__add__, _missing_at(got[tail:])))
             if missing:
-                snaps = self._snaps
                 for j in missing:
                     p = lo + j
                     if steps:
@@ -441,6 +479,47 @@ def is_vllm_process(name: str) -> bool:
     return hit
 
 
+#: GPU name → its catalogue spec (bounded): the same name is looked up by several families,
+#: cycle after cycle.
+_GPU_SPECS: dict[str, GpuSpec] = {}
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """:func:`kvdoctor.catalog.gpu` of an nvidia-smi / NVML GPU name (the spec shared, like
+    the catalogue's). Raises KeyError (or ValueError) as it does, for a name not catalogued."""
+    hit = _GPU_SPECS.get(name)
+    if hit is None:
+        hit = catalog.gpu(name)
+        if len(_GPU_SPECS) > 256:
+            _GPU_SPECS.clear()
+        _GPU_SPECS[name] = hit
+    return hit
+
+
+#: (id of a GPU, weights-daemon pids) → (the GPU, its vllm_holders), for the GPUs of the last
+#: cycles (bounded): attribution and colocation both ask, about every visible GPU.
+_HOLDERS: dict[tuple[int, frozenset[int]], tuple[Gpu, list[GpuProcess]]] = {}
+
+
+def vllm_holders(g: Gpu, daemon_pids: frozenset[int]) -> list[GpuProcess]:
+    """The processes on ``g`` (NVML running processes / nvidia-smi Processes) named like vLLM
+    and holding 1 GiB or more, a `vllm preload` weights daemon's (``daemon_pids``) left out, in
+    process order: the engines a GPU holds. A shared list: do not modify it."""
+    key = (id(g), daemon_pids)
+    hit = _HOLDERS.get(key)
+    if hit is not None and hit[0] is g:
+        return hit[1]
+    got = [
+        p
+        for p in g.processes
+        if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in daemon_pids
+    ]
+    if len(_HOLDERS) > 64:
+        _HOLDERS.clear()
+    _HOLDERS[key] = (g, got)
+    return got
+
+
 def visible_gpus(snapshot: Snapshot) -> list[Gpu]:
     """The snapshot's GPUs that CUDA_VISIBLE_DEVICES (env.txt / live env) leaves visible; all of
     them when it is unset or names none of them."""
@@ -453,14 +532,27 @@ def visible_gpus(snapshot: Snapshot) -> list[Gpu]:
     return gpus
 
 
-def describe_processes(items: list[tuple[GpuProcess, int]]) -> str:
-    """'pid 48213 (/opt/conda/bin/python3.10) 15.42 GiB on GPU 0, …'"""
-    from kvdoctor.units import fmt_bytes
+#: (pid, name, used bytes, GPU index) of each process → describe_processes' text (bounded): the
+#: same processes are described cycle after cycle.
+_DESCRIBED: dict[tuple[tuple[int, str | None, int | None, int], ...], str] = {}
 
-    return ", ".join(
-        f"pid {proc.pid} ({proc.name or '?'}) {fmt_bytes(proc.used_bytes)} on GPU {idx}"
-        for proc, idx in items
-    )
+
+def describe_processes(items: list[tuple[GpuProcess, int]]) -> str:
+    """'pid 48213 (/opt/conda/bin/python3.10) 15.42 GiB on GPU 0, …' (NVML / nvidia-smi
+    process pid, name and used memory)."""
+    key = tuple([(proc.pid, proc.name, proc.used_bytes, idx) for proc, idx in items])
+    hit = _DESCRIBED.get(key)
+    if hit is None:
+        from kvdoctor.units import fmt_bytes
+
+        hit = ", ".join(
+            f"pid {proc.pid} ({proc.name or '?'}) {fmt_bytes(proc.used_bytes)} on GPU {idx}"
+            for proc, idx in items
+        )
+        if len(_DESCRIBED) > 256:
+            _DESCRIBED.clear()
+        _DESCRIBED[key] = hit
+    return hit
 
 
 def stats_engine(e: LogEvent) -> int:

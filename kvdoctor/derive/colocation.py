@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvdoctor.derive.base import Family, Scope, Vars, is_vllm_process
+from kvdoctor.derive.base import Family, Scope, Vars, vllm_holders
 from kvdoctor.devices import visible_devices
 from kvdoctor.facts import EngineConfig, Gpu, HostProcess, Snapshot
-from kvdoctor.units import GiB
 from kvdoctor.vllm_flags import default_gpu_memory_utilization
 
 WRITES: dict[str, str] = {
@@ -68,11 +67,7 @@ def _from_processes(
     s: Scope, visible: list[Gpu], configs: list[EngineConfig], version: str | None
 ) -> tuple[Gpu | None, list[dict[str, Any]]]:
     for g in visible:
-        holders = [
-            p
-            for p in g.processes
-            if is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in s.weight_daemon_pids
-        ]
+        holders = vllm_holders(g, s.weight_daemon_pids)
         if len(holders) < 2:
             continue
         found: list[dict[str, Any]] = []
@@ -130,14 +125,7 @@ def derive(s: Scope, v: Vars) -> None:
     version = v["vllm_version"]
     configs = [e.config for e in (s.all_engines or ([s.engine] if s.engine else []))]
     gpu, entries = _from_processes(s, visible, configs, version)
-    engine_gpus_seen = {
-        g.index
-        for g in visible
-        if any(
-            is_vllm_process(p.name) and (p.used_bytes or 0) >= GiB and p.pid not in s.weight_daemon_pids
-            for p in g.processes
-        )
-    }
+    engine_gpus_seen = {g.index for g in visible if vllm_holders(g, s.weight_daemon_pids)}
     if gpu is None and len(configs) >= 2 and len(engine_gpus_seen) <= 1:
         gpu, entries = _from_command_lines(visible, configs)
     if gpu is None or len(entries) < 2:

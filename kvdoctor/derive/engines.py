@@ -15,7 +15,7 @@ import functools
 import itertools
 import operator
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from kvdoctor.derive.base import Columns, LogRuns, LogView, log_runs
 from kvdoctor.facts import (
@@ -84,13 +84,29 @@ def weight_daemon_pids(
     ]
     for g in snapshot.gpus:
         for p in g.processes:
-            name = (p.name or "").lower()
-            if "preload" in name and "vllm" in name:
+            if _preload_name(p.name):
                 pids.add(p.pid)
             elif held and p.pid not in engine_pids and p.used_bytes is not None:
                 if any(b <= p.used_bytes <= b + _DAEMON_SLACK_BYTES for b in held):
                     pids.add(p.pid)
     return frozenset(pids)
+
+
+#: GPU process name → it names a `vllm preload` daemon (bounded): the same names cycle after cycle.
+_PRELOAD_NAMES: dict[str, bool] = {}
+
+
+def _preload_name(name: str | None) -> bool:
+    """A GPU process name (NVML / nvidia-smi) with both "preload" and "vllm" in it, any case."""
+    hit = _PRELOAD_NAMES.get(name) if isinstance(name, str) else None
+    if hit is None:
+        low = (name or "").lower()
+        hit = "preload" in low and "vllm" in low
+        if isinstance(name, str):
+            if len(_PRELOAD_NAMES) > 1024:
+                _PRELOAD_NAMES.clear()
+            _PRELOAD_NAMES[name] = hit
+    return hit
 
 
 def _own_copy(cfg: EngineConfig) -> EngineConfig:
@@ -107,7 +123,47 @@ def build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engin
     ``vllm:cache_config_info`` labels; then vLLM's defaults for the detected version. Returns
     new :class:`Engine` objects with configs of their own: ``configs`` and ``snapshot`` are not
     modified.
+
+    Answers are reused while the inputs are the same (a live Timeline asks every cycle):
+    ``configs`` and the log the same objects (the log with as many events: :func:`base.log_runs`
+    keys on the same), the newest scrape's ``cache_config`` and the first one's model name
+    equal. The engines are new objects on every call; their configs are shared with the calls
+    that reused them (facts: never modified).
     """
+    log = snapshot.log
+    metrics = snapshot.metrics
+    key = (
+        log,
+        len(log.events) if log is not None else -1,
+        metrics[-1].cache_config if metrics else None,
+        metrics[0].model_name if metrics else None,
+    )
+    hit = _ENGINES_MEMO.get(len(configs))
+    if (
+        hit is not None
+        and hit[0][0] is key[0]
+        and hit[0][1:] == key[1:]
+        and all(map(operator.is_, hit[1], configs))
+    ):
+        return [Engine(id=e.id, config=e.config, pids=list(e.pids)) for e in hit[2]]
+    engines = _build_engines(snapshot, configs)
+    if len(_ENGINES_MEMO) > 8:
+        _ENGINES_MEMO.clear()
+    # the memo's own Engine objects: the caller may change the lists of those it was given
+    _ENGINES_MEMO[len(configs)] = (
+        key,
+        tuple(configs),
+        tuple(Engine(id=e.id, config=e.config, pids=list(e.pids)) for e in engines),
+    )
+    return engines
+
+
+#: number of launch configs → (key, configs, engines) of the last :func:`build_engines` call.
+_ENGINES_MEMO: dict[int, tuple[tuple[Any, ...], tuple[EngineConfig, ...], tuple[Engine, ...]]] = {}
+
+
+def _build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engine]:
+    """:func:`build_engines` worked out."""
     log = snapshot.log
     version = log.vllm_version if log else None
     cfgs = [_own_copy(c) for c in configs]
@@ -341,9 +397,9 @@ def recent_snapshots(
     read once in its life and a tail that is timed throughout and in time order is cut by
     bisection (the same cut)."""
     if columns is not None:
-        got = _recent_by_bisection(snapshots, window_s, columns)
-        if got is not None:
-            return got
+        cut = _recent_by_bisection(snapshots, window_s, columns)
+        if cut is not None:
+            return list(snapshots[len(snapshots) - cut[0] :]), cut[1]
     out: list[Snapshot] = []
     end: float | None = None
     older = False
@@ -366,12 +422,22 @@ def recent_snapshots(
 _RECENT_TAIL = 64
 
 
+def recent_count(snapshots: Sequence[Snapshot], window_s: float, columns: Columns) -> tuple[int, bool]:
+    """(how many snapshots :func:`recent_snapshots` returns, whether a scrape exists before
+    them), without the list: the window is the Timeline's tail."""
+    cut = _recent_by_bisection(snapshots, window_s, columns)
+    if cut is not None:
+        return cut
+    recent, older = recent_snapshots(snapshots, window_s)
+    return len(recent), older
+
+
 def _recent_by_bisection(
     snapshots: Sequence[Snapshot], window_s: float, columns: Columns
-) -> tuple[list[Snapshot], bool] | None:
-    """:func:`recent_snapshots` of a tail timed throughout and never going back in time (the
-    loop's cut: the newest snapshot older than the window's start is the last one before it),
-    or None when the tail is not such."""
+) -> tuple[int, bool] | None:
+    """(count, scrape before) of :func:`recent_snapshots` for a tail timed throughout and never
+    going back in time (the loop's cut: the newest snapshot older than the window's start is
+    the last one before it), or None when the tail is not such."""
     n = len(snapshots)
     lo = max(0, n - _RECENT_TAIL)
     while n:
@@ -383,9 +449,9 @@ def _recent_by_bisection(
             lo = max(0, n - 4 * (n - lo))  # the window starts before the tail read
             continue
         if j == 0:
-            return list(snapshots), False
+            return n, False
         i = lo + j - 1  # the newest snapshot before the window
-        return list(snapshots[i + 1 :]), any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
+        return n - i - 1, any(s.metrics for s in snapshots[max(0, i - 8) : i + 1])
     return None
 
 
@@ -491,6 +557,14 @@ def engine_series_at(columns: Columns, start: int, end: int, engine_label: str |
                     hi,
                 )
                 return True in present
+            if kind == "sample_fn":
+                # a function of the sample alone: asked once per snapshot of the window's column
+                return columns.span(
+                    ("engine_sample_fn", engine_label, name),
+                    lambda snap: name(_pick(snap, engine_label)),
+                    lo,
+                    hi,
+                )
             return None
         if field == "timestamp" or field not in _METRIC_FIELDS:
             return None
@@ -538,6 +612,34 @@ def history_positions(n: int, limit: int = MAX_HISTORY_POINTS) -> tuple[int, ...
         return tuple(range(n))
     step = (n - 1) / (limit - 1)
     return tuple(round(i * step) for i in range(limit))
+
+
+class SampledHistory(Sequence[Snapshot]):
+    """The snapshots of a Timeline's list at ``index`` (:func:`history_positions`), oldest
+    first, read on demand: an evaluation mostly asks only whether there is a history (the
+    per-snapshot answers come from the Timeline's columns), and a list of them took and
+    released a reference to each sampled snapshot, out of the cache, every cycle. Valid while
+    the Timeline is unchanged (one evaluation)."""
+
+    __slots__ = ("_index", "_snaps")
+
+    def __init__(self, snapshots: Sequence[Snapshot], index: Sequence[int]) -> None:
+        self._snaps = snapshots
+        self._index = index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, i: int) -> Snapshot: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Snapshot]: ...
+
+    def __getitem__(self, i: int | slice) -> Snapshot | list[Snapshot]:
+        if isinstance(i, slice):
+            return list(map(self._snaps.__getitem__, self._index[i]))
+        return self._snaps[self._index[i]]
 
 
 #: label tuples seen (bounded): equal tuples from different snapshots become one object.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+from typing import Any
 
 from kvdoctor.derive.base import Family, Scope, Vars, history_values
 from kvdoctor.derive.engines import bounded_history
@@ -82,6 +83,41 @@ def _readings(s: Scope, wanted: set[_Key]) -> list[list[_Reading]]:
     return history_values(s, key, lambda snap: _snapshot_readings(snap, wanted))
 
 
+#: a snapshot with two or more readings of one GPU key (malformed tables): read in full.
+_MANY: Any = object()
+
+
+def _one_point(snap: Snapshot, wanted: set[_Key]) -> Any:
+    """The (time, used bytes) reading of the one wanted GPU in a snapshot, None without one,
+    _MANY with several (a column function)."""
+    got = _snapshot_readings(snap, wanted)
+    return got[0][1] if len(got) == 1 else (None if not got else _MANY)
+
+
+def _one_total(snap: Snapshot, wanted: set[_Key]) -> int | None:
+    """The last non-zero total bytes among a snapshot's readings of the wanted GPUs (a column
+    function)."""
+    return next(filter(None, reversed([r[2] for r in _snapshot_readings(snap, wanted)])), None)
+
+
+def _one_gpu(
+    s: Scope, wanted: set[_Key]
+) -> tuple[dict[_Key, list[tuple[float, float]]], dict[_Key, int]] | None:
+    """What the readings give for an engine on one GPU of a live history (series and totals as
+    :func:`derive` gathers them), from per-snapshot columns of its point and total alone: the
+    sampled snapshots' other objects are not read (each cycle samples other snapshots, out of
+    the cache). None when a snapshot has several readings of it."""
+    fw = frozenset(wanted)
+    points = history_values(s, ("gpu_memory_point", fw), lambda snap: _one_point(snap, wanted))
+    if any(map(operator.is_, points, itertools.repeat(_MANY))):
+        return None
+    pts = list(itertools.compress(points, map(operator.is_not, points, itertools.repeat(None))))
+    (key,) = wanted
+    totals = history_values(s, ("gpu_memory_total", fw), lambda snap: _one_total(snap, wanted))
+    last = next(filter(None, reversed(totals)), None)
+    return ({key: pts} if pts else {}), ({key: last} if last else {})
+
+
 def derive(s: Scope, v: Vars) -> None:
     """The fastest-rising engine GPU: slope, recent slope, plateau, hours to full."""
     keys = v["engine_gpu_keys"]
@@ -89,16 +125,19 @@ def derive(s: Scope, v: Vars) -> None:
         wanted: set[_Key] = {(node, int(idx)) for node, idx in keys}
     else:
         wanted = {(None, int(i)) for i in v["engine_gpus"] or []}
-    series: dict[_Key, list[tuple[float, float]]] = {}
-    totals: dict[_Key, int] = {}
-    for moment in _readings(s, wanted):
-        for idx, point, total in moment:
-            pts = series.get(idx)
-            if pts is None:
-                series[idx] = pts = []
-            pts.append(point)
-            if total:
-                totals[idx] = total
+    one = _one_gpu(s, wanted) if len(wanted) == 1 and not s.snapshot.gpu_series else None
+    if one is not None:
+        series, totals = one
+    else:
+        series, totals = {}, {}
+        for moment in _readings(s, wanted):
+            for idx, point, total in moment:
+                pts = series.get(idx)
+                if pts is None:
+                    series[idx] = pts = []
+                pts.append(point)
+                if total:
+                    totals[idx] = total
     best: tuple[float, _Key, list[tuple[float, float]]] | None = None
     for idx, pts in series.items():
         pts.sort()

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-from kvdoctor import catalog, kvmath
-from kvdoctor.derive.base import Family, Scope, Vars
+import functools
+
+from kvdoctor import kvmath
+from kvdoctor.derive.base import Family, Scope, Vars, gpu_spec
 from kvdoctor.vllm_flags import nearest_valid_kv_cache_dtype, valid_kv_cache_dtypes
 
 WRITES: dict[str, str] = {
@@ -27,6 +29,12 @@ WRITES: dict[str, str] = {
     "suggested_kv_dtype": "str; nearest valid --kv-cache-dtype for the version",
 }
 READS: frozenset[str] = frozenset({"tp", "pp", "tp_pp", "kv_cache_dtype", "gpu_name", "vllm_version"})
+
+
+@functools.lru_cache(maxsize=32)
+def _valid_kv_dtypes(version: str | None) -> tuple[str, ...]:
+    """:func:`valid_kv_cache_dtypes` of a version, worked out once (every context asks)."""
+    return tuple(valid_kv_cache_dtypes(version))
 
 
 def derive(s: Scope, v: Vars) -> None:
@@ -53,7 +61,7 @@ def _sizes(s: Scope, v: Vars) -> None:
     v["num_attention_heads"] = arch.num_attention_heads
     v["num_kv_heads"] = arch.num_key_value_heads
     v["vocab_size"] = arch.vocab_size
-    dtype = v["kv_cache_dtype"] if v["kv_cache_dtype"] in valid_kv_cache_dtypes(None) else "auto"
+    dtype = v["kv_cache_dtype"] if v["kv_cache_dtype"] in _valid_kv_dtypes(None) else "auto"
     try:
         if v["weights_bytes"] is None:
             v["weights_bytes"] = kvmath.weights_bytes(arch, dtype=cfg.dtype, quantization=cfg.quantization)
@@ -99,7 +107,7 @@ def _kv_dtype(s: Scope, v: Vars) -> None:
         v["invalid_kv_dtype_value"] = inv.values.get("value")
         v["invalid_kv_dtype_line"] = inv.line
     else:
-        v["invalid_kv_dtype"] = dtype not in valid_kv_cache_dtypes(v["vllm_version"])
+        v["invalid_kv_dtype"] = dtype not in _valid_kv_dtypes(v["vllm_version"])
         if v["invalid_kv_dtype"]:
             v["invalid_kv_dtype_value"] = dtype
     # The compute capability vLLM (or PyTorch) logs is the device's own word: it wins over the
@@ -107,7 +115,7 @@ def _kv_dtype(s: Scope, v: Vars) -> None:
     cc = _log_capability(s, v)
     name = v["gpu_name"] or v["log_gpu_name"]
     try:
-        spec = catalog.gpu(name) if name else None
+        spec = gpu_spec(name) if name else None
     except (KeyError, ValueError):
         spec = None
     if cc is not None:

@@ -11,8 +11,7 @@ models tune their Triton kernels inside the profile run from 0.18; off compute c
 
 from __future__ import annotations
 
-from kvdoctor import catalog
-from kvdoctor.derive.base import Family, Scope, Vars
+from kvdoctor.derive.base import Family, Scope, Vars, gpu_spec
 from kvdoctor.units import GiB, MiB
 
 #: config.json architectures with gated-delta-net layers (vLLM 0.18.0 registry).
@@ -72,7 +71,7 @@ def derive(s: Scope, v: Vars) -> None:
     cc = v["log_compute_capability"]
     if cc is None and v["gpu_name"]:
         try:
-            spec = catalog.gpu(v["gpu_name"])
+            spec = gpu_spec(v["gpu_name"])
         except (KeyError, ValueError):
             spec = None
         cc = getattr(spec, "sm", None) if spec is not None else None
