@@ -60,7 +60,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import is_, is_not, ne
 from pathlib import Path
 from types import CodeType, FunctionType
@@ -1734,6 +1734,8 @@ class _Names(dict):  # type: ignore[type-arg]
 
     missing: set[str]
     base: Mapping[str, Any] = {}  # noqa: RUF012 - read-only default: no names under
+    #: the names looked up under it, in order (:class:`_ReadNames`); None: not noted
+    read: list[str] | None = None
 
     def __missing__(self, key: str) -> Any:
         base = self.base
@@ -1852,6 +1854,8 @@ class _Runner:
 
     ``names``: the rule's names (context variables, constants, thresholds, then its ``let``
     values as they are computed); ``functions``: :func:`_functions`."""
+
+    __slots__ = ("names", "functions", "rule", "engine", "errors")  # one is made per rule evaluated
 
     def __init__(
         self, names: _Names, functions: _Functions, rule: Rule, engine: str | None, errors: list[EvalError]
@@ -1995,8 +1999,52 @@ def _same(a: Any, b: Any) -> bool:
 
 
 #: a rule's trace: per step (:func:`_step_plan`'s order) its outcome (value, rendering, checked
-#: fix) and the context names it read, :data:`_UNSET` for a step not reached
-_Trace = tuple[list[Any], list[Any]]
+#: fix), the context names it read and, for a template, its fields' (:func:`_render_traced`);
+#: :data:`_UNSET` for a step not reached
+_Trace = tuple[list[Any], list[Any], list[Any]]
+
+
+def _render_traced(
+    run: _Runner,
+    tpl: Template,
+    fields: tuple[tuple[tuple[str, ...], int], ...],
+    prev: Any,
+    changed: Set[str],
+    lets_changed: int,
+    more: list[Any],
+) -> tuple[str, tuple[tuple[str, ...], list[Any]]]:
+    """:func:`_render` of a plain runner, field by field: (the text, (each part's text, each
+    field's reads)). ``prev``: that pair from the last rendering (:data:`_UNSET`: none); a
+    field none of whose reads is in ``changed`` and that reads no let in ``lets_changed``
+    (bit k: let k got another value) keeps its text (its reads go to ``more``)."""
+    names, functions = run.names, run.functions
+    out: list[str] = []
+    reads: list[Any] = []
+    texts: Any = None
+    last: Any = None
+    if prev is not _UNSET:
+        texts, last = prev
+    k = 0
+    for part in tpl.parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        own, lets = fields[k]
+        if texts is not None and not lets & lets_changed and changed.isdisjoint(r := last[k]):
+            out.append(texts[len(out)])
+            more.append(r)
+        else:
+            expr, spec = part
+            try:
+                v = expr.fn(names, functions)
+            except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+                run.fail(expr, err)
+                v = None
+            _append_formatted(run, out, expr, spec, v)
+            r = list(filter(names.__contains__, own))
+        reads.append(r)
+        k += 1
+    return "".join(out), (tuple(out), reads)
 
 
 def _evaluate_rule(
@@ -2030,14 +2078,17 @@ def _evaluate_rule(
     value, truthy = run.value, run.truthy
     render = _render if plain else type(run).render
     functions = run.functions
-    read: list[str] | None = getattr(names, "read", None)
+    read = names.read
     direct = info.direct
     if prev is None:
-        pv = pr = info.blank
+        pv = pr = pf = info.blank
     else:
-        pv, pr = prev
+        pv, pr, pf = prev
     tv: list[Any] = [_UNSET] * len(direct)
     tr: list[Any] = [_UNSET] * len(direct)
+    tf: list[Any] = [_UNSET] * len(direct)
+    fields = info.fields
+    lets_changed = 0  # bit k set: let k got another value
     more: list[Any] = []  # reads no fresh step noted in ``read``: reused steps', fix checks'
     dirty = 0  # bit i set: a let step i reads got another value
     readers = info.let_readers
@@ -2054,9 +2105,10 @@ def _evaluate_rule(
             else:
                 v = value(expr)
             if read is not None:
-                tr[i] = [n for n in direct[i] if n in names]
+                tr[i] = list(filter(names.__contains__, direct[i]))
                 if prev is not None and not _same(v, p):
                     dirty |= readers[i]
+                    lets_changed |= 1 << i
         else:
             v = p
             tr[i] = r = pr[i]
@@ -2079,14 +2131,16 @@ def _evaluate_rule(
         else:
             v = truthy(rule.when)
         if read is not None:
-            tr[i] = [n for n in direct[i] if n in names]
+            tr[i] = list(filter(names.__contains__, direct[i]))
     else:
         v = p
         tr[i] = r = pr[i]
         more.append(r)
     tv[i] = v
     if not v:
-        return None, _trace(read, tv, tr), _reads(read, more)
+        if read is None:
+            return None, None, _NO_CHANGES
+        return None, (tv, tr, tf), frozenset(read).union(*more) if more else frozenset(read)
     i += 1
     severity = rule.severity
     for expr, sev in rule.severity_if:
@@ -2094,7 +2148,7 @@ def _evaluate_rule(
         if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
             v = truthy(expr)
             if read is not None:
-                tr[i] = [n for n in direct[i] if n in names]
+                tr[i] = list(filter(names.__contains__, direct[i]))
         else:
             v = p
             tr[i] = r = pr[i]
@@ -2112,7 +2166,7 @@ def _evaluate_rule(
             if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
                 v = truthy(e.when)
                 if read is not None:
-                    tr[i] = [n for n in direct[i] if n in names]
+                    tr[i] = list(filter(names.__contains__, direct[i]))
             else:
                 v = p
                 tr[i] = r = pr[i]
@@ -2125,12 +2179,16 @@ def _evaluate_rule(
         for j, tpl in ((i + 1, e.fact), (i + 2, e.value), (i + 3, e.source)):
             p = pv[j]
             if p is _UNSET or dirty >> j & 1 or not changed.isdisjoint(pr[j]):
-                p = render(run, tpl)
-                if read is not None:
-                    tr[j] = [n for n in direct[j] if n in names]
+                if read is None:
+                    p = render(run, tpl)
+                else:
+                    p, f = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed, more)
+                    tf[j] = f
+                    tr[j] = list(chain.from_iterable(f[1]))
             else:
                 tr[j] = r = pr[j]
                 more.append(r)
+                tf[j] = pf[j]
             texts.append(p)
             tv[j] = p
         evidence.append(Evidence(*texts))
@@ -2153,9 +2211,9 @@ def _evaluate_rule(
                     run.errors.append(EvalError(rule.id, run.engine, f"fix {key}", f"dropped {p}: {why}"))
                     p = None
                 if read is not None:
-                    tr[i] = [n for n in direct[i] if n in names] + list(checked.read)
+                    tr[i] = list(filter(names.__contains__, direct[i])) + list(checked.read)
             elif read is not None:
-                tr[i] = [n for n in direct[i] if n in names]
+                tr[i] = list(filter(names.__contains__, direct[i]))
         else:
             tr[i] = r = pr[i]
             more.append(r)
@@ -2173,7 +2231,7 @@ def _evaluate_rule(
                 run.errors.append(EvalError(rule.id, run.engine, "gpus", f"{type(err).__name__}: {err}"))
                 p = ()
             if read is not None:
-                tr[i] = [n for n in direct[i] if n in names]
+                tr[i] = list(filter(names.__contains__, direct[i]))
         else:
             tr[i] = r = pr[i]
             more.append(r)
@@ -2184,12 +2242,16 @@ def _evaluate_rule(
     for j, tpl in ((i, rule.title), (i + 1, rule.summary)):
         p = pv[j]
         if p is _UNSET or dirty >> j & 1 or not changed.isdisjoint(pr[j]):
-            p = render(run, tpl)
-            if read is not None:
-                tr[j] = [n for n in direct[j] if n in names]
+            if read is None:
+                p = render(run, tpl)
+            else:
+                p, f = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed, more)
+                tf[j] = f
+                tr[j] = list(chain.from_iterable(f[1]))
         else:
             tr[j] = r = pr[j]
             more.append(r)
+            tf[j] = pf[j]
         texts.append(p)
         tv[j] = p
     finding = Finding(
@@ -2203,18 +2265,10 @@ def _evaluate_rule(
         gpus=gpus,
         engine=run.engine,
     )
-    return finding, _trace(read, tv, tr), _reads(read, more)
-
-
-def _trace(read: list[str] | None, values: list[Any], reads: list[Any]) -> _Trace | None:
-    return None if read is None else (values, reads)
-
-
-def _reads(read: list[str] | None, more: list[Any]) -> frozenset[str]:
-    """The names an evaluation read: those its fresh steps fetched, plus ``more``."""
     if read is None:
-        return _NO_CHANGES
-    return frozenset(read).union(*more) if more else frozenset(read)
+        return finding, None, _NO_CHANGES
+    # the names it read: those its fresh steps fetched, and ``more``
+    return finding, (tv, tr, tf), frozenset(read).union(*more) if more else frozenset(read)
 
 
 def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
@@ -2284,35 +2338,53 @@ class _RuleInfo:
     direct: tuple[tuple[str, ...], ...] = ()
     #: per let, the steps reading it, as a bit mask (bit i: step i)
     let_readers: tuple[int, ...] = ()
+    #: per step, for a template, per field: the names it may read (as ``direct``) and the
+    #: lets it reads, as a bit mask (bit k: let k); empty for an expression
+    fields: tuple[tuple[tuple[tuple[str, ...], int], ...], ...] = ()
     #: a trace of no step reached (read only)
     blank: list[Any] = field(default_factory=list)
     #: ``when_reads`` as a tuple (the names a rule's own names mapping starts with)
     when_keys: tuple[str, ...] = ()
 
 
-def _step_plan(rule: Rule) -> tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]:
+_StepPlan = tuple[
+    tuple[tuple[str, ...], ...],
+    tuple[int, ...],
+    tuple[tuple[tuple[tuple[str, ...], int], ...], ...],
+]
+
+
+def _step_plan(rule: Rule) -> _StepPlan:
     """The steps of an evaluation of ``rule``, in the order of :func:`_evaluate_rule`'s trace
     (each let, the when, each severity_if, per evidence item its when, fact, value and source,
     each fix, the gpus, the title, the summary): (per step, the names it may read that are
     neither a threshold, fixed for the rule, nor a let defined before it: the context
-    variables and constants it may read; per let, the steps that may read it, a bit mask).
-    A let reading its own name reads the variable (it is not defined yet)."""
+    variables and constants it may read; per let, the steps that may read it, a bit mask;
+    per step, for a template, per field, the names it may read and the lets it reads, a bit
+    mask). A let reading its own name reads the variable (it is not defined yet)."""
     thresholds = set(rule.thresholds)
     lets: dict[str, int] = {}  # let name → its index (its step's)
     readers = [0] * len(rule.let)
     direct: list[tuple[str, ...]] = []
+    fields: list[tuple[tuple[tuple[str, ...], int], ...]] = []
 
-    def step(*exprs: Expr | None) -> None:
+    def reads(e: Expr) -> tuple[tuple[str, ...], int]:
         out: set[str] = set()
-        for e in exprs:
-            if e is None:
-                continue
-            for n in _expr_reads(e):
-                if n in lets:
-                    readers[lets[n]] |= 1 << len(direct)
-                elif n not in thresholds:
-                    out.add(n)
-        direct.append(tuple(sorted(out)))
+        mask = 0
+        for n in _expr_reads(e):
+            if n in lets:
+                mask |= 1 << lets[n]
+            elif n not in thresholds:
+                out.add(n)
+        return tuple(sorted(out)), mask
+
+    def step(*exprs: Expr | None, template: bool = False) -> None:
+        each = [reads(e) for e in exprs if e is not None]
+        for k in range(len(rule.let)):
+            if any(mask >> k & 1 for _, mask in each):
+                readers[k] |= 1 << len(direct)
+        direct.append(tuple(sorted({n for names, _ in each for n in names})))
+        fields.append(tuple(each) if template else ())
 
     for k, (name, e) in enumerate(rule.let):
         step(e)
@@ -2323,13 +2395,13 @@ def _step_plan(rule: Rule) -> tuple[tuple[tuple[str, ...], ...], tuple[int, ...]
     for ev in rule.evidence:
         step(ev.when)
         for t in (ev.fact, ev.value, ev.source):
-            step(*t.exprs)
+            step(*t.exprs, template=True)
     for _, e in rule.fix:
         step(e)
     step(rule.gpus)
-    step(*rule.title.exprs)
-    step(*rule.summary.exprs)
-    return tuple(direct), tuple(readers)
+    step(*rule.title.exprs, template=True)
+    step(*rule.summary.exprs, template=True)
+    return tuple(direct), tuple(readers), tuple(fields)
 
 
 def _expr_reads(expr: Expr) -> frozenset[str]:
@@ -2358,7 +2430,7 @@ def _rule_info(rule: Rule) -> _RuleInfo:
             hidden.add(name)
     first = [e for _, e in rule.let] + [rule.when]
     every = list(_all_exprs(rule))
-    direct, readers = _step_plan(rule)
+    direct, readers, fields = _step_plan(rule)
     info = _RuleInfo(
         rule,
         frozenset().union(*map(_expr_reads, first)) - hidden,
@@ -2366,6 +2438,7 @@ def _rule_info(rule: Rule) -> _RuleInfo:
         frozenset().union(*(e.calls for e in every)),
         direct,
         readers,
+        fields,
         [_UNSET] * len(direct),
     )
     # the names a rule's own mapping starts with: not the functions and constants, which no
