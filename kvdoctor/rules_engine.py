@@ -2553,26 +2553,38 @@ def _snapshot(names: tuple[str, ...], raw: list[Any]) -> _Snapshot:
 def _changes(before: _Snapshot, variables: dict[str, Any]) -> tuple[set[str], _Snapshot]:
     """(the names of ``before`` whose value in ``variables`` differs, their snapshot now).
 
-    Python's ``==`` is looser than "reads alike" only across types (``1 == 1.0 == True``) and
-    for the sign of a zero: values of the same types at every position compare as one tuple
-    (in C), then the float zeros; containers compare frozen."""
+    A value that is the very object kept reads alike (facts are never mutated; a container
+    is kept frozen, so never is); only the others are compared (most variables are the same
+    objects cycle after cycle: a comparison touches two objects, identity only pointers).
+    Python's ``==`` is looser than "reads alike" only across types (``1 == 1.0 == True``,
+    :func:`_changes_retyped`) and for the sign of a zero; containers compare frozen."""
     names = before.names
     now = list(map(variables.get, names, repeat(_ABSENT)))
+    old, types, frozen = before.values, before.types, before.frozen
+    changed: set[str] = set()
+    copysign = math.copysign
+    for i in compress(range(len(names)), map(is_not, old, now)):
+        v, p = now[i], old[i]
+        if type(v) is not types[i]:
+            return _changes_retyped(before, list(map(variables.get, names, repeat(_ABSENT))))
+        if i in frozen:
+            now[i] = v = _safe_frozen(v)
+            if v != p:
+                changed.add(names[i])
+        elif v != p or (v == 0 and type(v) is float and copysign(1.0, v) != copysign(1.0, p)):
+            changed.add(names[i])
+    return changed, _Snapshot(names, tuple(now), types, frozen, before.floats, before.watched)
+
+
+def _changes_retyped(before: _Snapshot, now: list[Any]) -> tuple[set[str], _Snapshot]:
+    """:func:`_changes` where a value's type changed (``now``: the values, raw): every
+    position compared, the types first."""
+    names = before.names
     types = tuple(map(type, now))
-    if types == before.types:
-        for i in before.frozen:
-            now[i] = _safe_frozen(now[i])
-        after = _Snapshot(names, tuple(now), types, before.frozen, before.floats, before.watched)
-        retyped: set[str] = set()
-    else:
-        after = _snapshot(names, now)
-        retyped = {names[i] for i in compress(range(len(names)), map(is_not, types, before.types))}
+    after = _snapshot(names, now)
+    changed = {names[i] for i in compress(range(len(names)), map(is_not, types, before.types))}
     old, new = before.values, after.values
-    changed = (
-        retyped
-        if old == new
-        else retyped | {names[i] for i in compress(range(len(names)), map(ne, old, new))}
-    )
+    changed |= {names[i] for i in compress(range(len(names)), map(ne, old, new))}
     copysign = math.copysign
     for i in after.floats:
         v, p = new[i], old[i]
