@@ -60,7 +60,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import is_, is_not, ne
 from pathlib import Path
 from types import CodeType, FunctionType
@@ -2011,40 +2011,32 @@ def _render_traced(
     prev: Any,
     changed: Set[str],
     lets_changed: int,
-    more: list[Any],
-) -> tuple[str, tuple[tuple[str, ...], list[Any]]]:
-    """:func:`_render` of a plain runner, field by field: (the text, (each part's text, each
-    field's reads)). ``prev``: that pair from the last rendering (:data:`_UNSET`: none); a
-    field none of whose reads is in ``changed`` and that reads no let in ``lets_changed``
-    (bit k: let k got another value) keeps its text (its reads go to ``more``)."""
+) -> tuple[str, tuple[str, ...]]:
+    """:func:`_render` of a plain runner, field by field: (the text, each part's text).
+    ``prev``: each part's text from the last rendering (:data:`_UNSET`: none); a field none
+    of whose names (``fields``: per field, the names it may read, and the lets it reads as a
+    bit mask) is in ``changed`` and that reads no let in ``lets_changed`` (bit k: let k got
+    another value) keeps its text."""
     names, functions = run.names, run.functions
     out: list[str] = []
-    reads: list[Any] = []
-    texts: Any = None
-    last: Any = None
-    if prev is not _UNSET:
-        texts, last = prev
     k = 0
     for part in tpl.parts:
         if isinstance(part, str):
             out.append(part)
             continue
         own, lets = fields[k]
-        if texts is not None and not lets & lets_changed and changed.isdisjoint(r := last[k]):
-            out.append(texts[len(out)])
-            more.append(r)
-        else:
-            expr, spec = part
-            try:
-                v = expr.fn(names, functions)
-            except Exception as err:  # noqa: BLE001 - a rule must never crash the run
-                run.fail(expr, err)
-                v = None
-            _append_formatted(run, out, expr, spec, v)
-            r = list(filter(names.__contains__, own))
-        reads.append(r)
         k += 1
-    return "".join(out), (tuple(out), reads)
+        if prev is not _UNSET and not lets & lets_changed and changed.isdisjoint(own):
+            out.append(prev[len(out)])
+            continue
+        expr, spec = part
+        try:
+            v = expr.fn(names, functions)
+        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+            run.fail(expr, err)
+            v = None
+        _append_formatted(run, out, expr, spec, v)
+    return "".join(out), tuple(out)
 
 
 def _evaluate_rule(
@@ -2065,8 +2057,8 @@ def _evaluate_rule(
 
     With a :class:`_ReadNames` (a memo's evaluation), the trace and reads are kept: each
     step's outcome and the context names it read (its static reads looked up so far: a
-    name an earlier step fetched counts), and every name the evaluation read (the fix checks'
-    reads included). ``prev``: the trace of this rule's last evaluation for this context, kept
+    name an earlier step fetched counts), and the names its outcome depends on: those it read
+    when it did not fire, else every name any of its steps may read and the fix checks'. ``prev``: the trace of this rule's last evaluation for this context, kept
     only from an evaluation that raised no error and read no missing name: a step reached
     then is not evaluated again when none of the names it read is in ``changed`` (strictly
     compared since: :func:`_changes`) and no let it reads got another value
@@ -2089,9 +2081,10 @@ def _evaluate_rule(
     tf: list[Any] = [_UNSET] * len(direct)
     fields = info.fields
     lets_changed = 0  # bit k set: let k got another value
-    more: list[Any] = []  # reads no fresh step noted in ``read``: reused steps', fix checks'
+    more: list[Any] = []  # reads no fresh step noted in ``read``: the reused lets' and when's
     dirty = 0  # bit i set: a let step i reads got another value
     readers = info.let_readers
+    nlet = len(rule.let)
     i = 0
     for name, expr in rule.let:
         p = pv[i]
@@ -2142,63 +2135,56 @@ def _evaluate_rule(
             return None, None, _NO_CHANGES
         return None, (tv, tr, tf), frozenset(read).union(*more) if more else frozenset(read)
     i += 1
+    if prev is not None and pv[nlet] is True:
+        # it fired last time too: its reads were every name its steps may read, so a step
+        # after the when is evaluated again only when a name it may read changed (or a let
+        # it reads got another value)
+        masks = info.direct_masks
+        for n in changed:
+            dirty |= masks.get(n, 0)
     severity = rule.severity
     for expr, sev in rule.severity_if:
         p = pv[i]
-        if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
-            v = truthy(expr)
-            if read is not None:
-                tr[i] = list(filter(names.__contains__, direct[i]))
-        else:
-            v = p
-            tr[i] = r = pr[i]
-            more.append(r)
-        tv[i] = v
+        if p is _UNSET or dirty >> i & 1:
+            p = truthy(expr)
+        tv[i] = p
         i += 1
-        if v:
+        if p:
             severity = sev
             break
-    i = len(rule.let) + 1 + len(rule.severity_if)
+    i = nlet + 1 + len(rule.severity_if)
     evidence = []
     for e in rule.evidence:
         if e.when is not None:
             p = pv[i]
-            if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
-                v = truthy(e.when)
-                if read is not None:
-                    tr[i] = list(filter(names.__contains__, direct[i]))
-            else:
-                v = p
-                tr[i] = r = pr[i]
-                more.append(r)
-            tv[i] = v
-            if not v:
+            if p is _UNSET or dirty >> i & 1:
+                p = truthy(e.when)
+            tv[i] = p
+            if not p:
                 i += 4
                 continue
         texts = []
         for j, tpl in ((i + 1, e.fact), (i + 2, e.value), (i + 3, e.source)):
             p = pv[j]
-            if p is _UNSET or dirty >> j & 1 or not changed.isdisjoint(pr[j]):
+            if p is _UNSET or dirty >> j & 1:
                 if read is None:
                     p = render(run, tpl)
                 else:
-                    p, f = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed, more)
-                    tf[j] = f
-                    tr[j] = list(chain.from_iterable(f[1]))
+                    p, tf[j] = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed)
             else:
-                tr[j] = r = pr[j]
-                more.append(r)
                 tf[j] = pf[j]
             texts.append(p)
             tv[j] = p
         evidence.append(Evidence(*texts))
         i += 4
     flags: dict[str, str] = {}
+    checks = []  # the names the fix checks read
     for key, expr in rule.fix:
-        # the flag's value, or None: dropped (its reads: the expression's and the check's)
+        # the flag's value, or None: dropped (its reads: the names the check read)
         p = pv[i]
         if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
             p = format_flag_value(value(expr))
+            tr[i] = ()
             if p is not None:
                 # A fix vLLM would reject, or one already in effect, is no fix (kvdoctor.fix_validity).
                 if read is None:
@@ -2206,17 +2192,13 @@ def _evaluate_rule(
                 else:
                     checked = _Reads(base)
                     why = valid_fix(key, p, checked)
-                    more.append(checked.read)
+                    tr[i] = checked.read
                 if why is not None:
                     run.errors.append(EvalError(rule.id, run.engine, f"fix {key}", f"dropped {p}: {why}"))
                     p = None
-                if read is not None:
-                    tr[i] = list(filter(names.__contains__, direct[i])) + list(checked.read)
-            elif read is not None:
-                tr[i] = list(filter(names.__contains__, direct[i]))
         else:
-            tr[i] = r = pr[i]
-            more.append(r)
+            tr[i] = pr[i]
+        checks.append(tr[i])
         tv[i] = p
         if p is not None:
             flags[key] = p
@@ -2224,33 +2206,24 @@ def _evaluate_rule(
     gpus: list[int] = []
     if rule.gpus is not None:
         p = pv[i]
-        if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
+        if p is _UNSET or dirty >> i & 1:
             try:
                 p = tuple(_as_gpu_list(value(rule.gpus)))
             except (TypeError, ValueError) as err:
                 run.errors.append(EvalError(rule.id, run.engine, "gpus", f"{type(err).__name__}: {err}"))
                 p = ()
-            if read is not None:
-                tr[i] = list(filter(names.__contains__, direct[i]))
-        else:
-            tr[i] = r = pr[i]
-            more.append(r)
         tv[i] = p
         gpus = list(p)
     i += 1
     texts = []
     for j, tpl in ((i, rule.title), (i + 1, rule.summary)):
         p = pv[j]
-        if p is _UNSET or dirty >> j & 1 or not changed.isdisjoint(pr[j]):
+        if p is _UNSET or dirty >> j & 1:
             if read is None:
                 p = render(run, tpl)
             else:
-                p, f = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed, more)
-                tf[j] = f
-                tr[j] = list(chain.from_iterable(f[1]))
+                p, tf[j] = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed)
         else:
-            tr[j] = r = pr[j]
-            more.append(r)
             tf[j] = pf[j]
         texts.append(p)
         tv[j] = p
@@ -2267,8 +2240,9 @@ def _evaluate_rule(
     )
     if read is None:
         return finding, None, _NO_CHANGES
-    # the names it read: those its fresh steps fetched, and ``more``
-    return finding, (tv, tr, tf), frozenset(read).union(*more) if more else frozenset(read)
+    # a rule that fired: every name any step may read (a superset: its steps after the when
+    # are reused by those names, see above) and the names the fix checks read
+    return finding, (tv, tr, tf), info.reads.union(*checks) if checks else info.reads
 
 
 def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
@@ -2338,6 +2312,8 @@ class _RuleInfo:
     direct: tuple[tuple[str, ...], ...] = ()
     #: per let, the steps reading it, as a bit mask (bit i: step i)
     let_readers: tuple[int, ...] = ()
+    #: name → the steps whose ``direct`` names hold it, as a bit mask
+    direct_masks: dict[str, int] = field(default_factory=dict)
     #: per step, for a template, per field: the names it may read (as ``direct``) and the
     #: lets it reads, as a bit mask (bit k: let k); empty for an expression
     fields: tuple[tuple[tuple[tuple[str, ...], int], ...], ...] = ()
@@ -2431,6 +2407,10 @@ def _rule_info(rule: Rule) -> _RuleInfo:
     first = [e for _, e in rule.let] + [rule.when]
     every = list(_all_exprs(rule))
     direct, readers, fields = _step_plan(rule)
+    direct_masks: dict[str, int] = {}
+    for i, names in enumerate(direct):
+        for n in names:
+            direct_masks[n] = direct_masks.get(n, 0) | 1 << i
     info = _RuleInfo(
         rule,
         frozenset().union(*map(_expr_reads, first)) - hidden,
@@ -2438,6 +2418,7 @@ def _rule_info(rule: Rule) -> _RuleInfo:
         frozenset().union(*(e.calls for e in every)),
         direct,
         readers,
+        direct_masks,
         fields,
         [_UNSET] * len(direct),
     )
