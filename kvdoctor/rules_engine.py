@@ -2082,13 +2082,22 @@ def _evaluate_rule(
     fields = info.fields
     lets_changed = 0  # bit k set: let k got another value
     more: list[Any] = []  # reads no fresh step noted in ``read``: the reused lets' and when's
-    dirty = 0  # bit i set: a let step i reads got another value
+    dirty = 0  # bit i set: a name step i may read changed, or a let it reads
     readers = info.let_readers
     nlet = len(rule.let)
+    # it fired last time: its reads were every name its steps may read (see the end), so a
+    # step is evaluated again only when one of those changed (or a let it reads): no
+    # per-step reads to note or compare
+    fired = prev is not None and pv[nlet] is True
+    track = read is not None and not fired
+    if fired:
+        masks = info.direct_masks
+        for n in changed:
+            dirty |= masks.get(n, 0)
     i = 0
     for name, expr in rule.let:
         p = pv[i]
-        if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
+        if p is _UNSET or dirty >> i & 1 or track and not changed.isdisjoint(pr[i]):
             if plain:
                 try:  # run.value, inline (the most frequent step)
                     v = expr.fn(names, functions)
@@ -2097,19 +2106,21 @@ def _evaluate_rule(
                     v = None
             else:
                 v = value(expr)
-            if read is not None:
+            if track:
                 tr[i] = list(filter(names.__contains__, direct[i]))
-                if prev is not None and not _same(v, p):
-                    dirty |= readers[i]
-                    lets_changed |= 1 << i
-        else:
+            if prev is not None and not _same(v, p):
+                dirty |= readers[i]
+                lets_changed |= 1 << i
+        elif track:
             v = p
             tr[i] = r = pr[i]
             more.append(r)
+        else:
+            v = p
         names[name] = tv[i] = v
         i += 1
     p = pv[i]
-    if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
+    if p is _UNSET or dirty >> i & 1 or track and not changed.isdisjoint(pr[i]):
         if plain:
             try:  # run.truthy, inline (every rule evaluated reaches it)
                 v = rule.when.fn(names, functions)
@@ -2123,25 +2134,22 @@ def _evaluate_rule(
                 v = False
         else:
             v = truthy(rule.when)
-        if read is not None:
+        if track:
             tr[i] = list(filter(names.__contains__, direct[i]))
     else:
         v = p
-        tr[i] = r = pr[i]
-        more.append(r)
+        if track:
+            tr[i] = r = pr[i]
+            more.append(r)
     tv[i] = v
     if not v:
         if read is None:
             return None, None, _NO_CHANGES
+        if fired:  # the reads of its reused steps were not noted: what they may read, and
+            # no trace (the next evaluation notes each step's reads again)
+            return None, None, info.when_reads.union(read)
         return None, (tv, tr, tf), frozenset(read).union(*more) if more else frozenset(read)
     i += 1
-    if prev is not None and pv[nlet] is True:
-        # it fired last time too: its reads were every name its steps may read, so a step
-        # after the when is evaluated again only when a name it may read changed (or a let
-        # it reads got another value)
-        masks = info.direct_masks
-        for n in changed:
-            dirty |= masks.get(n, 0)
     severity = rule.severity
     for expr, sev in rule.severity_if:
         p = pv[i]
