@@ -108,6 +108,22 @@ class Pipeline:
         return memo
 
 
+#: the modules of the stages, imported on the first evaluation (not to import this module)
+_STAGES: list[Any] = []
+
+
+def _stages() -> list[Any]:
+    """kvdoctor.derive, kvdoctor.report and kvdoctor.rules_engine, imported once (an import
+    statement per evaluation costs a lookup each; their functions are looked up per call)."""
+    if not _STAGES:
+        import kvdoctor.derive
+        import kvdoctor.report
+        import kvdoctor.rules_engine
+
+        _STAGES[:] = [kvdoctor.derive, kvdoctor.report, kvdoctor.rules_engine]
+    return _STAGES
+
+
 def evaluate(
     timeline: Timeline,
     *,
@@ -123,17 +139,15 @@ def evaluate(
     (``kvdoctor.rules_engine.evaluate``: findings, ``caused_by`` linked from ``explains:``) →
     ``kvdoctor.report.build_report`` (root causes first, redacted copies). ``memo``: a
     ``kvdoctor.rules_engine.RuleMemo`` kept across calls (same Report, fewer rules evaluated)."""
-    from kvdoctor.derive import FAILED_KEY, build_contexts
-    from kvdoctor.report import build_report
-    from kvdoctor.rules_engine import RuleContext
-    from kvdoctor.rules_engine import evaluate as run_rules
-
+    derive, report_mod, rules_engine = _stages()
     latest = timeline.latest
     configs: list[Any] = list(latest.configs) if latest is not None else []
-    engines, contexts, kv = build_contexts(timeline, configs, window_s=window_s)
-    failed = sorted({f for _eid, v, _inputs in contexts for f in v.pop(FAILED_KEY, ())})
-    ctxs = [RuleContext(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
-    result = run_rules(rules, ctxs, memo=memo)
+    engines, contexts, kv = derive.build_contexts(timeline, configs, window_s=window_s)
+    failed_key = derive.FAILED_KEY
+    failed = sorted({f for _eid, v, _inputs in contexts for f in v.pop(failed_key, ())})
+    context = rules_engine.RuleContext
+    ctxs = [context(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
+    result = rules_engine.evaluate(rules, ctxs, memo=memo)
     # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
     # context: report it once.
     seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
@@ -143,8 +157,9 @@ def evaluate(
         if key not in seen:
             seen.add(key)
             findings.append(f)
-    report = build_report(
-        latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now, engines=engines
+    # the findings are this call's own (the rule engine makes them afresh): redacted in place
+    report = report_mod.build_report(
+        latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now, engines=engines, owned=True
     )
     for f in failed:
         family, _, why = f.partition(": ")

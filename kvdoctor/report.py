@@ -125,6 +125,7 @@ def build_report(
     now: datetime | float | None = None,
     *,
     engines: list[Engine] | None = None,
+    owned: bool = False,
 ) -> Report:
     """Assemble a :class:`Report` from a snapshot and the rule engine's output.
 
@@ -133,7 +134,9 @@ def build_report(
     with a subset of their EngineConfig and ``kv`` from ``engine_kv[engine.id]``
     ({num_gpu_blocks, block_size, capacity_tokens, usage}, built by ``kvdoctor.derive``).
     ``now``: datetime or unix seconds (default: the clock). Findings are redacted as copies:
-    neither ``snapshot`` nor ``findings`` is modified. Never raises.
+    neither ``snapshot`` nor ``findings`` is modified; ``owned``: the findings are the caller's
+    own, shared with nothing (the pipeline's, fresh from the rule engine): redacted in place
+    and reported as they are (the same report). Never raises.
     """
     gpus = [
         {
@@ -167,7 +170,7 @@ def build_report(
     sources = [
         SourceStatus(s.kind, _redacted(s.origin), s.status, _redacted(s.detail)) for s in snapshot.sources
     ]
-    shown = [_shown(f) for f in findings]
+    shown = [_redact_owned(f) for f in findings] if owned else [_shown(f) for f in findings]
     return Report(
         generated_at=_iso_utc(now),
         # Nothing read is not "OK": findings from no facts mean nothing (spec/report.md, exit 3).
@@ -237,6 +240,16 @@ def _shown(f: Finding) -> Finding:
         docs=f.docs,
         caused_by=f.caused_by,
     )
+
+
+def _redact_owned(f: Finding) -> Finding:
+    """:func:`_shown` of a finding shared with nothing, in place: the summary and evidence
+    values/sources redacted (its lists and dict are its own already)."""
+    f.summary = _redacted(f.summary)
+    for ev in f.evidence:
+        ev.value = _redacted(ev.value)
+        ev.source = _redacted(ev.source)
+    return f
 
 
 def exit_code(report: Report) -> int:

@@ -58,7 +58,7 @@ import sys
 import threading
 import warnings
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from operator import is_, is_not, ne
@@ -1734,6 +1734,8 @@ class _Names(dict):  # type: ignore[type-arg]
 
     missing: set[str]
     base: Mapping[str, Any] = {}  # noqa: RUF012 - read-only default: no names under
+    #: the names looked up under it, in order (:class:`_ReadNames`); None: not noted
+    read: list[str] | None = None
 
     def __missing__(self, key: str) -> Any:
         base = self.base
@@ -1852,6 +1854,8 @@ class _Runner:
 
     ``names``: the rule's names (context variables, constants, thresholds, then its ``let``
     values as they are computed); ``functions``: :func:`_functions`."""
+
+    __slots__ = ("names", "functions", "rule", "engine", "errors")  # one is made per rule evaluated
 
     def __init__(
         self, names: _Names, functions: _Functions, rule: Rule, engine: str | None, errors: list[EvalError]
@@ -1972,188 +1976,281 @@ def _as_gpu_list(value: Any) -> list[int]:
     return sorted({int(v) for v in value})
 
 
-def _evaluate_rule(run: _Runner, names: _Names, context: dict[str, Any] | None = None) -> Finding | None:
-    rule = run.rule
-    for name, expr in rule.let:
-        names[name] = run.value(expr)
-    if not run.truthy(rule.when):
-        return None
-    severity = rule.severity
-    for expr, sev in rule.severity_if:
-        if run.truthy(expr):
-            severity = sev
-            break
-    evidence = [
-        Evidence(run.render(e.fact), run.render(e.value), run.render(e.source))
-        for e in rule.evidence
-        if e.when is None or run.truthy(e.when)
-    ]
-    flags: dict[str, str] = {}
-    for key, expr in rule.fix:
-        rendered = format_flag_value(run.value(expr))
-        if rendered is not None:
-            # A fix vLLM would reject, or one already in effect, is no fix (kvdoctor.fix_validity).
-            why = valid_fix(key, rendered, context if context is not None else names)
-            if why is None:
-                flags[key] = rendered
-            else:
-                run.errors.append(EvalError(rule.id, run.engine, f"fix {key}", f"dropped {rendered}: {why}"))
-    gpus: list[int] = []
-    if rule.gpus is not None:
-        try:
-            gpus = _as_gpu_list(run.value(rule.gpus))
-        except (TypeError, ValueError) as err:
-            run.errors.append(EvalError(rule.id, run.engine, "gpus", f"{type(err).__name__}: {err}"))
-    return Finding(
-        rule=rule.id,
-        severity=severity,  # type: ignore[arg-type]
-        family=rule.family,  # type: ignore[arg-type]
-        title=run.render(rule.title),
-        summary=run.render(rule.summary),
-        evidence=evidence,
-        suggested_flags=flags,
-        gpus=gpus,
-        engine=run.engine,
-    )
-
-
 #: a step of a trace not evaluated (the rule did not get that far, or the when was false)
 _UNSET: Any = object()
+#: no names changed (an evaluation without a trace to reuse)
+_NO_CHANGES: frozenset[str] = frozenset()
+#: the types whose equal values read alike (a float also needs its zero's sign: :func:`_same`)
+_SAME_TYPES = frozenset({bool, int, str, type(None)})
 
 
-def _evaluate_traced(
+def _same(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` read alike in every expression: a scalar of the same type, equal
+    (floats: a zero's sign too). Anything else is taken as changed (a container may have been
+    changed in place since)."""
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t in _SAME_TYPES:
+        return bool(a == b)
+    if t is float:
+        return a == b and (a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b))
+    return False
+
+
+#: a rule's trace: per step (:func:`_step_plan`'s order) its outcome (value, rendering, checked
+#: fix), the context names it read and, for a template, its fields' (:func:`_render_traced`);
+#: :data:`_UNSET` for a step not reached
+_Trace = tuple[list[Any], list[Any], list[Any]]
+
+
+def _render_traced(
+    run: _Runner,
+    tpl: Template,
+    fields: tuple[tuple[tuple[str, ...], int], ...],
+    prev: Any,
+    changed: Set[str],
+    lets_changed: int,
+) -> tuple[str, tuple[str, ...]]:
+    """:func:`_render` of a plain runner, field by field: (the text, each part's text).
+    ``prev``: each part's text from the last rendering (:data:`_UNSET`: none); a field none
+    of whose names (``fields``: per field, the names it may read, and the lets it reads as a
+    bit mask) is in ``changed`` and that reads no let in ``lets_changed`` (bit k: let k got
+    another value) keeps its text."""
+    names, functions = run.names, run.functions
+    out: list[str] = []
+    k = 0
+    for part in tpl.parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        own, lets = fields[k]
+        k += 1
+        if prev is not _UNSET and not lets & lets_changed and changed.isdisjoint(own):
+            out.append(prev[len(out)])
+            continue
+        expr, spec = part
+        try:
+            v = expr.fn(names, functions)
+        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+            run.fail(expr, err)
+            v = None
+        _append_formatted(run, out, expr, spec, v)
+    return "".join(out), tuple(out)
+
+
+def _evaluate_rule(
     run: _Runner,
     names: _Names,
     base: Mapping[str, Any],
-    prev: list[Any] | None,
-    changed: set[str],
     info: _RuleInfo,
-) -> tuple[Finding | None, list[Any], frozenset[str]]:
-    """:func:`_evaluate_rule`, step by step, each step's outcome kept: (the finding or None,
-    the trace: per step of ``info.deps`` its value, rendering or checked fix, :data:`_UNSET`
-    when not reached; the names the fix checks read).
+    prev: _Trace | None = None,
+    changed: Set[str] = _NO_CHANGES,
+) -> tuple[Finding | None, _Trace | None, frozenset[str]]:
+    """One rule over one context (``names``: its names over ``base``, the context's
+    variables): (the finding or None, its trace, the names it read).
 
-    ``prev``: the trace of this rule's last evaluation for this context, kept only from an
-    evaluation that raised no error and read no missing name (see :func:`_evaluate`): a step
-    reached then none of whose variables (``info.deps``) is in ``changed`` is not evaluated
-    again, its outcome is the one kept (an expression's value is a function of the values it
-    reads, which ``changed`` compares strictly: see :func:`_changes`; evaluated again, it would
-    raise no error either, so the errors are those a full evaluation gives)."""
+    In order: each ``let`` (a let that fails is None), the ``when`` (failing: not firing), the
+    first ``severity_if`` that holds, each evidence item whose ``when`` holds (fact, value,
+    source rendered), each ``fix`` (formatted, dropped when :func:`valid_fix` refuses it), the
+    ``gpus``, the title and the summary; errors go to ``run``.
+
+    With a :class:`_ReadNames` (a memo's evaluation), the trace and reads are kept: each
+    step's outcome and the context names it read (its static reads looked up so far: a
+    name an earlier step fetched counts), and the names its outcome depends on: those it read
+    when it did not fire, else every name any of its steps may read and the fix checks'. ``prev``: the trace of this rule's last evaluation for this context, kept
+    only from an evaluation that raised no error and read no missing name: a step reached
+    then is not evaluated again when none of the names it read is in ``changed`` (strictly
+    compared since: :func:`_changes`) and no let it reads got another value
+    (:func:`_same`); its outcome is the one kept (an expression's value is a function of the
+    values it reads; evaluated again, it would raise no error either). Without, the trace is
+    None and the reads empty."""
     rule = run.rule
-    trace: list[Any] = [_UNSET] * len(info.deps)
+    plain = type(run) is _Runner  # its value inline; a reference runner's own (simpleeval)
     value, truthy = run.value, run.truthy
+    render = _render if plain else type(run).render
     functions = run.functions
-
-    # bit i set: step i is evaluated (every step without a trace)
-    dirty = -1
-    if prev is not None:
-        dirty = 0
-        masks = info.masks
-        for name in changed:
-            dirty |= masks.get(name, 0)
+    read = names.read
+    direct = info.direct
+    if prev is None:
+        pv = pr = pf = info.blank
+    else:
+        pv, pr, pf = prev
+    tv: list[Any] = [_UNSET] * len(direct)
+    tr: list[Any] = [_UNSET] * len(direct)
+    tf: list[Any] = [_UNSET] * len(direct)
+    fields = info.fields
+    lets_changed = 0  # bit k set: let k got another value
+    more: list[Any] = []  # reads no fresh step noted in ``read``: the reused lets' and when's
+    dirty = 0  # bit i set: a name step i may read changed, or a let it reads
+    readers = info.let_readers
+    nlet = len(rule.let)
+    # it fired last time: its reads were every name its steps may read (see the end), so a
+    # step is evaluated again only when one of those changed (or a let it reads): no
+    # per-step reads to note or compare
+    fired = prev is not None and pv[nlet] is True
+    track = read is not None and not fired
+    if fired:
+        masks = info.direct_masks
+        for n in changed:
+            dirty |= masks.get(n, 0)
     i = 0
     for name, expr in rule.let:
-        if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
-            try:  # run.value, inline (the most frequent step)
-                v = expr.fn(names, functions)
-            except Exception as err:  # noqa: BLE001 - a rule must never crash the run
-                run.fail(expr, err)
-                v = None
-        names[name] = trace[i] = v
+        p = pv[i]
+        if p is _UNSET or dirty >> i & 1 or track and not changed.isdisjoint(pr[i]):
+            if plain:
+                try:  # run.value, inline (the most frequent step)
+                    v = expr.fn(names, functions)
+                except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+                    run.fail(expr, err)
+                    v = None
+            else:
+                v = value(expr)
+            if track:
+                tr[i] = list(filter(names.__contains__, direct[i]))
+            if prev is not None and not _same(v, p):
+                dirty |= readers[i]
+                lets_changed |= 1 << i
+        elif track:
+            v = p
+            tr[i] = r = pr[i]
+            more.append(r)
+        else:
+            v = p
+        names[name] = tv[i] = v
         i += 1
-    if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
-        try:  # run.truthy, inline (every rule evaluated reaches it)
-            v = rule.when.fn(names, functions)
-        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
-            run.fail(rule.when, err)
-            v = None
-        try:
-            v = bool(v)
-        except Exception as err:  # noqa: BLE001 - e.g. ambiguous truth values
-            run.fail(rule.when, err)
-            v = False
-    trace[i] = v
+    p = pv[i]
+    if p is _UNSET or dirty >> i & 1 or track and not changed.isdisjoint(pr[i]):
+        if plain:
+            try:  # run.truthy, inline (every rule evaluated reaches it)
+                v = rule.when.fn(names, functions)
+            except Exception as err:  # noqa: BLE001 - a rule must never crash the run
+                run.fail(rule.when, err)
+                v = None
+            try:
+                v = bool(v)
+            except Exception as err:  # noqa: BLE001 - e.g. ambiguous truth values
+                run.fail(rule.when, err)
+                v = False
+        else:
+            v = truthy(rule.when)
+        if track:
+            tr[i] = list(filter(names.__contains__, direct[i]))
+    else:
+        v = p
+        if track:
+            tr[i] = r = pr[i]
+            more.append(r)
+    tv[i] = v
     if not v:
-        return None, trace, frozenset()
+        if read is None:
+            return None, None, _NO_CHANGES
+        if fired:  # the reads of its reused steps were not noted: what they may read, and
+            # no trace (the next evaluation notes each step's reads again)
+            return None, None, info.when_reads.union(read)
+        return None, (tv, tr, tf), frozenset(read).union(*more) if more else frozenset(read)
     i += 1
     severity = rule.severity
     for expr, sev in rule.severity_if:
-        if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
-            v = truthy(expr)
-        trace[i] = v
+        p = pv[i]
+        if p is _UNSET or dirty >> i & 1:
+            p = truthy(expr)
+        tv[i] = p
         i += 1
-        if v:
+        if p:
             severity = sev
             break
-    i = len(rule.let) + 1 + len(rule.severity_if)
+    i = nlet + 1 + len(rule.severity_if)
     evidence = []
     for e in rule.evidence:
         if e.when is not None:
-            if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
-                v = truthy(e.when)
-            trace[i] = v
-            if not v:
+            p = pv[i]
+            if p is _UNSET or dirty >> i & 1:
+                p = truthy(e.when)
+            tv[i] = p
+            if not p:
                 i += 4
                 continue
         texts = []
         for j, tpl in ((i + 1, e.fact), (i + 2, e.value), (i + 3, e.source)):
-            if dirty >> j & 1 or (v := prev[j]) is _UNSET:  # type: ignore[index]
-                v = _render(run, tpl)
-            texts.append(v)
-            trace[j] = v
+            p = pv[j]
+            if p is _UNSET or dirty >> j & 1:
+                if read is None:
+                    p = render(run, tpl)
+                else:
+                    p, tf[j] = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed)
+            else:
+                tf[j] = pf[j]
+            texts.append(p)
+            tv[j] = p
         evidence.append(Evidence(*texts))
         i += 4
     flags: dict[str, str] = {}
-    fix_reads: frozenset[str] = frozenset()
+    checks = []  # the names the fix checks read
     for key, expr in rule.fix:
-        # (the flag's value, or None: dropped; the names its check read)
-        if dirty >> i & 1 or (p := prev[i]) is _UNSET or not changed.isdisjoint(p[1]):  # type: ignore[index]
-            rendered = format_flag_value(value(expr))
-            read: frozenset[str] = frozenset()
-            if rendered is not None:
+        # the flag's value, or None: dropped (its reads: the names the check read)
+        p = pv[i]
+        if p is _UNSET or dirty >> i & 1 or not changed.isdisjoint(pr[i]):
+            p = format_flag_value(value(expr))
+            tr[i] = ()
+            if p is not None:
                 # A fix vLLM would reject, or one already in effect, is no fix (kvdoctor.fix_validity).
-                reads = _Reads(base)
-                why = valid_fix(key, rendered, reads)
-                read = frozenset(reads.read)
+                if read is None:
+                    why = valid_fix(key, p, base)
+                else:
+                    checked = _Reads(base)
+                    why = valid_fix(key, p, checked)
+                    tr[i] = checked.read
                 if why is not None:
-                    run.errors.append(
-                        EvalError(rule.id, run.engine, f"fix {key}", f"dropped {rendered}: {why}")
-                    )
-                    rendered = None
-            p = (rendered, read)
-        trace[i] = p
-        fix_reads |= p[1]
-        if p[0] is not None:
-            flags[key] = p[0]
+                    run.errors.append(EvalError(rule.id, run.engine, f"fix {key}", f"dropped {p}: {why}"))
+                    p = None
+        else:
+            tr[i] = pr[i]
+        checks.append(tr[i])
+        tv[i] = p
+        if p is not None:
+            flags[key] = p
         i += 1
     gpus: list[int] = []
     if rule.gpus is not None:
-        if dirty >> i & 1 or (v := prev[i]) is _UNSET:  # type: ignore[index]
+        p = pv[i]
+        if p is _UNSET or dirty >> i & 1:
             try:
-                v = tuple(_as_gpu_list(value(rule.gpus)))
+                p = tuple(_as_gpu_list(value(rule.gpus)))
             except (TypeError, ValueError) as err:
                 run.errors.append(EvalError(rule.id, run.engine, "gpus", f"{type(err).__name__}: {err}"))
-                v = ()
-        trace[i] = v
-        gpus = list(v)
+                p = ()
+        tv[i] = p
+        gpus = list(p)
     i += 1
-    if dirty >> i & 1 or (title := prev[i]) is _UNSET:  # type: ignore[index]
-        title = _render(run, rule.title)
-    if dirty >> i + 1 & 1 or (summary := prev[i + 1]) is _UNSET:  # type: ignore[index]
-        summary = _render(run, rule.summary)
-    trace[i], trace[i + 1] = title, summary
+    texts = []
+    for j, tpl in ((i, rule.title), (i + 1, rule.summary)):
+        p = pv[j]
+        if p is _UNSET or dirty >> j & 1:
+            if read is None:
+                p = render(run, tpl)
+            else:
+                p, tf[j] = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed)
+        else:
+            tf[j] = pf[j]
+        texts.append(p)
+        tv[j] = p
     finding = Finding(
         rule=rule.id,
         severity=severity,  # type: ignore[arg-type]
         family=rule.family,  # type: ignore[arg-type]
-        title=title,
-        summary=summary,
+        title=texts[0],
+        summary=texts[1],
         evidence=evidence,
         suggested_flags=flags,
         gpus=gpus,
         engine=run.engine,
     )
-    return finding, trace, fix_reads
+    if read is None:
+        return finding, None, _NO_CHANGES
+    # a rule that fired: every name any step may read (a superset: its steps after the when
+    # are reused by those names, see above) and the names the fix checks read
+    return finding, (tv, tr, tf), info.reads.union(*checks) if checks else info.reads
 
 
 def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
@@ -2201,9 +2298,9 @@ def link_causes(rules: Iterable[Rule], findings: list[Finding]) -> None:
 # (:func:`_frozen`: 1, 1.0 and True differ, so do -0.0 and 0.0, and a list's or dict's order);
 # rules calling a function that is not one of the shipped (pure) ones are never kept.
 # The names kept are those the evaluation actually read (:class:`_ReadNames`: a ``when`` that
-# short-circuits read only what decided it), or, for a rule whose steps were reused, every name
-# its steps may read. A rule that fired and is evaluated again re-evaluates only the steps
-# whose variables changed (:func:`_evaluate_traced`); the causes and order of the findings are
+# short-circuits read only what decided it), a step reused counting what it read when it was
+# evaluated. A rule evaluated again re-evaluates only the steps whose names changed or that read
+# a let whose value changed (:func:`_evaluate_rule`); the causes and order of the findings are
 # reused while their keys hold (:func:`_link_and_sort`).
 
 
@@ -2218,52 +2315,77 @@ class _RuleInfo:
     when_reads: frozenset[str]
     reads: frozenset[str]
     calls: frozenset[str]
-    #: per step of an evaluation (:func:`_evaluate_traced`'s order), the context variables its
-    #: value depends on, through the lets it reads (a superset: see :func:`_step_deps`)
-    deps: tuple[frozenset[str], ...] = ()
-    #: context variable → the steps depending on it, as a bit mask (bit i: step i)
-    masks: dict[str, int] = field(default_factory=dict)
+    #: per step of an evaluation (:func:`_evaluate_rule`'s order), the names it may read that
+    #: are neither a threshold nor a let defined before it (see :func:`_step_plan`)
+    direct: tuple[tuple[str, ...], ...] = ()
+    #: per let, the steps reading it, as a bit mask (bit i: step i)
+    let_readers: tuple[int, ...] = ()
+    #: name → the steps whose ``direct`` names hold it, as a bit mask
+    direct_masks: dict[str, int] = field(default_factory=dict)
+    #: per step, for a template, per field: the names it may read (as ``direct``) and the
+    #: lets it reads, as a bit mask (bit k: let k); empty for an expression
+    fields: tuple[tuple[tuple[tuple[str, ...], int], ...], ...] = ()
+    #: a trace of no step reached (read only)
+    blank: list[Any] = field(default_factory=list)
     #: ``when_reads`` as a tuple (the names a rule's own names mapping starts with)
     when_keys: tuple[str, ...] = ()
 
 
-def _step_deps(rule: Rule) -> tuple[frozenset[str], ...]:
-    """The context variables each step of an evaluation of ``rule`` depends on, in the order
-    of :func:`_evaluate_traced`'s trace: each let, the when, each severity_if, per evidence
-    item its when, fact, value and source, each fix, the gpus, the title, the summary. A name
-    an expression reads is a let defined before it (that let's dependencies), a threshold
-    (none: fixed for the rule) or a context variable (itself); a template depends on what its
-    fields depend on. Every step's set lies within :attr:`_RuleInfo.reads` (lets and when:
-    within ``when_reads``)."""
-    thresholds = set(rule.thresholds)
-    lets: dict[str, frozenset[str]] = {}
+_StepPlan = tuple[
+    tuple[tuple[str, ...], ...],
+    tuple[int, ...],
+    tuple[tuple[tuple[tuple[str, ...], int], ...], ...],
+]
 
-    def deps(e: Expr | None) -> frozenset[str]:
-        if e is None:
-            return frozenset()
+
+def _step_plan(rule: Rule) -> _StepPlan:
+    """The steps of an evaluation of ``rule``, in the order of :func:`_evaluate_rule`'s trace
+    (each let, the when, each severity_if, per evidence item its when, fact, value and source,
+    each fix, the gpus, the title, the summary): (per step, the names it may read that are
+    neither a threshold, fixed for the rule, nor a let defined before it: the context
+    variables and constants it may read; per let, the steps that may read it, a bit mask;
+    per step, for a template, per field, the names it may read and the lets it reads, a bit
+    mask). A let reading its own name reads the variable (it is not defined yet)."""
+    thresholds = set(rule.thresholds)
+    lets: dict[str, int] = {}  # let name → its index (its step's)
+    readers = [0] * len(rule.let)
+    direct: list[tuple[str, ...]] = []
+    fields: list[tuple[tuple[tuple[str, ...], int], ...]] = []
+
+    def reads(e: Expr) -> tuple[tuple[str, ...], int]:
         out: set[str] = set()
+        mask = 0
         for n in _expr_reads(e):
             if n in lets:
-                out |= lets[n]
+                mask |= 1 << lets[n]
             elif n not in thresholds:
                 out.add(n)
-        return frozenset(out)
+        return tuple(sorted(out)), mask
 
-    def tdeps(t: Template) -> frozenset[str]:
-        return frozenset().union(*map(deps, t.exprs))
+    def step(*exprs: Expr | None, template: bool = False) -> None:
+        each = [reads(e) for e in exprs if e is not None]
+        for k in range(len(rule.let)):
+            if any(mask >> k & 1 for _, mask in each):
+                readers[k] |= 1 << len(direct)
+        direct.append(tuple(sorted({n for names, _ in each for n in names})))
+        fields.append(tuple(each) if template else ())
 
-    steps: list[frozenset[str]] = []
-    for name, e in rule.let:
-        d = deps(e)  # before its own name is bound: a let reading its name reads the variable
-        steps.append(d)
-        lets[name] = d
-    steps.append(deps(rule.when))
-    steps += [deps(e) for e, _ in rule.severity_if]
+    for k, (name, e) in enumerate(rule.let):
+        step(e)
+        lets[name] = k
+    step(rule.when)
+    for e, _ in rule.severity_if:
+        step(e)
     for ev in rule.evidence:
-        steps += [deps(ev.when), tdeps(ev.fact), tdeps(ev.value), tdeps(ev.source)]
-    steps += [deps(e) for _, e in rule.fix]
-    steps += [deps(rule.gpus), tdeps(rule.title), tdeps(rule.summary)]
-    return tuple(steps)
+        step(ev.when)
+        for t in (ev.fact, ev.value, ev.source):
+            step(*t.exprs, template=True)
+    for _, e in rule.fix:
+        step(e)
+    step(rule.gpus)
+    step(*rule.title.exprs, template=True)
+    step(*rule.summary.exprs, template=True)
+    return tuple(direct), tuple(readers), tuple(fields)
 
 
 def _expr_reads(expr: Expr) -> frozenset[str]:
@@ -2292,18 +2414,21 @@ def _rule_info(rule: Rule) -> _RuleInfo:
             hidden.add(name)
     first = [e for _, e in rule.let] + [rule.when]
     every = list(_all_exprs(rule))
-    deps = _step_deps(rule)
-    masks: dict[str, int] = {}
-    for i, names in enumerate(deps):
+    direct, readers, fields = _step_plan(rule)
+    direct_masks: dict[str, int] = {}
+    for i, names in enumerate(direct):
         for n in names:
-            masks[n] = masks.get(n, 0) | 1 << i
+            direct_masks[n] = direct_masks.get(n, 0) | 1 << i
     info = _RuleInfo(
         rule,
         frozenset().union(*map(_expr_reads, first)) - hidden,
         frozenset().union(*map(_expr_reads, every)) - hidden,
         frozenset().union(*(e.calls for e in every)),
-        deps,
-        masks,
+        direct,
+        readers,
+        direct_masks,
+        fields,
+        [_UNSET] * len(direct),
     )
     # the names a rule's own mapping starts with: not the functions and constants, which no
     # context has (any name it lacks is looked up under it all the same: _Names)
@@ -2417,26 +2542,38 @@ def _snapshot(names: tuple[str, ...], raw: list[Any]) -> _Snapshot:
 def _changes(before: _Snapshot, variables: dict[str, Any]) -> tuple[set[str], _Snapshot]:
     """(the names of ``before`` whose value in ``variables`` differs, their snapshot now).
 
-    Python's ``==`` is looser than "reads alike" only across types (``1 == 1.0 == True``) and
-    for the sign of a zero: values of the same types at every position compare as one tuple
-    (in C), then the float zeros; containers compare frozen."""
+    A value that is the very object kept reads alike (facts are never mutated; a container
+    is kept frozen, so never is); only the others are compared (most variables are the same
+    objects cycle after cycle: a comparison touches two objects, identity only pointers).
+    Python's ``==`` is looser than "reads alike" only across types (``1 == 1.0 == True``,
+    :func:`_changes_retyped`) and for the sign of a zero; containers compare frozen."""
     names = before.names
     now = list(map(variables.get, names, repeat(_ABSENT)))
+    old, types, frozen = before.values, before.types, before.frozen
+    changed: set[str] = set()
+    copysign = math.copysign
+    for i in compress(range(len(names)), map(is_not, old, now)):
+        v, p = now[i], old[i]
+        if type(v) is not types[i]:
+            return _changes_retyped(before, list(map(variables.get, names, repeat(_ABSENT))))
+        if i in frozen:
+            now[i] = v = _safe_frozen(v)
+            if v != p:
+                changed.add(names[i])
+        elif v != p or (v == 0 and type(v) is float and copysign(1.0, v) != copysign(1.0, p)):
+            changed.add(names[i])
+    return changed, _Snapshot(names, tuple(now), types, frozen, before.floats, before.watched)
+
+
+def _changes_retyped(before: _Snapshot, now: list[Any]) -> tuple[set[str], _Snapshot]:
+    """:func:`_changes` where a value's type changed (``now``: the values, raw): every
+    position compared, the types first."""
+    names = before.names
     types = tuple(map(type, now))
-    if types == before.types:
-        for i in before.frozen:
-            now[i] = _safe_frozen(now[i])
-        after = _Snapshot(names, tuple(now), types, before.frozen, before.floats, before.watched)
-        retyped: set[str] = set()
-    else:
-        after = _snapshot(names, now)
-        retyped = {names[i] for i in compress(range(len(names)), map(is_not, types, before.types))}
+    after = _snapshot(names, now)
+    changed = {names[i] for i in compress(range(len(names)), map(is_not, types, before.types))}
     old, new = before.values, after.values
-    changed = (
-        retyped
-        if old == new
-        else retyped | {names[i] for i in compress(range(len(names)), map(ne, old, new))}
-    )
+    changed |= {names[i] for i in compress(range(len(names)), map(ne, old, new))}
     copysign = math.copysign
     for i in after.floats:
         v, p = new[i], old[i]
@@ -2475,7 +2612,7 @@ class _Reads(Mapping[str, Any]):
 class _Kept:
     """One rule's evaluation for one engine: the names it read (``reads``), its errors
     (``(where, message)``), its finding's fields (None: it did not fire) and its ``trace``:
-    each step's outcome (:func:`_evaluate_traced`), None when the evaluation raised an error
+    each step's outcome and reads (:func:`_evaluate_rule`), None when the evaluation raised an error
     or read a name no context provided. Read-only once made (a plain class with slots: one
     is made per rule evaluated, every cycle)."""
 
@@ -2488,7 +2625,7 @@ class _Kept:
         reads: frozenset[str],
         errors: tuple[tuple[str, str], ...],
         finding: tuple[Any, ...] | None,
-        trace: list[Any] | None = None,
+        trace: _Trace | None = None,
     ) -> None:
         self.rule, self.functions, self.reads, self.errors = rule, functions, reads, errors
         self.finding, self.trace = finding, trace
@@ -2773,22 +2910,13 @@ def _evaluate(
                 else:
                     run = _ReferenceRunner(names, functions, rule, engine, errors)
                     run.evaluator = evaluator
-                trace: list[Any] | None = None
-                if keep:
-                    # the steps of a rule that fired are reused (its templates, fixes: most of
-                    # its cost); one that did not is evaluated afresh, so its entry reads only
-                    # what its lets and when read this time (a when that short-circuits)
-                    last_trace = (
-                        last.trace
-                        if last is not None
-                        and last.finding is not None
-                        and last.rule is rule
-                        and last.functions is functions
-                        else None
-                    )
-                    finding, trace, fix_reads = _evaluate_traced(run, names, base, last_trace, changed, info)
-                else:
-                    finding = _evaluate_rule(run, names, base)
+                # a rule evaluated again re-evaluates only the steps whose names changed
+                last_trace = (
+                    last.trace
+                    if keep and last is not None and last.rule is rule and last.functions is functions
+                    else None
+                )
+                finding, trace, reads = _evaluate_rule(run, names, base, info, last_trace, changed)
                 if names.missing:
                     errors.append(
                         EvalError(
@@ -2802,10 +2930,6 @@ def _evaluate(
                     memo.evaluated += 1
                     fresh = True
                     if keep:
-                        if last_trace is None:  # every step evaluated: what it read decides it
-                            reads = frozenset(names.read) | fix_reads  # type: ignore[attr-defined]
-                        else:  # a step reused reads nothing now: what any step may read
-                            reads = info.when_reads if finding is None else info.reads | fix_reads
                         now[rid] = _Kept(
                             rule,
                             functions,
@@ -2814,7 +2938,7 @@ def _evaluate(
                             if len(errors) > n_errors
                             else (),
                             None if finding is None else _finding_data(finding),
-                            # reused only from an evaluation without errors (_evaluate_traced)
+                            # reused only from an evaluation without errors (_evaluate_rule)
                             None if names.missing or len(errors) > n_errors else trace,
                         )
                         made.append(now[rid])

@@ -277,6 +277,27 @@ def test_the_report_copies_every_field_of_a_finding_and_redacts_its_texts() -> N
     assert f.summary.endswith(secret)  # the input is left as it was
 
 
+def test_owned_findings_are_redacted_in_place_into_the_same_report() -> None:
+    import copy
+    import dataclasses
+
+    secret = "--api-key sk-abcdefghijklmnopqrstuvwxyz0123"
+    f = finding(
+        summary=f"launched with {secret}",
+        evidence=[Evidence("cmdline", f"vllm serve m {secret}", f"ps {secret}"), Evidence("a", "b", "c")],
+        docs="kvdoctor explain x",
+        caused_by="root-rule",
+    )
+    g = finding("info", rule="other")
+    snap = snapshot()
+    want = render_json(build_report(snap, [f, g], [], now=NOW))
+    mine = [copy.deepcopy(f), copy.deepcopy(g)]
+    rep = build_report(snap, mine, [], now=NOW, owned=True)
+    assert render_json(rep) == want and "sk-abc" not in want
+    assert {id(x) for x in rep.findings} == {id(x) for x in mine}  # no copies made
+    assert [dataclasses.asdict(x) for x in mine] == [dataclasses.asdict(x) for x in rep.findings]
+
+
 def test_kept_redactions_are_bounded() -> None:
     from kvdoctor import report as report_mod
 

@@ -305,3 +305,143 @@ def test_a_when_whose_truth_raises_counts_as_not_firing_with_the_memo_too(tmp_pa
         assert got == _outcome(evaluate(rules, ctxs))
         assert bool(got[0]) == (v == 1)
         assert any("ValueError: ambiguous" in e for e in got[2]) == isinstance(v, _NoTruth)
+
+
+# --------------------------------------------------------------------------- session 8: lets by value
+
+#: lets that short-circuit over names a later let reads again (``x``: fetched by ``a`` or by
+#: ``b``), lets many values map to one (``big``), a let named like the variable it reads
+#: (``w``), and a when that stops early or late
+SHORT = """id: short-rule
+family: U
+severity: info
+title: "short {big}"
+thresholds: {lim: 5}
+let:
+  a: "c and x > 0"
+  b: "x + 1"
+  big: "b > lim"
+  w: "w or 0"
+  label: "'big' if big else 'small'"
+when: "(gate or a) and (big or w > 2)"
+summary: "b={b} {label} w={w}"
+evidence:
+  - {fact: "x", value: "{x}", source: "s {label}", when: "c"}
+"""
+
+
+def _counted(rules: list[RE.Rule], counts: dict[str, int]) -> None:
+    """Count each expression's evaluations (by its source) in ``counts``."""
+    for rule in rules:
+        for expr in RE._all_exprs(rule):
+            code = expr.code  # compiled now: its first call would replace fn
+            inner = RE._fallback_fn(expr.source) if code is None else FunctionType(code, RE._EXPR_GLOBALS)
+
+            def fn(names: Any, functions: Any, inner: Any = inner, src: str = expr.source) -> Any:
+                counts[src] = counts.get(src, 0) + 1
+                return inner(names, functions)
+
+            object.__setattr__(expr, "fn", fn)
+
+
+def test_a_step_reused_after_the_let_that_fetched_its_name_stopped_reading_it(tmp_path: Path) -> None:
+    # a fetched x (c true) and b read it again; then c turns false: a no longer reads x, b is
+    # reused; a later change of x alone must still be seen (b read x)
+    (tmp_path / "short-rule.yaml").write_text(SHORT + DOC)
+    rules = load_rules([tmp_path])
+    memo = RuleMemo()
+    steps = [
+        {"c": True, "x": 3, "gate": False, "w": 0},
+        {"c": False, "x": 3, "gate": False, "w": 0},
+        {"c": False, "x": 9, "gate": False, "w": 0},
+        {"c": False, "x": 9, "gate": True, "w": 0},
+        {"c": False, "x": 2, "gate": True, "w": 0},
+    ]
+    for variables in steps:
+        ctxs = [RuleContext("e", variables, set())]
+        assert _outcome(evaluate(rules, ctxs, memo=memo)) == _outcome(evaluate(rules, ctxs)), variables
+    assert _outcome(evaluate(rules, [RuleContext("e", steps[-1], set())], memo=memo))[0] == []
+
+
+def test_a_let_that_kept_its_value_does_not_make_its_readers_evaluate_again(tmp_path: Path) -> None:
+    (tmp_path / "short-rule.yaml").write_text(SHORT + DOC)
+    rules = load_rules([tmp_path])
+    counts: dict[str, int] = {}
+    _counted(rules, counts)
+    memo = RuleMemo()
+    for x in (10, 11, 12, 13):  # b changes each time, big (b > 5) and label do not
+        ctxs = [RuleContext("e", {"c": True, "x": x, "gate": True, "w": 0}, set())]
+        got = _outcome(evaluate(rules, ctxs, memo=memo))
+        assert got[0][0]["summary"] == f"b={x + 1} big w=0"
+    assert counts["x + 1"] == 4 and counts["b > lim"] == 4
+    assert counts["'big' if big else 'small'"] == 1  # big held True: its reader is reused
+    # the summary reads b: rendered each time, but its label field only once (field by
+    # field), as the evidence source, which reads only label
+    assert counts["label"] == 1 + 1 and counts["w"] == 1
+    assert counts["b"] == 4 and counts["x"] == 4  # the summary's b, the evidence value's x
+    # big turns False: label is evaluated again, and the when, which reads big
+    ctxs = [RuleContext("e", {"c": True, "x": 1, "gate": True, "w": 0}, set())]
+    assert _outcome(evaluate(rules, ctxs, memo=memo)) == _outcome(evaluate(rules, ctxs))
+
+
+def test_a_rule_that_did_not_fire_reuses_its_steps_too(tmp_path: Path) -> None:
+    (tmp_path / "short-rule.yaml").write_text(SHORT + DOC)
+    rules = load_rules([tmp_path])
+    counts: dict[str, int] = {}
+    _counted(rules, counts)
+    memo = RuleMemo()
+    for w in (0, 1, 2, 0, 1):  # never fires (big false, w <= 2); only w's steps run again
+        ctxs = [RuleContext("e", {"c": True, "x": 1, "gate": True, "w": w}, set())]
+        assert _outcome(evaluate(rules, ctxs, memo=memo))[0] == []
+    assert counts["x + 1"] == 1 and counts["c and x > 0"] == 1 and counts["b > lim"] == 1
+    assert counts["w or 0"] == 5 and memo.evaluated == 5
+
+
+#: a rule whose templates' fields change apart: some fail to format ("s" with ".1f"), some are
+#: None (N/A), one reads a let that keeps its value across many inputs
+FIELDS = """id: fields-rule
+family: U
+severity: info
+title: "fields {'x' if pos else 'no x'}"
+let:
+  pos: "(x or 0) > 0"
+when: "gate or pos"
+summary: "w={w:.1f} x={x} pos={pos} c={c} both={(x, w)}"
+evidence:
+  - {fact: "w", value: "{w} / {x:,}", source: "s {c}"}
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lets_by_value_over_random_changes_give_what_evaluating_afresh_gives(
+    tmp_path: Path, seed: int
+) -> None:
+    (tmp_path / "short-rule.yaml").write_text(SHORT + DOC)
+    (tmp_path / "rich-rule.yaml").write_text(RICH + DOC)
+    (tmp_path / "plain-rule.yaml").write_text(PLAIN + DOC)
+    (tmp_path / "fields-rule.yaml").write_text(FIELDS + DOC)
+    rules = load_rules([tmp_path])
+    rng = random.Random(seed)
+    memo = RuleMemo()
+
+    def pick() -> dict[str, Any]:
+        return {
+            **_variables(rng),
+            "c": rng.choice([True, False, 0, 1]),
+            "x": rng.choice([0, 1, 3, 3, 9, 9.0, -0.0, 0.0]),
+            "w": rng.choice([0, 0, 3, 3.0, None, "", "s"]),
+        }
+
+    variables = pick()
+    seen = set()
+    for _ in range(300):
+        fresh = pick()
+        for name in rng.sample(sorted(fresh), rng.choice([0, 1, 1, 2])):
+            variables[name] = fresh[name]
+        if rng.random() < 0.05:
+            variables.pop("x", None)  # a name the context lacks now
+        ctxs = [RuleContext("e", dict(variables), {"config"})]
+        want = _outcome(evaluate(rules, ctxs))
+        assert _outcome(evaluate(rules, ctxs, memo=memo)) == want
+        seen.update(f["rule"] for f in want[0])
+    assert seen >= {"short-rule", "rich-rule", "fields-rule"}
