@@ -2161,6 +2161,23 @@ def _evaluate_rule(
             severity = sev
             break
     i = nlet + 1 + len(rule.severity_if)
+
+    def rendered(at: tuple[tuple[int, Any], ...]) -> list[str]:
+        # the templates at those steps: kept, or rendered again when a name they read changed
+        out = []
+        for j, tpl in at:
+            p = pv[j]
+            if p is _UNSET or dirty >> j & 1:
+                if read is None:
+                    p = render(run, tpl)
+                else:
+                    p, tf[j] = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed)
+            else:
+                tf[j] = pf[j]
+            out.append(p)
+            tv[j] = p
+        return out
+
     evidence = []
     for e in rule.evidence:
         if e.when is not None:
@@ -2171,19 +2188,7 @@ def _evaluate_rule(
             if not p:
                 i += 4
                 continue
-        texts = []
-        for j, tpl in ((i + 1, e.fact), (i + 2, e.value), (i + 3, e.source)):
-            p = pv[j]
-            if p is _UNSET or dirty >> j & 1:
-                if read is None:
-                    p = render(run, tpl)
-                else:
-                    p, tf[j] = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed)
-            else:
-                tf[j] = pf[j]
-            texts.append(p)
-            tv[j] = p
-        evidence.append(Evidence(*texts))
+        evidence.append(Evidence(*rendered(((i + 1, e.fact), (i + 2, e.value), (i + 3, e.source)))))
         i += 4
     flags: dict[str, str] = {}
     checks = []  # the names the fix checks read
@@ -2223,18 +2228,7 @@ def _evaluate_rule(
         tv[i] = p
         gpus = list(p)
     i += 1
-    texts = []
-    for j, tpl in ((i, rule.title), (i + 1, rule.summary)):
-        p = pv[j]
-        if p is _UNSET or dirty >> j & 1:
-            if read is None:
-                p = render(run, tpl)
-            else:
-                p, tf[j] = _render_traced(run, tpl, fields[j], pf[j], changed, lets_changed)
-        else:
-            tf[j] = pf[j]
-        texts.append(p)
-        tv[j] = p
+    texts = rendered(((i, rule.title), (i + 1, rule.summary)))
     finding = Finding(
         rule=rule.id,
         severity=severity,  # type: ignore[arg-type]

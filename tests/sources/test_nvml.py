@@ -93,23 +93,8 @@ def make_fake(devices: list[dict[str, Any]], *, init_error: Exception | None = N
     m.nvmlShutdown = shutdown  # type: ignore[attr-defined]
     m.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
     m.nvmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
-    for name in (
-        "nvmlDeviceGetName",
-        "nvmlDeviceGetUUID",
-        "nvmlDeviceGetPciInfo",
-        "nvmlDeviceGetMemoryInfo",
-        "nvmlDeviceGetUtilizationRates",
-        "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetPowerUsage",
-        "nvmlDeviceGetEnforcedPowerLimit",
-        "nvmlDeviceGetPowerManagementLimit",
-        "nvmlDeviceGetMigMode",
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceGetCurrentClocksThrottleReasons",
-        "nvmlDeviceGetTotalEccErrors",
-        "nvmlDeviceGetComputeRunningProcesses",
-        "nvmlDeviceGetGraphicsRunningProcesses",
-    ):
+    # every function a read calls but the handle (above) and the process name (below)
+    for name in set(nvml._FUNCTIONS) - {"nvmlDeviceGetHandleByIndex", "nvmlSystemGetProcessName"}:
         setattr(m, name, getter(name))
     m.nvmlSystemGetProcessName = lambda pid: b"/opt/other/bin/trainer"  # type: ignore[attr-defined]
     return m
