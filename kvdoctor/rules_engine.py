@@ -1899,21 +1899,9 @@ class _Runner:
 
 
 def _render(run: _Runner, tpl: Template) -> str:
-    """``run.render(tpl)`` of a plain :class:`_Runner` (its ``value`` inline)."""
-    out: list[str] = []
-    names, functions = run.names, run.functions
-    for part in tpl.parts:
-        if isinstance(part, str):
-            out.append(part)
-            continue
-        expr, spec = part
-        try:
-            v = expr.fn(names, functions)
-        except Exception as err:  # noqa: BLE001 - a rule must never crash the run
-            run.fail(expr, err)
-            v = None
-        _append_formatted(run, out, expr, spec, v)
-    return "".join(out)
+    """``run.render(tpl)`` of a plain :class:`_Runner` (its ``value`` inline): every field
+    rendered (:func:`_render_traced` with no earlier rendering)."""
+    return _render_traced(run, tpl, (), _UNSET, frozenset(), 0)[0]
 
 
 def _append_formatted(run: _Runner, out: list[str], expr: Any, spec: str, v: Any) -> None:
@@ -2024,11 +2012,12 @@ def _render_traced(
         if isinstance(part, str):
             out.append(part)
             continue
-        own, lets = fields[k]
-        k += 1
-        if prev is not _UNSET and not lets & lets_changed and changed.isdisjoint(own):
-            out.append(prev[len(out)])
-            continue
+        if prev is not _UNSET:
+            own, lets = fields[k]
+            k += 1
+            if not lets & lets_changed and changed.isdisjoint(own):
+                out.append(prev[len(out)])
+                continue
         expr, spec = part
         try:
             v = expr.fn(names, functions)
