@@ -170,8 +170,18 @@ class NvmlSource:
             raise SourceError(f"NVML: {type(e).__name__}: {_one_line(e)}") from None
         now = time.time()
         prev, self._prev = self._prev, {}
-        if getattr(type(self._reader), "fresh_objects", False) is True:
-            return self._stamp_fresh(gpus, prev, now)
+        # An NvmlReader makes every Gpu, list and GpuProcess of a read afresh and hands them to
+        # no one else: they are stamped in place, before any Snapshot holds them; another
+        # reader's objects are copied.
+        fresh = getattr(type(self._reader), "fresh_objects", False) is True
+
+        def put(obj: _D, **changes: Any) -> _D:
+            if not fresh:
+                return _with(obj, **changes)
+            for k, v in changes.items():
+                setattr(obj, k, v)
+            return obj
+
         stamped = []
         for g in gpus:
             before = prev.get(g.index)
@@ -183,7 +193,7 @@ class NvmlSource:
                 procs = before.processes
             else:
                 procs = [
-                    _with(
+                    put(
                         p,
                         name=_intern(p.name) or "",
                         gpu_uuid=_intern(p.gpu_uuid),
@@ -194,7 +204,7 @@ class NvmlSource:
             reasons = g.clock_event_reasons
             if before is not None and reasons == before.clock_event_reasons:
                 reasons = before.clock_event_reasons
-            gpu = _with(
+            gpu = put(
                 g,
                 timestamp=g.timestamp if g.timestamp is not None else now,
                 name=_intern(g.name),  # interned: one copy of each string
@@ -206,27 +216,6 @@ class NvmlSource:
             self._prev[g.index] = gpu
             stamped.append(gpu)
         return Reading({"gpus": stamped}, f"{len(stamped)} GPU(s)")
-
-    def _stamp_fresh(self, gpus: list[Gpu], prev: dict[int, Gpu], now: float) -> Reading:
-        """:meth:`read`'s stamping, interning and sharing done on the reading's own objects: an
-        NvmlReader makes every Gpu, list and GpuProcess of a read afresh and hands them to no
-        one else, so they are set here, before any Snapshot holds them, not copied."""
-        for g in gpus:
-            before = prev.get(g.index)
-            if before is not None and g.processes == before.processes:
-                g.processes = before.processes
-            else:
-                for p in g.processes:
-                    p.name = _intern(p.name) or ""
-                    p.gpu_uuid = _intern(p.gpu_uuid)
-                    p.gpu_bus_id = _intern(p.gpu_bus_id)
-            if before is not None and g.clock_event_reasons == before.clock_event_reasons:
-                g.clock_event_reasons = before.clock_event_reasons
-            if g.timestamp is None:
-                g.timestamp = now
-            g.name, g.uuid, g.bus_id = _intern(g.name), _intern(g.uuid), _intern(g.bus_id)
-            self._prev[g.index] = g
-        return Reading({"gpus": gpus}, f"{len(gpus)} GPU(s)")
 
     def close(self) -> None:
         """``nvmlShutdown`` (through the reader); never raises."""
