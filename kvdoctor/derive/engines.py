@@ -92,21 +92,10 @@ def weight_daemon_pids(
     return frozenset(pids)
 
 
-#: GPU process name → it names a `vllm preload` daemon (bounded): the same names cycle after cycle.
-_PRELOAD_NAMES: dict[str, bool] = {}
-
-
 def _preload_name(name: str | None) -> bool:
     """A GPU process name (NVML / nvidia-smi) with both "preload" and "vllm" in it, any case."""
-    hit = _PRELOAD_NAMES.get(name) if isinstance(name, str) else None
-    if hit is None:
-        low = (name or "").lower()
-        hit = "preload" in low and "vllm" in low
-        if isinstance(name, str):
-            if len(_PRELOAD_NAMES) > 1024:
-                _PRELOAD_NAMES.clear()
-            _PRELOAD_NAMES[name] = hit
-    return hit
+    low = (name or "").lower()
+    return "preload" in low and "vllm" in low
 
 
 def _own_copy(cfg: EngineConfig) -> EngineConfig:
