@@ -316,7 +316,7 @@ def _pid_cursor() -> bytes | None:
             if _CURSOR_FD is None:
                 _CURSOR_FD = _open_cursor()
             fd = _CURSOR_FD
-    if fd is False or fd is True:
+    if fd is False:
         return None
     return _read_cursor(fd)
 
