@@ -225,26 +225,28 @@ def _causal_order(findings: list[Finding]) -> list[Finding]:
 
 
 def _shown(f: Finding) -> Finding:
-    """The report's copy of a finding: its own lists and dict, the summary and evidence
-    values/sources redacted (``dataclasses.replace`` with every field, without its cost)."""
-    return Finding(
-        rule=f.rule,
-        severity=f.severity,
-        family=f.family,
-        title=f.title,
-        summary=_redacted(f.summary),
-        evidence=[Evidence(ev.fact, _redacted(ev.value), _redacted(ev.source)) for ev in f.evidence],
-        suggested_flags=dict(f.suggested_flags),
-        gpus=list(f.gpus),
-        engine=f.engine,
-        docs=f.docs,
-        caused_by=f.caused_by,
+    """The report's copy of a finding: its own lists and dict (``dataclasses.replace`` with
+    every field, without its cost), redacted as :func:`_redact_owned` redacts."""
+    return _redact_owned(
+        Finding(
+            rule=f.rule,
+            severity=f.severity,
+            family=f.family,
+            title=f.title,
+            summary=f.summary,
+            evidence=[Evidence(ev.fact, ev.value, ev.source) for ev in f.evidence],
+            suggested_flags=dict(f.suggested_flags),
+            gpus=list(f.gpus),
+            engine=f.engine,
+            docs=f.docs,
+            caused_by=f.caused_by,
+        )
     )
 
 
 def _redact_owned(f: Finding) -> Finding:
-    """:func:`_shown` of a finding shared with nothing, in place: the summary and evidence
-    values/sources redacted (its lists and dict are its own already)."""
+    """A finding shared with nothing (its lists and dict its own), redacted in place: the
+    summary and the evidence values and sources (``kvdoctor.redact``)."""
     f.summary = _redacted(f.summary)
     for ev in f.evidence:
         ev.value = _redacted(ev.value)
