@@ -34,7 +34,7 @@ __all__ = ["DEMO_CASE", "demo_bundle_dir", "diagnose_command"]
     "window_s",
     type=float,
     default=None,
-    help="Seconds of live sampling (default 5) / analysis window for recordings (default 60).",
+    help="Seconds of live sampling (default 5; rates need scrapes 1 s apart) / analysis window for recordings (default 60).",
 )
 @click.option(
     "--interval",

@@ -306,7 +306,7 @@ def _source_line(s: SourceStatus) -> str:
 INPUT_WORDS = {
     "gpus": "nvidia-smi/NVML",
     "metrics": "/metrics",
-    "timeline": "two /metrics scrapes",
+    "timeline": "two /metrics scrapes 1 s apart",
     "log": "vLLM log",
     "config": "launch command",
     "model": "config.json",

@@ -899,6 +899,40 @@ class Cycle:
     duration_s: float
 
 
+class _Window:
+    """When a live window of ``window_s`` seconds (diagnose, bundle) or a duration (record) is
+    over: ``window_s`` after the end of the first read, with at least two reads, and with the
+    /metrics pages spanning at least half of it. A read that stalls for most of the window (a
+    process-table walk or another source hanging to its timeout on a loaded host) would
+    otherwise leave two pages of one instant, whose rate says nothing: the window then goes on
+    until the pages span half of it, for at most twice its length. Without any page (no
+    endpoint answered) it ends on time: the report says which source failed."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.first: float | None = None  # unix seconds of the first and the newest page
+        self.last: float | None = None
+
+    def note(self, snap: Snapshot) -> None:
+        """Record the page times of one read (``EngineMetrics.timestamp``, else the read's)."""
+        if not snap.metrics:
+            return
+        t = max((m.timestamp for m in snap.metrics if m.timestamp is not None), default=snap.timestamp)
+        if t is None:
+            return
+        self.first = t if self.first is None else min(self.first, t)
+        self.last = t if self.last is None else max(self.last, t)
+
+    def over(self, elapsed: float, reads: int) -> bool:
+        """Whether the window is over ``elapsed`` seconds after the end of the first read,
+        after ``reads`` reads."""
+        if reads < 2 or elapsed < self.window_s:
+            return False
+        if self.first is None or self.last is None or elapsed >= 2 * self.window_s:
+            return True
+        return self.last - self.first >= self.window_s / 2
+
+
 class LiveLoop:
     """Reads a feed into a bounded Timeline at ``interval_s`` and evaluates ``pipeline``.
 
@@ -949,7 +983,9 @@ class LiveLoop:
         """Loop until ``stop`` is set, ``max_cycles`` or ``duration_s`` is reached, or a finite
         feed ends; call ``on_cycle`` after each read. ``duration_s`` counts from the end of the
         first read (process discovery and a first scrape of a loaded server can take longer
-        than the whole duration: a recording of one read has no rates). A finite feed is read as fast as it goes
+        than the whole duration: a recording of one read has no rates) and, like :meth:`collect`'s
+        window, goes on past it while the pages span less than half of it (at most twice it).
+        A finite feed is read as fast as it goes
         unless ``pace_finite`` (replay at ``interval_s``). ``evaluate_every`` N evaluates the
         pipeline on every Nth cycle only (a fast replay of a long recording; the other cycles
         carry ``report=None``). Exceptions from ``on_cycle`` propagate (they are the face's
@@ -957,6 +993,7 @@ class LiveLoop:
         start = self._clock()
         n = 0
         every = max(1, evaluate_every)
+        window = _Window(duration_s) if duration_s is not None and self.feed.live else None
         while not stop.is_set():
             if self.paused.is_set():
                 stop.wait(0.05)
@@ -969,12 +1006,17 @@ class LiveLoop:
             n += 1
             if max_cycles is not None and n >= max_cycles:
                 return
+            if window is not None:
+                window.note(cycle.snapshot)
             if n == 1:
                 start = self._clock()
+            elif window is not None:
+                if window.over(self._clock() - start, n):
+                    return
             elif duration_s is not None and self._clock() - start >= duration_s:
                 return
             if self.feed.live or pace_finite:
-                stop.wait(max(0.0, self.interval_s - (self._clock() - t0)))
+                stop.wait(self._wait(t0, first=n == 1))
 
     def collect(
         self,
@@ -988,11 +1030,14 @@ class LiveLoop:
         counted from the end of the first read (discovery and a first scrape of a loaded server
         do not eat the window: two back-to-back scrapes after them give no usable rate); one
         read only when there is no /metrics endpoint; at least two reads otherwise, since rates
-        need two scrapes, and a slow or failing endpoint is retried within the window; a finite
-        feed to its end; ``stop`` ends it early (Ctrl-C). ``on_cycle`` is called after each
+        need two scrapes, and a slow or failing endpoint is retried within the window; a read
+        that stalled for most of the window is made up for, up to twice the window, until the
+        pages span half of it (:class:`_Window`); a whole interval after the first read, so the
+        second is not a back-to-back scrape of the same instant; a finite feed to its end; ``stop`` ends it early (Ctrl-C). ``on_cycle`` is called after each
         read (``bundle`` keeps each scrape's raw page). Returns the Timeline (``diagnose`` then
         evaluates once)."""
         start = self._clock()
+        window, reads = _Window(window_s), 0
         keep_last = getattr(self.feed, "keep_last", None)
         if not self.feed.live and callable(keep_last):
             # The Timeline keeps the last max_len Snapshots: a recording need not decode the rest.
@@ -1015,12 +1060,14 @@ class LiveLoop:
                 and not any(st.kind == "processes" and st.status == "error" for st in sources)
             ):
                 break  # no /metrics endpoint at all: nothing to take a rate of, one read tells all
-            if cycle.index == 0:
+            window.note(cycle.snapshot)
+            reads += 1
+            if reads == 1:
                 start = self._clock()
             # An endpoint that was slow or failed this time may answer later in the window.
-            if self._clock() - start >= window_s and cycle.index >= 1:
-                break  # at least two scrapes, so counter rates exist
-            wait = max(0.0, self.interval_s - (self._clock() - t0))
+            if window.over(self._clock() - start, reads):
+                break  # at least two scrapes apart in time, so counter rates exist
+            wait = self._wait(t0, first=reads == 1)
             if sleep is not None:
                 sleep(wait)
             elif stop is not None:
@@ -1028,6 +1075,14 @@ class LiveLoop:
             else:
                 time.sleep(wait)
         return self.timeline
+
+    def _wait(self, t0: float, *, first: bool) -> float:
+        """Seconds to the next read of a cycle that started at ``t0``: the rest of the interval;
+        a whole interval after the first read, whose scrape came at its end (after discovery),
+        so the second is not a back-to-back read of the same instant."""
+        if first:
+            return self.interval_s
+        return max(0.0, self.interval_s - (self._clock() - t0))
 
     def health(self) -> list[SourceHealth]:
         """Per-source health of a live feed (:class:`SourceHealth`); [] for a finite feed."""

@@ -46,6 +46,10 @@ __all__ = [
 #: spec/rules.md "Windows": default length of a "recent" window, seconds.
 DEFAULT_WINDOW_S = 60.0
 
+#: Seconds two scrapes must be apart for a rate between them: closer, they are reads of one
+#: instant (a slow read's back-to-back retry), whose "0 per minute" would say nothing.
+MIN_RATE_SPAN_S = 1.0
+
 #: An EngineMetrics field name ("num_preemptions_total", "kv_cache_usage", …) or a function of
 #: one sample returning a number or None.
 FieldRef = str | Callable[[EngineMetrics], float | None]
@@ -349,14 +353,15 @@ def counter_rate(
     """Per-second rate of a lifetime counter over the window: :func:`counter_increase` divided
     by the time between the first and last sample used (Prometheus ``rate()`` semantics, reset
     aware, never the lifetime total). Preemptions per minute = ``60 * counter_rate(series,
-    "num_preemptions_total")``. None with fewer than two samples or zero elapsed time. Raises
-    ValueError for an unknown field name.
+    "num_preemptions_total")``. None with fewer than two samples or under
+    :data:`MIN_RATE_SPAN_S` between the first and the last. Raises ValueError for an unknown
+    field name.
     """
     times, vals = _points(series, field, seconds)
     if len(vals) < 2:
         return None
     dt = times[-1] - times[0]
-    if dt <= 0:
+    if dt < MIN_RATE_SPAN_S:
         return None
     return _increase(vals) / dt
 

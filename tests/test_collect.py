@@ -52,9 +52,9 @@ def test_live_diagnose_with_a_metrics_url(metrics_server: str, monkeypatch: pyte
             "--metrics",
             metrics_server,
             "--window",
-            "0.5",
+            "1.2",  # a rate needs scrapes at least 1 s apart (timeline.MIN_RATE_SPAN_S)
             "--interval",
-            "0.05",
+            "0.1",
             "--no-nvml",
             "--format",
             "json",

@@ -339,6 +339,133 @@ def test_a_slow_first_read_does_not_eat_the_window(face: str) -> None:
     assert len(feed.reads) >= 15
 
 
+class _StallingFeed:
+    """A live feed on a fake clock whose reads take ``durations`` seconds in turn (then 0.1 s):
+    the first read's page comes at its end (discovery first), every later one 17 ms after its
+    start (the scrape answers; another source of the read hangs on). The server preempts 200
+    requests a minute, a whole request at a time, with the KV cache full and a queue.
+    ``pages_after`` reads: no page (the endpoint fails) past that many."""
+
+    live, label = True, "live"
+
+    def __init__(self, clock: list[float], durations: list[float], pages_after: int | None = None) -> None:
+        self._clock, self._durations, self._pages_after = clock, list(durations), pages_after
+        self.reads = 0
+
+    def next(self) -> object:
+        import math
+
+        from kvdoctor.facts import EngineMetrics, Snapshot, SourceStatus
+
+        start = self._clock[0]
+        took = self._durations[self.reads] if self.reads < len(self._durations) else 0.1
+        self._clock[0] += took
+        t = self._clock[0] if self.reads == 0 else start + 0.017
+        self.reads += 1
+        if self._pages_after is not None and self.reads > self._pages_after:
+            return Snapshot(
+                timestamp=t, sources=[SourceStatus("metrics", "m", "error", "timed out after 30s")]
+            )
+        page = EngineMetrics(
+            timestamp=t,
+            model_name="m",
+            kv_cache_usage=1.0,
+            num_requests_running=2,
+            num_requests_waiting=20,
+            num_preemptions_total=float(math.floor(t * 200 / 60)),
+        )
+        return Snapshot(
+            timestamp=t, metrics=[page], sources=[SourceStatus("metrics", "m", "ok", "1 engine(s)")]
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def _faked(feed: object, clock: list[float], face: str, window_s: float) -> Timeline:
+    """``feed`` read by a LiveLoop on the fake ``clock``, as diagnose/bundle (collect) or record
+    (run with a duration) read it."""
+    loop = LiveLoop(feed, None, interval_s=2.0, clock=lambda: clock[0])  # type: ignore[arg-type]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    class _Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            sleep(timeout or 0.0)
+            return self.is_set()
+
+    if face == "collect":
+        return loop.collect(window_s, sleep=sleep)
+    loop.run(lambda c: None, _Stop(), duration_s=window_s)
+    return loop.timeline
+
+
+@pytest.mark.parametrize("face", ["collect", "run"])
+def test_a_read_that_stalls_for_the_window_does_not_leave_one_instant(face: str) -> None:
+    # Integration tier on a loaded 2-core box: the first read took 5 s, the second's scrape
+    # answered at once but its process-table walk hung to the 30 s timeout, which ended a 30 s
+    # window with two pages 17 ms apart: "0 preemptions/min" in a storm of 200/min. The second
+    # read now waits a whole interval, and the window goes on until its pages span half of it.
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.timeline import counter_rate
+
+    clock = [0.0]
+    feed = _StallingFeed(clock, [5.0, 30.0])
+    timeline = _faked(feed, clock, face, 30.0)
+    times = [s.metrics[0].timestamp or 0.0 for s in timeline.snapshots]
+    assert times[1] - times[0] >= 2.0 and times[-1] - times[0] >= 15.0, times
+    assert times[-1] - times[0] < 2 * 30.0 + 0.2
+    series = [s.metrics[0] for s in timeline.snapshots]
+    rate = counter_rate(series, "num_preemptions_total", 120.0)
+    assert rate is not None and 180 <= rate * 60 <= 220
+    report = Pipeline.load().evaluate(timeline)
+    assert "preemption-storm" in {f.rule for f in report.findings}
+
+
+@pytest.mark.parametrize(("gap", "storm"), [(0.017, None), (2.0, True)])
+def test_two_pages_of_one_instant_are_no_timeline(gap: float, storm: bool | None) -> None:
+    # Such a window (a bundle of an older kvdoctor, a recording of a stalled host) says so:
+    # preemption-storm is skipped for want of "two /metrics scrapes 1 s apart", not passed.
+    from kvdoctor.facts import Snapshot
+    from kvdoctor.pipeline import Pipeline
+
+    clock = [1000.0]
+    feed = _StallingFeed(clock, [])
+    timeline = Timeline()
+    for t in (1000.0, 1000.0 + gap):
+        clock[0] = t - 0.017
+        snap = feed.next()
+        assert isinstance(snap, Snapshot)
+        timeline.append(snap)
+    report = Pipeline.load().evaluate(timeline)
+    skipped = {s.rule: s.missing for s in report.skipped}
+    fired = "preemption-storm" in {f.rule for f in report.findings}
+    if storm is None:
+        assert skipped.get("preemption-storm") == ["timeline"] and not fired
+    else:
+        assert "preemption-storm" not in skipped and fired
+
+
+@pytest.mark.parametrize(
+    ("pages_after", "ends"),
+    [
+        (None, (30.0, 32.2)),  # pages all along: on time (the near miss: nothing is made up for)
+        (1, (60.0, 62.2)),  # one page, then the endpoint fails: retried up to twice the window
+        (0, (30.0, 32.2)),  # no page at all: on time, the report says the source failed
+    ],
+)
+def test_a_window_is_made_up_for_only_while_its_pages_do_not_span_it(
+    pages_after: int | None, ends: tuple[float, float]
+) -> None:
+    for face in ("collect", "run"):
+        clock = [0.0]
+        feed = _StallingFeed(clock, [5.0], pages_after=pages_after)
+        _faked(feed, clock, face, 30.0)
+        elapsed = clock[0] - 5.0  # counted from the end of the first read
+        assert ends[0] <= elapsed < ends[1], (face, elapsed, feed.reads)
+
+
 class _DiscoveryFeed:
     """A live feed whose first ``failed`` reads of the process table fail (no endpoint found
     then), and whose later reads scrape the server the table names."""

@@ -313,6 +313,18 @@ def test_counter_rate_is_increase_over_elapsed_time() -> None:
     assert counter_rate(series, "num_preemptions_total") == pytest.approx(6.0 / 30.0)
 
 
+@pytest.mark.parametrize(("gap", "rate"), [(0.017, None), (0.99, None), (1.0, 3.0), (12.0, 0.25)])
+def test_a_rate_needs_scrapes_a_second_apart(gap: float, rate: float | None) -> None:
+    # Two reads 17 ms apart (a slow read's back-to-back retry) are one instant: "0/min" between
+    # them would say there is no storm. Under a second apart there is no rate; the increase is kept.
+    series = [EngineMetrics(timestamp=100.0, num_preemptions_total=7.0)]
+    series.append(
+        EngineMetrics(timestamp=100.0 + gap, num_preemptions_total=7.0 + (3.0 if gap >= 1 else 0.0))
+    )
+    assert counter_rate(series, "num_preemptions_total") == rate
+    assert counter_increase(series, "num_preemptions_total") == (3.0 if gap >= 1 else 0.0)
+
+
 # --------------------------------------------------------------------------- read-outs reused
 
 

@@ -67,7 +67,8 @@ from kvdoctor.derive.engines import (
     separate_log_engines,
     weight_daemon_pids,
 )
-from kvdoctor.facts import Engine, EngineConfig, Snapshot, Timeline
+from kvdoctor.facts import Engine, EngineConfig, EngineMetrics, Snapshot, Timeline
+from kvdoctor.timeline import MIN_RATE_SPAN_S
 
 __all__ = [
     "FAMILIES",
@@ -115,7 +116,7 @@ _BLANK: dict[str, Any] = dict.fromkeys(VARIABLES)
 INPUTS = {
     "gpus": "nvidia-smi / NVML",
     "metrics": "vLLM /metrics",
-    "timeline": "two or more /metrics scrapes",
+    "timeline": "two or more /metrics scrapes, at least 1 s apart",
     "log": "vLLM log",
     "config": "launch command or the log's args",
     "model": "config.json",
@@ -252,6 +253,15 @@ def _scope(
     )
 
 
+def _spans_a_rate(series: list[EngineMetrics]) -> bool:
+    """Two scrapes or more, the first and the last at least ``MIN_RATE_SPAN_S`` apart (untimed
+    scrapes: two are enough)."""
+    if len(series) < 2:
+        return False
+    first, last = series[0].timestamp, series[-1].timestamp
+    return first is None or last is None or last - first >= MIN_RATE_SPAN_S
+
+
 def _inputs(s: Scope) -> set[str]:
     """The inputs present for this context (rules' ``needs`` / ``needs_any``)."""
     inputs: set[str] = set()
@@ -259,7 +269,7 @@ def _inputs(s: Scope) -> set[str]:
         inputs.add("gpus")
     if s.series:
         inputs.add("metrics")
-    if len(s.series) >= 2 or (s.series and s.older_scrapes):
+    if _spans_a_rate(s.series) or (s.series and s.older_scrapes):
         inputs.add("timeline")
     if s.log is not None and s.log.events:
         inputs.add("log")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -103,6 +104,7 @@ def test_the_text_over_a_live_storm_is_generate_latest_s(fake_vllm: FakeVllm) ->
             assert cycle is not None
             sc.on_cycle(cycle)
             assert sc.collector.text() == generate_latest(only).decode()
+            time.sleep(0.1)  # a rate needs scrapes over 1 s (timeline.MIN_RATE_SPAN_S)
         assert "kvdoctor_engine_preemptions_per_second{" in sc.collector.text()
     finally:
         feed.close()
