@@ -985,11 +985,10 @@ class LiveLoop:
         first read (process discovery and a first scrape of a loaded server can take longer
         than the whole duration: a recording of one read has no rates) and, like :meth:`collect`'s
         window, goes on past it while the pages span less than half of it (at most twice it).
-        A finite feed is read as fast as it goes
-        unless ``pace_finite`` (replay at ``interval_s``). ``evaluate_every`` N evaluates the
-        pipeline on every Nth cycle only (a fast replay of a long recording; the other cycles
-        carry ``report=None``). Exceptions from ``on_cycle`` propagate (they are the face's
-        bugs, not a source's)."""
+        A finite feed is read as fast as it goes unless ``pace_finite`` (replay at
+        ``interval_s``). ``evaluate_every`` N evaluates the pipeline on every Nth cycle only (a
+        fast replay of a long recording; the other cycles carry ``report=None``). Exceptions
+        from ``on_cycle`` propagate (they are the face's bugs, not a source's)."""
         start = self._clock()
         n = 0
         every = max(1, evaluate_every)
@@ -1033,9 +1032,9 @@ class LiveLoop:
         need two scrapes, and a slow or failing endpoint is retried within the window; a read
         that stalled for most of the window is made up for, up to twice the window, until the
         pages span half of it (:class:`_Window`); a whole interval after the first read, so the
-        second is not a back-to-back scrape of the same instant; a finite feed to its end; ``stop`` ends it early (Ctrl-C). ``on_cycle`` is called after each
-        read (``bundle`` keeps each scrape's raw page). Returns the Timeline (``diagnose`` then
-        evaluates once)."""
+        second is not a back-to-back scrape of the same instant; a finite feed to its end;
+        ``stop`` ends it early (Ctrl-C). ``on_cycle`` is called after each read (``bundle`` keeps
+        each scrape's raw page). Returns the Timeline (``diagnose`` then evaluates once)."""
         start = self._clock()
         window, reads = _Window(window_s), 0
         keep_last = getattr(self.feed, "keep_last", None)
