@@ -320,20 +320,7 @@ def test_a_slow_first_read_does_not_eat_the_window(face: str) -> None:
     # the reads still span the window instead of ending with two back-to-back scrapes.
     clock = [0.0]
     feed = _SlowFirstRead(clock, first_s=40.0)
-    loop = LiveLoop(feed, None, interval_s=2.0, clock=lambda: clock[0])  # type: ignore[arg-type]
-
-    def sleep(s: float) -> None:
-        clock[0] += s
-
-    class _Stop(threading.Event):
-        def wait(self, timeout: float | None = None) -> bool:
-            sleep(timeout or 0.0)
-            return self.is_set()
-
-    if face == "collect":
-        loop.collect(30.0, sleep=sleep)
-    else:
-        loop.run(lambda c: None, _Stop(), duration_s=30.0)
+    _faked(feed, clock, face, 30.0)
     span = feed.reads[-1] - feed.reads[0]
     assert 30.0 <= span < 30.0 + 2.0 + 0.2, feed.reads
     assert len(feed.reads) >= 15
