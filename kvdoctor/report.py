@@ -27,6 +27,7 @@ from kvdoctor.findings import (
     worst_health,
 )
 from kvdoctor.redact import redact_text
+from kvdoctor.timeline import MIN_RATE_SPAN_S
 
 if TYPE_CHECKING:  # rich is imported by the text renderer only: JSON/markdown start without it
     from rich.console import Console
@@ -306,7 +307,7 @@ def _source_line(s: SourceStatus) -> str:
 INPUT_WORDS = {
     "gpus": "nvidia-smi/NVML",
     "metrics": "/metrics",
-    "timeline": "two /metrics scrapes 1 s apart",
+    "timeline": f"two /metrics scrapes {MIN_RATE_SPAN_S:g} s apart",
     "log": "vLLM log",
     "config": "launch command",
     "model": "config.json",

@@ -116,7 +116,7 @@ _BLANK: dict[str, Any] = dict.fromkeys(VARIABLES)
 INPUTS = {
     "gpus": "nvidia-smi / NVML",
     "metrics": "vLLM /metrics",
-    "timeline": "two or more /metrics scrapes, at least 1 s apart",
+    "timeline": f"two or more /metrics scrapes, at least {MIN_RATE_SPAN_S:g} s apart",
     "log": "vLLM log",
     "config": "launch command or the log's args",
     "model": "config.json",
