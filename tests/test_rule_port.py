@@ -1,0 +1,132 @@
+"""The port of the rules from YAML expressions to Python modules, verified while both exist:
+every ported rule gives the same finding as its YAML form on every engine context of every
+bundle, and on a seeded fuzz of those contexts (values crossed over between contexts, numbers
+scaled). Differences are allowed only where listed in :data:`DIFFERENCES`, each a bug of the
+YAML form fixed by the port (with its own test in the rule's tests)."""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+import pytest
+
+from tests.rule_contexts import all_contexts
+
+#: rule id → {aspect: why the Python rule differs from the YAML one on purpose}. Aspects:
+#: "summary" (the words), "flags" (the union of the fixes' flags and environment).
+DIFFERENCES: dict[str, dict[str, str]] = {
+    "kv-budget-exhausted": {
+        "summary": "no longer advises a --tensor-parallel-size (or gmu, mnbt) the fix dropped as invalid "
+        "or already in effect",
+    },
+}
+
+
+def _old_rules() -> dict[str, Any]:
+    from kvdoctor.rules_engine import load_rules
+
+    return {r.id: r for r in load_rules()}
+
+
+def _new_rules() -> dict[str, Any]:
+    from kvdoctor.rulekit import load_rules
+
+    return {r.id: r for r in load_rules(plugins=False)}
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _shape(findings: list[Any]) -> tuple[Any, ...] | None:
+    if not findings:
+        return None
+    (f,) = findings
+    flags: dict[str, str] = dict(f.suggested_flags)
+    for fix in getattr(f, "fixes", ()):
+        flags.update(fix.flags)
+        flags.update(fix.env)
+    return (
+        f.severity,
+        _norm(f.title),
+        _norm(f.summary),
+        tuple((_norm(e.fact), _norm(e.value), _norm(e.source)) for e in f.evidence),
+        tuple(sorted(flags.items())),
+        tuple(f.gpus),
+    )
+
+
+#: how many comparisons had the rule fire (in either form), per rule id
+FIRED: dict[str, int] = {}
+
+
+def _compare(
+    rule_id: str, old_rule: Any, new_rule: Any, engine: str | None, v: dict[str, Any], inputs: Any
+) -> list[str]:
+    from kvdoctor import rulekit, rules_engine
+
+    old = rules_engine.evaluate([old_rule], [rules_engine.RuleContext(engine, dict(v), set(inputs))])
+    new = rulekit.evaluate([new_rule], [rulekit.RuleContext(engine, dict(v), set(inputs))])
+    if old.findings or new.findings:
+        FIRED[rule_id] = FIRED.get(rule_id, 0) + 1
+    problems = [f"new rule error: {e}" for e in new.errors]
+    a, b = _shape(old.findings), _shape(new.findings)
+    if (a is None) != (b is None):
+        return [*problems, f"fires: yaml {a is not None}, python {b is not None}"]
+    if a is None or b is None:
+        return problems
+    allowed = DIFFERENCES.get(rule_id, {})
+    names = ("severity", "title", "summary", "evidence", "flags", "gpus")
+    for name, x, y in zip(names, a, b, strict=True):
+        if x != y and name not in allowed:
+            problems.append(f"{name}:\n  yaml:   {x}\n  python: {y}")
+    return problems
+
+
+def _ported() -> list[str]:
+    return sorted(_new_rules())
+
+
+@pytest.mark.parametrize("rule_id", _ported())
+def test_a_ported_rule_gives_the_yaml_rules_finding_on_every_bundle(rule_id: str) -> None:
+    old, new = _old_rules()[rule_id], _new_rules()[rule_id]
+    failures = []
+    for bundle, engine, v, inputs in all_contexts():
+        problems = _compare(rule_id, old, new, engine, v, inputs)
+        if problems:
+            failures.append(f"{bundle} [{engine}]: " + "; ".join(problems))
+    assert not failures, "\n".join(failures[:5])
+    assert FIRED.get(rule_id), f"{rule_id} fires on no bundle: the comparison would be vacuous"
+
+
+def _mutate(rng: random.Random, v: dict[str, Any], pool: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(v)
+    for name in rng.sample(sorted(out), k=min(len(out), rng.randint(1, 12))):
+        roll = rng.random()
+        value = out[name]
+        if roll < 0.6:
+            out[name] = rng.choice(pool).get(name)  # a value derive gave elsewhere
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            scaled = value * rng.choice((0.25, 0.5, 0.9, 1.1, 2.0, 4.0, -1.0))
+            out[name] = type(value)(scaled)
+        elif isinstance(value, bool):
+            out[name] = not value
+    return out
+
+
+@pytest.mark.parametrize("rule_id", _ported())
+def test_a_ported_rule_gives_the_yaml_rules_finding_on_fuzzed_contexts(rule_id: str) -> None:
+    old, new = _old_rules()[rule_id], _new_rules()[rule_id]
+    contexts = all_contexts()
+    pool = [v for _b, _e, v, _i in contexts]
+    rng = random.Random(f"port:{rule_id}")
+    failures = []
+    for _ in range(1500):
+        bundle, engine, v, inputs = rng.choice(contexts)
+        mutated = _mutate(rng, v, pool)
+        problems = _compare(rule_id, old, new, engine, mutated, inputs)
+        if problems:
+            failures.append(f"{bundle} [{engine}] mutated: " + "; ".join(problems))
+    assert not failures, f"{len(failures)} of 1500 differ, e.g.\n" + "\n".join(failures[:3])
