@@ -189,7 +189,7 @@ def _check_rule(rule: Any, where: str) -> Rule[Any]:
             raise bad(f"{flag!r} is neither a --flag nor an ENV_VAR")
     if rule.lifecycle not in ("stable", "preview", "deprecated"):
         raise bad("lifecycle must be stable, preview or deprecated")
-    return rule
+    return rule if rule.source else dataclasses.replace(rule, source=where)
 
 
 # --------------------------------------------------------------------------- the registry
@@ -203,7 +203,7 @@ def _builtin_rules() -> list[Rule[Any]]:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{package.__name__}.{info.name}")
-        out.append(_check_rule(getattr(module, "RULE", None), module.__file__ or info.name))
+        out.append(_check_rule(getattr(module, "RULE", None), module.__name__))
     return out
 
 
