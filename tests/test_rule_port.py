@@ -21,6 +21,11 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer advises a --tensor-parallel-size (or gmu, mnbt) the fix dropped as invalid "
         "or already in effect",
     },
+    "gpu-shared-with-foreign-process": {
+        "summary": "no longer advises a --gpu-memory-utilization the fix dropped as invalid or already in "
+        "effect (±0.005); says to stop the other process (kill PID, the fix) or, for preloaded "
+        "weights, to preload a smaller model instead",
+    },
 }
 
 
