@@ -26,6 +26,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "effect (±0.005); says to stop the other process (kill PID, the fix) or, for preloaded "
         "weights, to preload a smaller model instead",
     },
+    "idle-preallocation": {
+        "summary": "no longer suggests '--gpu-memory-utilization 0.0' (a card smaller than the share, its "
+        "fix dropped as outside (0, 1]) or a gmu already in effect",
+    },
 }
 
 
