@@ -30,6 +30,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer suggests '--gpu-memory-utilization 0.0' (a card smaller than the share, its "
         "fix dropped as outside (0, 1]) or a gmu already in effect",
     },
+    "low-util-kv-saturated": {
+        "summary": "no longer advises a --max-num-seqs the fix dropped as already in effect, nor 'fp8 KV would "
+        "double the tokens' for a KV cache already fp8/int8; the advice sentence starts with a capital",
+    },
 }
 
 
