@@ -34,6 +34,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer advises a --max-num-seqs the fix dropped as already in effect, nor 'fp8 KV would "
         "double the tokens' for a KV cache already fp8/int8; the advice sentence starts with a capital",
     },
+    "parallel-rank-imbalance": {
+        "summary": "no longer names VLLM_PP_LAYER_PARTITION without a value when no partition could be "
+        "computed (the fix was empty)",
+    },
 }
 
 
