@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvdoctor.rule_functions import gmu_split, pair_desc
+from kvdoctor.rule_functions import gmu_split
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import fmt_bytes
 
@@ -53,6 +53,16 @@ def _own_share(split: list[float] | None, own: int | None) -> float | None:
         return split[own]
     except IndexError:
         return None
+
+
+def _split_desc(names: list[str] | None, split: list[float] | None) -> str:
+    """Each engine's gmu as its fix writes it, "a 0.4, b 0.54" (the values alone when the names
+    do not pair up with them; "N/A" without a split)."""
+    if split is None:
+        return "N/A"
+    if names is None or len(names) != len(split):
+        return ", ".join(str(flag_value(x)) for x in split)
+    return ", ".join(f"{n} {flag_value(x)}" for n, x in zip(names, split, strict=True))
 
 
 def check(f: Facts, t: Thresholds) -> Hit | None:
@@ -87,12 +97,14 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
 
     head = f"{na(f['colocated_count'])} vLLM engines share GPU {na(f['colocated_gpu'])}: {na(f['colocated_desc'])}."
     if over:
+        # The flag is named where this engine's value is the fix.
+        with_flag = f" with {GMU} per engine" if fixes else ""
         bytes_part = f" ({fmt_bytes(reserved)} of {fmt_bytes(card)})" if reserved and card else ""
         body = (
             f"Together they ask for gmu {na(gmu_sum, '.2f')} of the card{bytes_part}: each engine preallocates"
             ' its gmu × total, so the one that profiles last finds too little free memory ("Free memory on'
-            ' device … is less than desired GPU memory utilization") or runs out at run time. Split the card:'
-            f" {pair_desc(f['colocated_names'], split)} (sum ≤ {t.max_gmu_sum:.2f})."
+            ' device … is less than desired GPU memory utilization") or runs out at run time.'
+            f" Split the card{with_flag}: {_split_desc(f['colocated_names'], split)} (sum ≤ {t.max_gmu_sum:.2f})."
         )
     else:
         body = (

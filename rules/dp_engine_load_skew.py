@@ -65,20 +65,24 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     hot, cold = dp_desc(skew, "hot"), dp_desc(skew, "cold")
     over = f" over {window:.0f} s" if window is not None else ""
     take = f", and the cold engines could take {absorb} of them now" if absorb is not None else ""
+    pinned = " Requests sent with X-data-parallel-rank skip the balancer."
     if f["dp_external_lb"]:
-        where = "With --data-parallel-external-lb / --data-parallel-rank the placement is the outside router’s: fix it there."
+        # No flag is named: the words name only what a fix sets, and none does here.
+        where = (
+            "The engines are placed by an outside router (external or hybrid data-parallel load balancing):"
+            f" fix the placement there.{pinned}"
+        )
     elif release is not None and release <= 26:
         where = (
             f"vLLM {version}’s balancer ranks engines by 4 × waiting + running and never looks at KV usage;"
-            " vLLM ≥ 0.27 adds a KV-pressure term and a per-client in-flight floor."
+            f" vLLM ≥ 0.27 adds a KV-pressure term and a per-client in-flight floor.{pinned}"
         )
     else:
         where = "Check for requests pinned with the X-data-parallel-rank header, which skip the balancer."
     summary = (
         f"Across {len(samples)} samples{over} the data-parallel engines of {f['model_name'] or 'this model'}"
         f" stay skewed: hot {hot}; cold {cold}. About {skew['moves']} queued requests would move to even the"
-        f" queues out (mean waiting {skew['mean_waiting']:.0f} per engine){take}. {where} Requests sent with"
-        " X-data-parallel-rank skip the balancer. GPU util is no evidence of balance (MoE engines under DP step"
+        f" queues out (mean waiting {skew['mean_waiting']:.0f} per engine){take}. {where} GPU util is no evidence of balance (MoE engines under DP step"
         " in lockstep)."
     )
     source = na(f["dp_source"])

@@ -112,6 +112,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     pids = f["foreign_pids"]
     kill = "kill " + " ".join(str(p) for p in pids) if pids else None
 
+    # The words name --gpu-memory-utilization only for the value its fix sets; the gmu in effect
+    # is "gmu 0.92".
     fixes: list[Fix] = []
     if ext_exceed:
         if fix is not None:
@@ -126,7 +128,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             advice = "Preload a smaller or quantized model, or shard it over more GPUs."
         else:
             advice = (
-                f"Even {GMU} 0.95 cannot hold those weights plus a KV cache on this card: preload a smaller"
+                "Even gmu 0.95 cannot hold those weights plus a KV cache on this card: preload a smaller"
                 " or quantized model, or shard it over more GPUs."
             )
     elif fix is not None:
@@ -143,7 +145,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             fixes.append(Fix(commands=(kill,), why="frees the memory the other process holds"))
     elif current_fits:
         advice = (
-            f"The current {GMU} {gmu} still fits beside it, but a restart of the engine will fail if the"
+            f"The current gmu {gmu} still fits beside it, but a restart of the engine will fail if the"
             " other process grows, and the headroom outside gmu (CUDA graphs, sampler) is shared."
         )
     else:
@@ -159,7 +161,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         opening = (
             "vLLM refused to start: the weights held outside the engine (a vllm preload daemon, part of"
             f" this deployment) take {gib_text(ext_weights)} GiB of {gib_text(total)} GiB, more than the"
-            f" budget {GMU} {f['fbu_gmu']} gives."
+            f" budget gmu {f['fbu_gmu']} gives."
         )
     elif fbu:
         after = (
@@ -169,7 +171,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
         opening = (
             f"vLLM refused to start, only {gib_text(free)} GiB of {gib_text(total)} GiB is free, less than"
-            f" {GMU} {f['fbu_gmu']} asks for{after}."
+            f" gmu {f['fbu_gmu']} asks for{after}."
         )
     else:
         opening = (

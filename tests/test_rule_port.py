@@ -24,7 +24,9 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     "gpu-shared-with-foreign-process": {
         "summary": "no longer advises a --gpu-memory-utilization the fix dropped as invalid or already in "
         "effect (±0.005); says to stop the other process (kill PID, the fix) or, for preloaded "
-        "weights, to preload a smaller model instead",
+        "weights, to preload a smaller model instead; names the gmu as the fix writes it (0.28, not "
+        "0.28200000000000006); the gmu in effect reads 'gmu 0.92', not '--gpu-memory-utilization 0.92', "
+        "which read as advice the fix does not hold",
     },
     "idle-preallocation": {
         "summary": "no longer suggests '--gpu-memory-utilization 0.0' (a card smaller than the share, its "
@@ -33,6 +35,14 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     "low-util-kv-saturated": {
         "summary": "no longer advises a --max-num-seqs the fix dropped as already in effect, nor 'fp8 KV would "
         "double the tokens' for a KV cache already fp8/int8; the advice sentence starts with a capital",
+    },
+    "colocated-engines-overcommit": {
+        "summary": "the split names the flag its fix sets ('Split the card with --gpu-memory-utilization per "
+        "engine: a 0.4, b 0.54'), each value as the fix writes it (never 'None'); the words never named the flag",
+    },
+    "dp-engine-load-skew": {
+        "summary": "no longer names --data-parallel-external-lb / --data-parallel-rank (no fix sets them), "
+        "and no longer says twice that X-data-parallel-rank requests skip the balancer",
     },
     "parallel-rank-imbalance": {
         "summary": "no longer names VLLM_PP_LAYER_PARTITION without a value when no partition could be "

@@ -58,3 +58,11 @@ def test_a_raise_already_in_effect_for_preloaded_weights_is_not_advised() -> Non
     assert "Even --gpu-memory-utilization" not in f.summary
     assert f.summary.endswith("Preload a smaller or quantized model, or shard it over more GPUs.")
     assert f.fixes == []
+
+
+def test_the_gmu_in_effect_is_not_written_as_a_flag_the_fix_does_not_set() -> None:
+    # A foreign process beside a running engine whose gmu still fits: no fix, so no flag named.
+    f = _finding("k4-compose-foreign-rank1")
+    assert "The current gmu 0.92 still fits beside it" in f.summary
+    assert "--gpu-memory-utilization" not in f.summary
+    assert f.fixes == []
