@@ -197,3 +197,28 @@ def test_no_code_is_evaluated_from_strings_in_the_package() -> None:
         if re.search(r"(?<![\w.])(eval|exec)\(|compile\([^)]*['\"]eval['\"]|simpleeval", text):
             offenders.append(str(path.relative_to(root)))
     assert offenders == [] or offenders == ["kvdoctor/rules_engine.py"], offenders
+
+
+def test_every_report_format_says_which_thresholds_and_rules_the_user_config_changed(tmp_path: Path) -> None:
+    import io
+    import json
+
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.report import make_console, render_json, render_markdown, render_text
+    from kvdoctor.sources.bundle import load_bundle
+
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text("thresholds:\n  kv-budget-exhausted: {max_gmu: 0.9}\n")
+    timeline = load_bundle(Path(__file__).parent / "data" / "bundles" / "healthy-idle-gmu092").timeline
+    report = Pipeline.load(config_path=cfg).evaluate(timeline, now=0)
+    assert json.loads(render_json(report))["config"] == {
+        "file": str(cfg),
+        "thresholds": {"kv-budget-exhausted": {"max_gmu": 0.9}},
+        "disabled": [],
+    }
+    assert "kv-budget-exhausted max_gmu=0.9" in render_markdown(report)
+    out = io.StringIO()
+    render_text(report, make_console(out))
+    assert f"config {cfg}: kv-budget-exhausted max_gmu=0.9" in out.getvalue()
+    plain = Pipeline.load(config_path=None).evaluate(timeline, now=0)
+    assert "config " not in render_markdown(plain).lower().split("###")[0].replace("`kvdoctor.report/2`", "")
