@@ -36,11 +36,20 @@ class PipelineError(Exception):
 def load_rules(
     rules_dirs: Iterable[str | Path] | None = None, config_path: str | Path | None = None
 ) -> list[Rule[Any]]:
+    """:func:`load_configured` without the applied configuration."""
+    return load_configured(rules_dirs, config_path)[0]
+
+
+def load_configured(
+    rules_dirs: Iterable[str | Path] | None = None, config_path: str | Path | None = None
+) -> tuple[list[Rule[Any]], dict[str, Any]]:
     """The rule catalogue (the built-in ``kvdoctor.rules`` modules, or the Python rule modules
     of ``rules_dirs``, then the ``kvdoctor.rules`` entry-point group's) with the user config
     applied (``config_path``, else ``$KVDOCTOR_CONFIG`` / ``~/.config/kvdoctor/config.yaml``).
 
-    Raises :class:`PipelineError` for an invalid rule (kind "rules") or config ("config")."""
+    Returns the rules and what the config changed, as reports show it: ``{"file": path or
+    None, "thresholds": {rule id: {name: value}}, "disabled": [rule ids]}``. Raises
+    :class:`PipelineError` for an invalid rule (kind "rules") or config ("config")."""
     from kvdoctor.rulekit import RuleFileError
     from kvdoctor.rulekit import load_rules as _load
     from kvdoctor.userconfig import UserConfigError, apply_user_config, load_user_config
@@ -54,7 +63,12 @@ def load_rules(
         user = load_user_config(config_path, rules)
     except UserConfigError as e:
         raise PipelineError("config", f"invalid config: {e}") from None
-    return apply_user_config(rules, user)
+    applied = {
+        "file": user.origin,
+        "thresholds": {rid: dict(values) for rid, values in sorted(user.thresholds.items()) if values},
+        "disabled": sorted(user.disabled),
+    }
+    return apply_user_config(rules, user), applied
 
 
 @shared_methods
@@ -69,6 +83,8 @@ class Pipeline:
 
     rules: list[Rule[Any]] = field(default_factory=list)
     window_s: float = DEFAULT_WINDOW_S
+    #: what the user config changed (:func:`load_configured`), shown in every report
+    config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(
@@ -80,14 +96,15 @@ class Pipeline:
     ) -> Pipeline:
         """A pipeline over the shipped (or given) rules and the user config; raises
         :class:`PipelineError`."""
-        return cls(rules=load_rules(rules_dirs, config_path), window_s=window_s)
+        rules, config = load_configured(rules_dirs, config_path)
+        return cls(rules=rules, window_s=window_s, config=config)
 
     def evaluate(self, timeline: Timeline, *, now: float | None = None) -> Report:
         """Facts → engines → rule contexts → findings → :class:`~kvdoctor.report.Report`.
 
         ``now``: unix seconds stamped as ``generated_at`` (default: the clock). Never raises for
         missing or partial facts; a rule that fails is listed in the report's ``errors``."""
-        return evaluate(timeline, rules=self.rules, window_s=self.window_s, now=now)
+        return evaluate(timeline, rules=self.rules, window_s=self.window_s, now=now, config=self.config)
 
 
 #: the modules of the stages, imported on the first evaluation (not to import this module)
@@ -112,6 +129,7 @@ def evaluate(
     rules: list[Rule[Any]],
     window_s: float = DEFAULT_WINDOW_S,
     now: float | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Report:
     """Functional form of :meth:`Pipeline.evaluate`.
 
@@ -147,6 +165,7 @@ def evaluate(
         engines=engines,
         owned=True,
         errors=[vars(e) for e in result.errors],
+        config=config,
     )
     for f in failed:
         family, _, why = f.partition(": ")

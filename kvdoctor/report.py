@@ -80,6 +80,9 @@ class Report:
     #: rules that failed on this input (raised, or computed an invalid fix): {rule, engine,
     #: where, message}. A failed rule is never a silent absence: see :func:`exit_code`.
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: what the user config changed: {"file", "thresholds": {rule: {name: value}}, "disabled"}
+    #: (empty when no config was read)
+    config: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,6 +100,11 @@ class Report:
             "findings": [f.to_dict() for f in self.findings],
             "skipped": [s.to_dict() for s in self.skipped],
             "errors": [dict(e) for e in self.errors],
+            "config": {
+                "file": self.config.get("file"),
+                "thresholds": self.config.get("thresholds") or {},
+                "disabled": list(self.config.get("disabled") or ()),
+            },
             # Added in report/1 (fields may be added): the process exit code, 3 = nothing readable,
             # so a consumer of the JSON need not re-derive "unknown" from the sources.
             "exit_code": exit_code(self),
@@ -135,6 +143,7 @@ def build_report(
     engines: list[Engine] | None = None,
     owned: bool = False,
     errors: list[dict[str, Any]] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Report:
     """Assemble a :class:`Report` from a snapshot and the rule engine's output.
 
@@ -192,6 +201,7 @@ def build_report(
         errors=[
             {k: _redacted(str(v)) if isinstance(v, str) else v for k, v in e.items()} for e in errors or ()
         ],
+        config=dict(config or {}),
     )
 
 
@@ -338,6 +348,20 @@ INPUT_WORDS = {
 }
 
 
+def config_text(config: dict[str, Any]) -> str | None:
+    """The user config's changes in one line ("config c.yaml: preemption-storm min_per_min=20;
+    disabled idle-preallocation"), None when it changed nothing."""
+    parts = [
+        f"{rid} " + ", ".join(f"{k}={v}" for k, v in values.items())
+        for rid, values in (config.get("thresholds") or {}).items()
+    ]
+    if config.get("disabled"):
+        parts.append("disabled " + ", ".join(config["disabled"]))
+    if not parts:
+        return None
+    return f"config {config.get('file') or ''}: ".replace(" :", ":") + "; ".join(parts)
+
+
 def _error_text(e: dict[str, Any]) -> str:
     """ "rule-id [engine] check: ValueError: …" """
     eng = f" [{e.get('engine')}]" if e.get("engine") else ""
@@ -375,6 +399,9 @@ def render_markdown(report: Report) -> str:
         f"{n} finding{'s' if n != 1 else ''} · generated {report.generated_at} · `{report.schema}`",
         "",
     ]
+    configured = config_text(report.config)
+    if configured:
+        lines += [f"Thresholds and rules changed by the user {_md_cell(configured)}", ""]
     for f in report.findings:
         scope = []
         if f.engine:
@@ -553,6 +580,9 @@ def render_text(report: Report, console: Console) -> None:
         console.print(line, overflow="fold")
     if not report.sources:
         console.print(Text("  ✗ no source was read", style="red"))
+    configured = config_text(report.config)
+    if configured:
+        console.print(Text(f"  ⚙ {configured}", style="dim"), overflow="fold")
     for e in report.engines:
         if e.get("attribution") in _ATTRIBUTION_TEXT:
             gpus = ", ".join(str(i) for i in e.get("gpus") or []) or "?"
