@@ -27,7 +27,7 @@ def test_fp8_kv_is_the_first_alternative_where_the_gpu_has_fp8() -> None:
 
 
 def test_the_batch_the_pool_holds_is_advised_and_is_the_fix() -> None:
-    f = _finding(V0)
+    f = _finding(V0, log_running_first=None)
     assert "Cap the batch at what the pool holds with --max-num-seqs 33" in f.summary
     assert [fix.flags for fix in f.fixes] == [{"--max-num-seqs": "33"}]
 
@@ -35,14 +35,21 @@ def test_the_batch_the_pool_holds_is_advised_and_is_the_fix() -> None:
 def test_a_max_num_seqs_already_in_effect_is_not_advised() -> None:
     # The YAML form said "Cap the batch … with --max-num-seqs 33" beside an empty fix, and its
     # next clause started in lower case.
-    f = _finding(V0, max_num_seqs=33)
+    f = _finding(V0, max_num_seqs=33, log_running_first=None)
     assert "--max-num-seqs" not in f.summary
     assert "throughput. Add tensor parallelism for more KV per rank, or add replicas." in f.summary
     assert f.fixes == []
 
 
+def test_a_max_num_seqs_below_the_requests_running_before_the_trouble_is_not_advised() -> None:
+    # 41 requests ran in the log's first stats line: a cap of 33 would throttle the traffic.
+    f = _finding(V0)
+    assert "--max-num-seqs" not in f.summary
+    assert f.fixes == []
+
+
 def test_fp8_is_not_offered_for_a_kv_cache_already_fp8() -> None:
-    f = _finding(V0, kv_cache_dtype="fp8", fp8_supported=True)
+    f = _finding(V0, kv_cache_dtype="fp8", fp8_supported=True, log_running_first=None)
     assert "fp8" not in f.summary
     assert [fix.flags for fix in f.fixes] == [{"--max-num-seqs": "33"}]
 
