@@ -42,7 +42,7 @@ class Thresholds:
 
 
 def _gmu_fit(
-    f: Facts, t: Thresholds, free: float | None, total: float | None, ext_exceed: bool
+    f: Facts, t: Thresholds, free: float | None, total: float | None, ext_exceed: bool, ext_budget: bool
 ) -> float | None:
     """The gmu the card allows: with a preload daemon's weights over the budget, the gmu that
     holds them (derive's); else what is free (plus those weights when vLLM ≥ 0.32 leaves them out
@@ -51,9 +51,6 @@ def _gmu_fit(
         return f["external_weights_gmu"]
     if free is None or not total:
         return None
-    ext_budget = (
-        bool(f["free_below_util"]) and f["startup_refusal_variant"] == "below_budget_excluding_external"
-    )
     checked = free + (f["external_weights_bytes"] or 0) if ext_budget else free
     try:
         return gmu_fitting(int(checked), int(total), int(t.margin_gib * 2**30))
@@ -62,7 +59,7 @@ def _gmu_fit(
 
 
 def _gmu_wanted(
-    f: Facts, t: Thresholds, fit: float | None, total: float | None, ext_exceed: bool
+    f: Facts, t: Thresholds, fit: float | None, total: float | None, ext_exceed: bool, ext_budget: bool
 ) -> float | None:
     """The gmu worth suggesting, or None: a raise that holds the external weights, or a lower
     gmu that still holds this engine's weights (per rank) plus ``min_kv_gib`` of KV (a gmu too
@@ -76,9 +73,7 @@ def _gmu_wanted(
         weights, tp_pp = f["weights_bytes"], f["tp_pp"]
         if fit < 0.05 or not (fbu or (gmu is not None and fit < gmu)):
             ok = False
-        elif f["free_below_util"] and f["startup_refusal_variant"] == "below_budget_excluding_external":
-            ok = True
-        elif weights is None:
+        elif ext_budget or weights is None:
             ok = True
         else:
             ok = bool(tp_pp and total is not None and fit * total >= weights / tp_pp + t.min_kv_gib * 2**30)
@@ -104,8 +99,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     # budget is gmu × total − those weights (vllm-facts §2.1, §3.5).
     ext_exceed = bool(fbu) and f["startup_refusal_variant"] == "external_weights_exceed"
     ext_budget = bool(fbu) and f["startup_refusal_variant"] == "below_budget_excluding_external"
-    fit = _gmu_fit(f, t, free, total, ext_exceed)
-    wanted = _gmu_wanted(f, t, fit, total, ext_exceed)
+    fit = _gmu_fit(f, t, free, total, ext_exceed, ext_budget)
+    wanted = _gmu_wanted(f, t, fit, total, ext_exceed, ext_budget)
     # One vLLM rejects or one already in effect (±0.005) is no fix, and the words must not name it.
     fix = wanted if wanted is not None and is_valid(f, GMU, wanted) else None
     current_fits = not fbu and fit is not None and gmu is not None and fit >= gmu
