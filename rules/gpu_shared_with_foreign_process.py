@@ -105,7 +105,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     fix = wanted if wanted is not None and is_valid(f, GMU, wanted) else None
     current_fits = not fbu and fit is not None and gmu is not None and fit >= gmu
     pids = f["foreign_pids"]
-    kill = "kill " + " ".join(str(p) for p in pids) if pids else None
+    # a process on two GPUs is listed twice: one pid once
+    kill = "kill " + " ".join(str(p) for p in dict.fromkeys(pids)) if pids else None
+    stop = [Fix(commands=(kill,), why="frees the memory the other process holds")] if kill else []
 
     # The words name --gpu-memory-utilization only for the value its fix sets; the gmu in effect
     # is "gmu 0.92".
@@ -129,15 +131,15 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     elif fix is not None:
         advice = (
             f"Lower {GMU} to {flag_value(fix)} (what is free, less a {t.margin_gib} GiB margin),"
-            " or stop the other process first."
+            f" or stop the other process first{f' ({kill})' if kill else ''}."
         )
         fixes.append(
             Fix(flags={GMU: str(flag_value(fix))}, why="a budget that fits beside the other process")
         )
+        fixes += stop
     elif wanted is not None:
         advice = f"Stop the other process{f' ({kill})' if kill else ''} first."
-        if kill:
-            fixes.append(Fix(commands=(kill,), why="frees the memory the other process holds"))
+        fixes += stop
     elif current_fits:
         advice = (
             f"The current gmu {gmu} still fits beside it, but a restart of the engine will fail if the"
@@ -148,8 +150,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             f"Stop the other process{f' ({kill})' if kill else ''} - what it leaves free (gmu {fit}) cannot"
             " hold the model."
         )
-        if kill:
-            fixes.append(Fix(commands=(kill,), why="frees the memory the other process holds"))
+        fixes += stop
 
     ext_weights = f["external_weights_bytes"]
     if ext_exceed:

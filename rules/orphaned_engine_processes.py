@@ -35,7 +35,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     pids = f["orphan_pids"]
     if not pids:
         return None
-    kill = "kill " + " ".join(str(p) for p in pids)
+    kill = "kill " + " ".join(str(p) for p in dict.fromkeys(pids))
     gpus = f["orphan_gpus"]
     summary = (
         f"Free the memory with `{kill}` (then `kill -9` if they linger) before restarting the server:"

@@ -26,7 +26,8 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "effect (±0.005); says to stop the other process (kill PID, the fix) or, for preloaded "
         "weights, to preload a smaller model instead; names the gmu as the fix writes it (0.28, not "
         "0.28200000000000006); the gmu in effect reads 'gmu 0.92', not '--gpu-memory-utilization 0.92', "
-        "which read as advice the fix does not hold",
+        "which read as advice the fix does not hold; 'or stop the other process first' carries its command "
+        "(kill PID, once per pid) as a second fix",
     },
     "idle-preallocation": {
         "summary": "no longer suggests '--gpu-memory-utilization 0.0' (a card smaller than the share, its "

@@ -23,7 +23,18 @@ def _finding(bundle: str, **changes: Any) -> Any:
 def test_the_gmu_that_fits_beside_the_other_process_is_advised_and_is_the_fix() -> None:
     f = _finding("b05-foreign-process-blocks-startup")
     assert "Lower --gpu-memory-utilization to 0.65" in f.summary
-    assert [fix.flags for fix in f.fixes] == [{"--gpu-memory-utilization": "0.65"}]
+    assert "or stop the other process first (kill 48213)." in f.summary
+    # two alternatives: the gmu that fits, or stopping the process (the YAML form named only the first)
+    assert [(fix.flags, fix.commands) for fix in f.fixes] == [
+        ({"--gpu-memory-utilization": "0.65"}, ()),
+        ({}, ("kill 48213",)),
+    ]
+
+
+def test_a_process_listed_on_two_gpus_is_killed_once() -> None:
+    f = _finding("k1-preload-near-miss-real-foreign")
+    assert "(kill 7)" in f.summary
+    assert f.fixes[-1].commands == ("kill 7",)
 
 
 def test_a_gmu_already_in_effect_is_not_advised_stopping_the_process_is() -> None:
