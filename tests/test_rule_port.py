@@ -21,6 +21,12 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer advises a --tensor-parallel-size (or gmu, mnbt) the fix dropped as invalid "
         "or already in effect",
     },
+    "allocator-fragmentation": {
+        "summary": "the advised PYTORCH_CUDA_ALLOC_CONF keeps the options the engine already sets "
+        "(max_split_size_mb, ...) instead of replacing them; not advised when the fix is refused",
+        "flags": "PYTORCH_CUDA_ALLOC_CONF = the engine's options + expandable_segments:True, not "
+        "expandable_segments:True alone (which silently dropped the operator's other options)",
+    },
 }
 
 
