@@ -27,6 +27,12 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "flags": "PYTORCH_CUDA_ALLOC_CONF = the engine's options + expandable_segments:True, not "
         "expandable_segments:True alone (which silently dropped the operator's other options)",
     },
+    "flashinfer-workspace-overflow": {
+        "summary": "no longer names --gpu-memory-utilization as the thing that does not help (the words "
+        "named a flag no fix set), nor advises a gmu the fix dropped (vLLM <= 0.11, or invalid)",
+        "flags": "the FLASH_ATTN alternative the words always gave is now a fix (--attention-backend "
+        "from 0.13 and when the version is unknown, VLLM_ATTENTION_BACKEND before); it was set only <= 0.11",
+    },
 }
 
 
