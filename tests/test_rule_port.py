@@ -33,6 +33,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "flags": "the FLASH_ATTN alternative the words always gave is now a fix (--attention-backend "
         "from 0.13 and when the version is unknown, VLLM_ATTENTION_BACKEND before); it was set only <= 0.11",
     },
+    "triton-autotune-oom": {
+        "summary": "no longer advises a --gpu-memory-utilization the fix dropped (not above 0, or within "
+        "0.005 of the gmu in effect)",
+    },
 }
 
 
