@@ -35,7 +35,7 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     },
     "triton-autotune-oom": {
         "summary": "no longer advises a --gpu-memory-utilization the fix dropped (not above 0, or within "
-        "0.005 of the gmu in effect)",
+        "0.005 of the gmu in effect); an unknown version reads 'vLLM N/A runs ...', not a stray 'N/A'",
     },
 }
 
