@@ -37,6 +37,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer advises a --gpu-memory-utilization the fix dropped (not above 0, or within "
         "0.005 of the gmu in effect); an unknown version reads 'vLLM N/A runs ...', not a stray 'N/A'",
     },
+    "wake-up-oom": {
+        "summary": "advises --gpu-memory-utilization only when the fix sets it (not when the gmu in effect "
+        "already fits, nor '<= N/A' without the GPU's total), saying why instead; capitalised 'Size the set'",
+    },
 }
 
 
