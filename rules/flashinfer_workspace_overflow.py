@@ -35,13 +35,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvdoctor.rule_functions import fmt
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, MiB, ceil_to, fmt_bytes
 
 _WORKSPACE_ENV = "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE"
 #: vLLM ≥ 0.12's default workspace
 _DEFAULT_WORKSPACE = 394 * MiB
+_GMU = "--gpu-memory-utilization"
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if not f["fi_overflow"]:
         return None
     need, workspace, release = f["fi_need_bytes"], f["fi_workspace_bytes"], f["vllm_release"]
-    new_bytes = int(ceil_to(t.headroom_factor * need, t.round_mib * MiB)) if need else None
+    new_bytes = int(ceil_to(t.headroom_factor * need, t.round_mib * MiB)) if need and need > 0 else None
     old_version = release is not None and release <= 11
     delta = new_bytes - workspace if new_bytes is not None and workspace else None
     gmu_fix = _gmu_fix(f, t, delta)
@@ -95,11 +95,17 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     words = (
         f"FlashInfer ran out of its fixed workspace buffer (vllm.log line {na(f['fi_overflow_line'])},"
         f" {f['fi_overflow_phase'] or 'startup'}): allocating {na(f['fi_overflow_buffer'])} needed"
-        f" {fmt(f['fi_overflow_size_bytes'], ',')} bytes with only {fmt(f['fi_overflow_available_bytes'], ',')}"
-        f" left of a {fmt(workspace, ',')}-byte workspace ({na(f['fi_workspace_source'])}). This is not a"
+        f" {na(f['fi_overflow_size_bytes'], ',')} bytes with only {na(f['fi_overflow_available_bytes'], ',')}"
+        f" left of a {na(workspace, ',')}-byte workspace ({na(f['fi_workspace_source'])}). This is not a"
         " CUDA out-of-memory error: the buffer has a fixed size and never grows, so a lower"
         " gpu_memory_utilization alone changes nothing."
-        f" It needs {fmt(need, ',')} bytes ({fmt(None if need is None else need / MiB, '.1f')} MiB). "
+        f" It needs {na(need, ',')} bytes ({na(None if need is None else need / MiB, '.1f')} MiB). "
+    )
+    gmu_ok = gmu_fix is not None and is_valid(f, _GMU, gmu_fix)
+    more = (
+        f" The bigger buffer takes {fmt_bytes(delta)} more than the {fmt_bytes(idle)} left free at idle"
+        if gmu_fix is not None
+        else ""
     )
     fixes: list[Fix] = []
     if old_version:
@@ -115,32 +121,23 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             words += (
                 f"Upgrade to vLLM ≥ 0.12 and set {_WORKSPACE_ENV}={new_bytes} ({new_bytes / MiB:.0f} MiB)."
             )
-        if gmu_fix is not None and delta is not None:
-            words += (
-                f" The bigger buffer then takes {fmt_bytes(delta)} more than the {fmt_bytes(idle)} left free"
-                f" at idle: lower gpu_memory_utilization to {gmu_fix:.2f} with it."
-            )
+        if more:  # after the upgrade; named by its field name: no fix of this version sets it
+            words += more + (f": lower gpu_memory_utilization to {gmu_fix:.2f} with it." if gmu_ok else ".")
     elif new_bytes is not None:
-        change = Fix(
-            env={_WORKSPACE_ENV: str(new_bytes)},
-            why=f"a workspace that holds the need with {t.headroom_factor:.2f} × headroom",
-        )
         words += (
             f"Set {_WORKSPACE_ENV}={new_bytes} ({t.headroom_factor:.2f} × need, rounded up to"
             f" {flag_value(t.round_mib)} MiB: {new_bytes / MiB:.0f} MiB)."
         )
-        if gmu_fix is not None and delta is not None:
-            words += f" The bigger buffer takes {fmt_bytes(delta)} more than the {fmt_bytes(idle)} left free at idle"
-            if is_valid(f, "--gpu-memory-utilization", gmu_fix):
-                words += f": also lower --gpu-memory-utilization to {gmu_fix:.2f}."
-                change = Fix(
-                    env=change.env,
-                    flags={"--gpu-memory-utilization": str(flag_value(gmu_fix))},
-                    why=change.why + ", and the memory it takes kept out of vLLM's budget",
-                )
-            else:
-                words += "."
-        fixes.append(change)
+        if more:
+            words += more + (f": also lower {_GMU} to {gmu_fix:.2f}." if gmu_ok else ".")
+        fixes.append(
+            Fix(
+                env={_WORKSPACE_ENV: str(new_bytes)},
+                flags={_GMU: str(flag_value(gmu_fix))} if gmu_ok else {},
+                why=f"a workspace that holds the need with {t.headroom_factor:.2f} × headroom"
+                + (", its bytes taken from vLLM's budget" if gmu_ok else ""),
+            )
+        )
     if backend is not None:
         alternative = " ".join(backend.parts())
         words += f" Alternative: {alternative} (no FlashInfer workspace)."
@@ -149,12 +146,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     evidence = [
         Evidence(
             "FlashInfer overflow",
-            f"{na(f['fi_overflow_buffer'])}: size {fmt(f['fi_overflow_size_bytes'], ',')} B,"
-            f" {fmt(f['fi_overflow_available_bytes'], ',')} B available",
+            f"{na(f['fi_overflow_buffer'])}: size {na(f['fi_overflow_size_bytes'], ',')} B,"
+            f" {na(f['fi_overflow_available_bytes'], ',')} B available",
             f"vllm.log line {na(f['fi_overflow_line'])} ('Buffer overflow … AlignedAllocator')",
         ),
-        Evidence("workspace in force", f"{fmt(workspace, ',')} B", na(f["fi_workspace_source"])),
-        Evidence("need", f"{fmt(need, ',')} B = (W − R) + S", "computed"),
+        Evidence("workspace in force", f"{na(workspace, ',')} B", na(f["fi_workspace_source"])),
+        Evidence("need", f"{na(need, ',')} B = (W − R) + S", "computed"),
     ]
     if idle is not None:
         evidence.append(
@@ -172,5 +169,5 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("log",),
-    flags=(_WORKSPACE_ENV, "--gpu-memory-utilization", "--attention-backend", "VLLM_ATTENTION_BACKEND"),
+    flags=(_WORKSPACE_ENV, _GMU, "--attention-backend", "VLLM_ATTENTION_BACKEND"),
 )

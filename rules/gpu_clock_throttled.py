@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvdoctor.rule_functions import fmt
 from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
 
 
@@ -68,8 +67,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     words = f"NVML reports clock event reasons {reasons_text} on the engine's GPUs{_since(f['throttle_since_s'])}. "
     if loss is not None:
         words += (
-            f"While throttled, generation ran at {fmt(throttled, ',.0f')} tokens/s against"
-            f" {fmt(unthrottled, ',.0f')} tokens/s unthrottled at comparable load ({loss:.0%} lost,"
+            f"While throttled, generation ran at {na(throttled, ',.0f')} tokens/s against"
+            f" {na(unthrottled, ',.0f')} tokens/s unthrottled at comparable load ({loss:.0%} lost,"
             f" {f['throttle_compared']} reading(s) compared). "
         )
     if util_cost:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvdoctor.rule_functions import fmt
 from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
 from kvdoctor.units import GiB, fmt_bytes
 
@@ -66,13 +65,13 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     if plateau:
         words += (
-            f"It has levelled off since ({fmt(recent_gib_h, '.2f')} GiB/h over the later half): warm-up -"
+            f"It has levelled off since ({na(recent_gib_h, '.2f')} GiB/h over the later half): warm-up -"
             " CUDA graphs, allocator caches and NCCL buffers filling once - not a leak."
         )
     else:
         requests_per_s = f["requests_per_s"]
         words += (
-            f"It is still climbing ({fmt(recent_gib_h, '.2f')} GiB/h over the later half)"
+            f"It is still climbing ({na(recent_gib_h, '.2f')} GiB/h over the later half)"
             + (
                 f": at this rate the card is full in about {hours_to_full:.1f} h"
                 if hours_to_full is not None

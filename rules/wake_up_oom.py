@@ -87,8 +87,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     sleep_first = f"Make pid {', pid '.join(str(p) for p in awake)} sleep before this wake" if awake else ""
     fixes = []
     if gmu_fix is not None and gmu is not None and gmu_fix < gmu and is_valid(f, _GMU, gmu_fix):
-        size = f"size the set so a wake fits: {_GMU} ≤ {gmu_fix:.2f} for this engine."
-        words += f"{sleep_first}, and {size}" if sleep_first else size[0].upper() + size[1:]
+        sized = f"so a wake fits: {_GMU} ≤ {gmu_fix:.2f} for this engine."
+        words += f"{sleep_first}, and size the set {sized}" if sleep_first else f"Size the set {sized}"
         fixes.append(
             Fix(flags={_GMU: str(flag_value(gmu_fix))}, why="this engine's wake fits beside its neighbours")
         )
