@@ -134,7 +134,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             Fix(
                 env={_WORKSPACE_ENV: str(new_bytes)},
                 flags={_GMU: str(flag_value(gmu_fix))} if gmu_ok else {},
-                why=f"a workspace that holds the need with {t.headroom_factor:.2f} × headroom"
+                why=f"a workspace of {t.headroom_factor:.2f} × the need, rounded up"
                 + (", its bytes taken from vLLM's budget" if gmu_ok else ""),
             )
         )
