@@ -77,6 +77,8 @@ def _backend_fix(f: Facts) -> Fix | None:
     release = f["vllm_release"]
     why = "FlashAttention needs no FlashInfer workspace"
     if release is None or release >= 13:
+        if not is_valid(f, "--attention-backend", "FLASH_ATTN"):
+            return None
         return Fix(flags={"--attention-backend": "FLASH_ATTN"}, why=why)
     return Fix(env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"}, why=why)
 

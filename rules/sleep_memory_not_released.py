@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, na
+from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 from kvdoctor.units import GiB, fmt_bytes
 
 _OFFLOAD_GRAPHS = "--sleep-mode-offload-cudagraph"
@@ -89,6 +89,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         and release is not None
         and release >= 32
         and not f["sleep_offload_cudagraph"]
+        and is_valid(f, _OFFLOAD_GRAPHS, True)
     )
     tp_pp = f["tp_pp"]
     nccl = (
@@ -98,6 +99,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         and release >= 30
         and not f["sleep_nccl_suspend"]
         and held - graphs > slack
+        and is_valid(f, _NCCL_SUSPEND, True)
     )
     level = f["sleep_level"]
 
