@@ -21,6 +21,11 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer advises a --tensor-parallel-size (or gmu, mnbt) the fix dropped as invalid "
         "or already in effect",
     },
+    "max-model-len-exceeds-kv-capacity": {
+        "summary": "no longer advises a --max-model-len, gmu or fp8 KV cache dtype the fix dropped as invalid "
+        "or already in effect ('Cap --max-model-len at N/A'), nor renders 'N/A' for an unknown TP × PP; "
+        "names the length in effect as max_model_len, not as a flag no fix sets",
+    },
 }
 
 
