@@ -26,6 +26,12 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "or already in effect ('Cap --max-model-len at N/A'), nor renders 'N/A' for an unknown TP × PP; "
         "names the length in effect as max_model_len, not as a flag no fix sets",
     },
+    "cuda-graph-capture-oom": {
+        "summary": "no longer advises a gmu or --max-num-seqs the fix dropped as invalid or already in effect "
+        "('--gpu-memory-utilization N/A'), nor vLLM's own --kv-cache-memory= number",
+        "flags": "never vLLM's own --kv-cache-memory= number as --kv-cache-memory-bytes: it double-counts "
+        "the graph estimate and turns 0.34's extensible cache off (vllm-facts §9.6, issue 28)",
+    },
 }
 
 
