@@ -32,6 +32,11 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "flags": "never vLLM's own --kv-cache-memory= number as --kv-cache-memory-bytes: it double-counts "
         "the graph estimate and turns 0.34's extensible cache off (vllm-facts §9.6, issue 28)",
     },
+    "multimodal-profile-oom": {
+        "summary": "no longer advises --max-num-seqs (8) after that fix was dropped as already in effect; "
+        "each alternative named with the very value its fix sets ('{\"max_pixels\":802816}')",
+        "flags": "no --limit-mm-per-prompt '{\"image\":1}' where that limit is already in effect",
+    },
 }
 
 
