@@ -37,6 +37,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "each alternative named with the very value its fix sets ('{\"max_pixels\":802816}')",
         "flags": "no --limit-mm-per-prompt '{\"image\":1}' where that limit is already in effect",
     },
+    "sampler-warmup-oom": {
+        "summary": "no longer advises a --max-num-seqs or gmu the fix dropped (gmu ≤ 0.1 or unknown: "
+        "'--gpu-memory-utilization to N/A'), nor names max_num_seqs values ('512 or 128') no fix holds",
+    },
 }
 
 
