@@ -134,7 +134,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if runtime_tight:
         evidence.append(Evidence("free memory at idle", f"{gib_text(free)} GiB", "nvidia-smi Memory-Usage"))
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
 
 
 RULE = Rule(

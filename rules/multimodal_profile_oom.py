@@ -130,7 +130,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         evidence.append(Evidence("max_num_seqs", str(seqs), source))
     severity: Severity | None = "warning" if not oom and not f["startup_failed"] else None
     return Hit(
-        summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or (), severity=severity
+        summary=summary,
+        evidence=evidence,
+        fixes=fixes,
+        gpus=sorted(set(f["engine_gpus"] or ())),
+        severity=severity,
     )
 
 

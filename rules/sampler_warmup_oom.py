@@ -72,7 +72,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         ),
         Evidence("gpu_memory_utilization", na(gmu), "launch command / log args"),
     ]
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
 
 
 RULE = Rule(

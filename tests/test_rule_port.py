@@ -41,6 +41,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer advises a --max-num-seqs or gmu the fix dropped (gmu ≤ 0.1 or unknown: "
         "'--gpu-memory-utilization to N/A'), nor names max_num_seqs values ('512 or 128') no fix holds",
     },
+    "invalid-kv-cache-dtype": {
+        "summary": "no longer says 'Use --kv-cache-dtype X' when X is unknown or the fix dropped it as a value "
+        "that vLLM version rejects",
+    },
 }
 
 
