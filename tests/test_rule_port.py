@@ -45,6 +45,14 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer says 'Use --kv-cache-dtype X' when X is unknown or the fix dropped it as a value "
         "that vLLM version rejects",
     },
+    "cpu-offload-not-applied": {
+        "summary": "names the setting in effect as cpu_offload_gb, not as a --flag no fix sets; no 'N/A' "
+        "sentences when the offload evidence or G is unknown",
+    },
+    "weights-not-sharded": {
+        "summary": "no longer says 'Shard the model with --tensor-parallel-size 1' (already in effect) or a TP "
+        "the fix dropped as invalid",
+    },
 }
 
 
