@@ -53,6 +53,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer says 'Shard the model with --tensor-parallel-size 1' (already in effect) or a TP "
         "the fix dropped as invalid",
     },
+    "mig-defaults-fallback": {
+        "summary": "names the limits in effect as max_num_seqs / max_num_batched_tokens, not as --flags no fix "
+        "sets; no longer advises a value the fix dropped as invalid",
+    },
 }
 
 
