@@ -57,6 +57,12 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "names the limits in effect as max_num_seqs / max_num_batched_tokens, not as --flags no fix "
         "sets; no longer advises a value the fix dropped as invalid",
     },
+    "mixed-gpus-in-parallel-group": {
+        "summary": "no longer names --tensor-parallel-size 1 / --pipeline-parallel-size N when the fix dropped "
+        "them as already in effect",
+        "flags": "no VLLM_PP_LAYER_PARTITION whose stage count is not the pipeline size it is set with "
+        "(one stage per engine GPU, but fewer or more GPUs than TP × PP ranks): vLLM rejects it",
+    },
 }
 
 
