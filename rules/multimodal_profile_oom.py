@@ -79,7 +79,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     fixes.append(
         Fix(
             flags={"--mm-processor-kwargs": PROCESSOR_KWARGS},
-            why="smaller images in the profiled worst case (Qwen-VL style processors)",
+            why="smaller images in the profiled worst case, for Qwen-VL style processors",
         )
     )
     small = min(SMALL_MAX_NUM_SEQS, seqs) if seqs else SMALL_MAX_NUM_SEQS
