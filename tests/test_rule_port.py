@@ -40,6 +40,47 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     "wake-up-oom": {
         "summary": "advises --gpu-memory-utilization only when the fix sets it (not when the gmu in effect "
         "already fits, nor '<= N/A' without the GPU's total), saying why instead; capitalised 'Size the set'",
+    "max-model-len-exceeds-kv-capacity": {
+        "summary": "no longer advises a --max-model-len, gmu or fp8 KV cache dtype the fix dropped as invalid "
+        "or already in effect ('Cap --max-model-len at N/A'), nor renders 'N/A' for an unknown TP × PP; "
+        "names the length in effect as max_model_len, not as a flag no fix sets",
+    },
+    "cuda-graph-capture-oom": {
+        "summary": "no longer advises a gmu or --max-num-seqs the fix dropped as invalid or already in effect "
+        "('--gpu-memory-utilization N/A'), nor vLLM's own --kv-cache-memory= number",
+        "flags": "never vLLM's own --kv-cache-memory= number as --kv-cache-memory-bytes: it double-counts "
+        "the graph estimate and turns 0.34's extensible cache off (vllm-facts §9.6, issue 28)",
+    },
+    "multimodal-profile-oom": {
+        "summary": "no longer advises --max-num-seqs (8) after that fix was dropped as already in effect; "
+        "each alternative named with the very value its fix sets ('{\"max_pixels\":802816}')",
+        "flags": "no --limit-mm-per-prompt '{\"image\":1}' where that limit is already in effect",
+    },
+    "sampler-warmup-oom": {
+        "summary": "no longer advises a --max-num-seqs or gmu the fix dropped (gmu ≤ 0.1 or unknown: "
+        "'--gpu-memory-utilization to N/A'), nor names max_num_seqs values ('512 or 128') no fix holds",
+    },
+    "invalid-kv-cache-dtype": {
+        "summary": "no longer says 'Use --kv-cache-dtype X' when X is unknown or the fix dropped it as a value "
+        "that vLLM version rejects",
+    },
+    "cpu-offload-not-applied": {
+        "summary": "names the setting in effect as cpu_offload_gb, not as a --flag no fix sets; no 'N/A' "
+        "sentences when the offload evidence or G is unknown",
+    },
+    "weights-not-sharded": {
+        "summary": "no longer says 'Shard the model with --tensor-parallel-size 1' (already in effect) or a TP "
+        "the fix dropped as invalid",
+    },
+    "mig-defaults-fallback": {
+        "summary": "names the limits in effect as max_num_seqs / max_num_batched_tokens, not as --flags no fix "
+        "sets; no longer advises a value the fix dropped as invalid",
+    },
+    "mixed-gpus-in-parallel-group": {
+        "summary": "no longer names --tensor-parallel-size 1 / --pipeline-parallel-size N when the fix dropped "
+        "them as already in effect",
+        "flags": "no VLLM_PP_LAYER_PARTITION whose stage count is not the pipeline size it is set with "
+        "(one stage per engine GPU, but fewer or more GPUs than TP × PP ranks): vLLM rejects it",
     },
 }
 
