@@ -40,6 +40,7 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     "wake-up-oom": {
         "summary": "advises --gpu-memory-utilization only when the fix sets it (not when the gmu in effect "
         "already fits, nor '<= N/A' without the GPU's total), saying why instead; capitalised 'Size the set'",
+    },
     "max-model-len-exceeds-kv-capacity": {
         "summary": "no longer advises a --max-model-len, gmu or fp8 KV cache dtype the fix dropped as invalid "
         "or already in effect ('Cap --max-model-len at N/A'), nor renders 'N/A' for an unknown TP × PP; "
