@@ -40,6 +40,7 @@ NEWEST_KNOWN_VERSION = "0.34"
 UNKNOWN_VERSION_ASSUMED = "0.33"
 #: First release with the extensible KV cache, block size 64 and no Model Runner V1.
 V034 = (0, 34)
+FIRST_EXTENSIBLE_VERSION = "0.34"
 
 _VERSION_RE = re.compile(r"\A\s*v?(\d{1,6}(?:\.\d{1,6}){0,5})")
 

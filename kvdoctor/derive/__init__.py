@@ -30,6 +30,7 @@ from kvdoctor.derive import (
     config,
     container,
     dp,
+    extensible,
     growth,
     hardware,
     log,
@@ -97,6 +98,8 @@ FAMILIES: tuple[Family, ...] = (
     colocation.FAMILY,
     # catalogue 2 (spec/rules-catalogue2.md): budget holds its §2 shared definitions
     budget.FAMILY,
+    # vLLM 0.34 (spec/vllm-0.34.md §1): the sizing mode, the committed pool, the warm-up figures
+    extensible.FAMILY,
     offload.FAMILY,
     workspace.FAMILY,
     longctx.FAMILY,
