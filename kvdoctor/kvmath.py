@@ -786,7 +786,9 @@ def vllm_fit_error(
     check = _check_memory(available_bytes, bpb)
     v34 = is_v034(vllm_version)
     hint = (
-        kv_memory_hint(mode or "extensible", gpu_memory_utilization, after_warmup=after_warmup) if v34 else HINT_H1
+        kv_memory_hint(mode or "extensible", gpu_memory_utilization, after_warmup=after_warmup)
+        if v34
+        else HINT_H1
     )
     if check <= 0:
         return f"No available memory for the cache blocks. {hint} {_DOCS_TAIL}"
