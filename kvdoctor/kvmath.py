@@ -409,19 +409,19 @@ def max_concurrent_batches(
     return pp
 
 
-def default_max_num_batched_tokens(gpu: Any = None, *, server: bool = True) -> int:
-    """vLLM 0.33's device default for ``--max-num-batched-tokens`` (§4.2): ≥160 GiB → 16384;
-    ≥70 GiB and not A100 (H100/H200 class) → 8192 for the server (16384 for ``LLM``);
-    otherwise 2048 (8192 for ``LLM``). ``gpu`` is a :class:`kvdoctor.catalog.GpuSpec` or None
-    (then H100-class is assumed)."""
+def default_max_num_batched_tokens(
+    gpu: Any = None, *, server: bool = True, vllm_version: str | None = None
+) -> int:
+    """vLLM's device default for ``--max-num-batched-tokens`` (§4.2) for a catalogue GPU
+    (:class:`kvdoctor.catalog.GpuSpec`; None = an H100-class device is assumed):
+    :func:`kvdoctor.vllm_defaults.default_max_num_batched_tokens`, the one table (≥160 GiB →
+    16384; ≥70 GiB and not A100 → 8192 for the server, 16384 for ``LLM``; otherwise 2048 / 8192).
+    ``vllm_version`` None = 0.33 (assumed)."""
+    from kvdoctor.vllm_defaults import default_max_num_batched_tokens as _default
+
     if gpu is None:
         return 8192 if server else 16384
-    mem = gpu.memory_bytes
-    if mem >= 160 * GiB:
-        return 16384
-    if mem >= 70 * GiB and "A100" not in gpu.name.upper():
-        return 8192 if server else 16384
-    return 2048 if server else 8192
+    return _default(vllm_version, gpu.memory_bytes, gpu.name, server)
 
 
 def default_max_num_seqs(gpu: Any = None, vllm_version: str | None = None) -> int:
@@ -434,12 +434,12 @@ def default_max_num_seqs(gpu: Any = None, vllm_version: str | None = None) -> in
     return _default(vllm_version, gpu.memory_bytes, gpu.name)
 
 
-def default_gpu_memory_utilization(vllm_version: str | None = None) -> float:
-    """vLLM's default ``--gpu-memory-utilization`` (§2.1):
-    :func:`kvdoctor.vllm_flags.default_gpu_memory_utilization`, the one copy."""
-    from kvdoctor.vllm_flags import default_gpu_memory_utilization as _default
+def default_gpu_memory_utilization(vllm_version: str | None = None, mode: SizingMode | None = None) -> float:
+    """vLLM's default ``--gpu-memory-utilization`` (§2.1, §9.3) for the version and KV sizing mode:
+    :func:`kvdoctor.vllm_defaults.default_gpu_memory_utilization`, the one table."""
+    from kvdoctor.vllm_defaults import default_gpu_memory_utilization as _default
 
-    return _default(vllm_version)
+    return _default(vllm_version, mode)
 
 
 def default_block_size(
@@ -596,7 +596,9 @@ def kv_layout(
         # 0.34 removed Model Runner V1 (vllm-facts §9.5): every model runs on V2
         use_v2_model_runner = is_v034(vllm_version) or not (arch.num_experts or has_mamba)
     mnbt = (
-        max_num_batched_tokens if max_num_batched_tokens is not None else default_max_num_batched_tokens(gpu)
+        max_num_batched_tokens
+        if max_num_batched_tokens is not None
+        else default_max_num_batched_tokens(gpu, vllm_version=vllm_version)
     )
     in_flight = mnbt * max_concurrent_batches(
         pp, async_scheduling=async_scheduling, use_v2_model_runner=use_v2_model_runner

@@ -521,3 +521,76 @@ def test_breakdown_033_unchanged_parts() -> None:
     assert (
         b.part("cuda_graphs") is None and b.part("transient_headroom") is None and b.torch_cap_bytes is None
     )
+
+
+TORCH_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %s. GPU 0 has a total capacity of 79.19 GiB of "
+    "which %s is free. Including non-PyTorch memory, this process has 76.10 GiB memory in use. %s allowed; Of "
+    "the allocated memory %s is allocated by PyTorch, and %s is reserved by PyTorch but unallocated. If reserved "
+    "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation."
+)
+
+
+def _log_vars(text: str) -> dict:
+    from kvdoctor.facts import Snapshot, Timeline
+
+    snap = Snapshot(log=parse_log(text, origin="vllm.log"))
+    tl = Timeline()
+    tl.append(snap)
+    _engines, ctxs, _kv = build_contexts(tl, [])
+    return ctxs[0][1]
+
+
+def test_runtime_oom_at_the_torch_cap() -> None:
+    # the §9.2 engine serving, then a step past torch's cap L = 18.34 GiB (spec N4: Δ > 0)
+    head = (
+        (B034 / "v34-ext-gmu09-explicit-cap-warning" / "vllm.log")
+        .read_text()
+        .replace("--gpu-memory-utilization 0.9", "")
+    )
+    warm = "(EngineCore pid=2187) INFO 12-07 11:00:00 [extensible_kv_cache.py:693] " + AFTER_WARMUP % (
+        "62.25",
+        "0.06",
+        "1.86",
+        "1.66",
+        "1.86",
+        7576,
+        "59.19",
+        "79.19",
+        "18.34",
+    )
+    oom = "(EngineCore pid=2187) ERROR 12-07 11:30:00 [core.py:1] " + TORCH_OOM % (
+        "2.00 GiB",
+        "3.05 GiB",
+        "18.34 GiB",
+        "16.90 GiB",
+        "0.80 GiB",
+    )
+    v = _log_vars(head + warm + "\n" + oom + "\n")
+    assert v["vllm_sizing_mode"] == "extensible"
+    assert v["torch_cap_bytes"] == round(18.34 * GiB)
+    assert v["oom_allowed_bytes"] == round(18.34 * GiB)
+    assert v["torch_cap_overrun_bytes"] == round(16.90 * GiB) + round(0.80 * GiB) + 2 * GiB - round(
+        18.34 * GiB
+    )
+    assert v["torch_cap_overrun_bytes"] > 0
+
+
+def test_sizing_mode_from_the_log_beats_the_assumption() -> None:
+    base = "(APIServer pid=1) INFO 12-07 10:00:00 [api_server.py:1] vLLM API server version 0.34.0\n"
+    assert _log_vars(base)["vllm_sizing_mode_assumed"] is True
+    off = (
+        base
+        + "(EngineCore pid=9) WARNING 12-07 10:00:01 [abstract.py:175] "
+        + DISABLING % "another rank cannot use it"
+        + "\n"
+    )
+    v = _log_vars(off)
+    assert (v["vllm_sizing_mode"], v["vllm_sizing_mode_assumed"], v["gmu"], v["block_size"]) == (
+        "estimate",
+        False,
+        0.92,
+        64,
+    )
+    assert v["extensible_disabled_reason"] == "another rank cannot use it"

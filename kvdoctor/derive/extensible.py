@@ -83,6 +83,14 @@ WRITES: dict[str, str] = {
     "block_size_source": "str; where block_size comes from: 'cache_config_info', '--block-size', 'log' (a backend's 'Setting kv cache block size to N' or the KV lines), or 'default 64 (vLLM ≥ 0.34)' / 'default 16 (…)'",
     "decode_graph_max_requests": "requests; n_dec, the widest decode CUDA graph with no capture sizes set: max_num_seqs on SM100 (B200/GB200/B300), min(max_num_seqs, 512) elsewhere (spec §1; 0.34)",
     "prefill_graph_max_tokens": "tokens; t_pre, the widest prefill CUDA graph: min(8192, max_num_batched_tokens) on SM100, min(2 × max_num_seqs, 512, max_num_batched_tokens) elsewhere (spec §1; 0.34)",
+    "startup_free_bytes": "bytes; F0, free device memory at the engine's start: 'Free memory on device (F0/T GiB) on startup' of the post-warm-up summary, else the startup refusal's free figure, else the DEBUG 'Initial free memory'",
+    "typical_request_blocks": "blocks; req_blocks(typical_request_tokens): cdiv(n, B) for a full-attention model, the group-aware count of kvmath otherwise (vllm-facts §9.9: blocks, not tokens, run out)",
+    "kv_pool_requests_typical": "requests; (kv_pool_blocks − 1) // typical_request_blocks: typical requests the committed pool holds at once, counted in blocks",
+    "kv_shortfall_bytes": "bytes; S = b × req_blocks(max_model_len) − (kv_pool_blocks − 1) × b: what one max_model_len request lacks in the pool (≤ 0: it fits; spec N2)",
+    "sampler_warmup_requests": "requests; N of the sampler warm-up, min(max_num_seqs, max_num_batched_tokens) (0.34 no longer prints it, gpu_worker.py:1184-1187)",
+    "oom_allowed_bytes": "bytes; the last torch OOM's 'X allowed' part (torch's per-process cap, present under 0.34's torch cap)",
+    "torch_cap_overrun_bytes": "bytes; Δ = allocated by PyTorch + reserved but unallocated + the failed allocation − L, from the last torch OOM and 'Torch may reserve up to L' (> 0: the step went past the torch cap)",
+    "unified_memory_gpu": "bool; the GPU is an integrated / unified-memory device (name GB10 / DGX Spark, Jetson, Orin, Thor): vLLM reads its free memory from the host (vllm-facts §9, spec N6)",
     "kv_padding_tokens_per_request": "tokens; (B − 1)/2, the average padding a request's last block holds (31.5 at B = 64, 7.5 at B = 16; vllm-facts §9.9)",
     "kv_token_occupancy": "fraction; token occupancy behind kv_usage: kv_usage × n / (n + (B − 1)/2) with n = typical_request_tokens (vllm-facts §9.9); None without usage or n",
 }
@@ -105,6 +113,7 @@ READS: frozenset[str] = frozenset(
         "gpu_total_bytes",
         "kv_usage",
         "typical_request_tokens",
+        "max_num_seqs",
     }
 )
 
@@ -167,6 +176,7 @@ def derive(s: Scope, v: Vars) -> None:
     _pool(s, v, mode, cc, layout)
     _graphs(v)
     _occupancy(v)
+    _requests(s, v, layout)
     env = v["engine_env"] or {}
     v["v1_runner_env"] = env.get("VLLM_USE_V2_MODEL_RUNNER")
     v["kv_cache_memory_disables_extensible"] = bool(
@@ -366,6 +376,55 @@ def _graphs(v: Vars) -> None:
     sm100 = any(t in name for t in _SM100_NAMES)
     v["decode_graph_max_requests"] = int(seqs) if sm100 else min(int(seqs), 512)
     v["prefill_graph_max_tokens"] = min(8192, mnbt) if sm100 else min(2 * int(seqs), 512, mnbt)
+
+
+_UNIFIED_NAMES = ("GB10", "JETSON", "ORIN", "THOR", "DGX SPARK")
+
+
+def _requests(s: Scope, v: Vars, layout: kvmath.KvLayout | None) -> None:
+    """F0, requests in blocks, the sampler warm-up size, the torch-cap overrun of a torch OOM."""
+    log = s.log
+    bs = v["block_size"]
+    if log is not None:
+        summary = log.last("memory_summary")
+        refusal = log.last("free_memory_below_util")
+        request = log.last("memory_request")
+        for ev, key in ((summary, "free_bytes"), (refusal, "free_bytes"), (request, "initial_free_bytes")):
+            if ev is not None and isinstance(ev.values.get(key), int):
+                v["startup_free_bytes"] = ev.values[key]
+                break
+        oom = log.last("cuda_oom")
+        if oom is not None:
+            ov = oom.values
+            v["oom_allowed_bytes"] = ov.get("allowed_bytes")
+            parts = (
+                ov.get("allocated_by_pytorch_bytes"),
+                ov.get("reserved_unallocated_bytes"),
+                ov.get("requested_bytes"),
+            )
+            cap = v["torch_cap_bytes"]
+            if cap is not None and all(isinstance(x, (int, float)) for x in parts):
+                v["torch_cap_overrun_bytes"] = int(sum(parts)) - int(cap)  # type: ignore[arg-type]
+    n_typ = v["typical_request_tokens"]
+    if bs and n_typ:
+        blocks = layout.blocks_per_request(int(n_typ)) if layout is not None else -(-int(n_typ) // int(bs))
+        v["typical_request_blocks"] = blocks
+        if v["kv_pool_blocks"] and blocks > 0:
+            v["kv_pool_requests_typical"] = max(0, v["kv_pool_blocks"] - 1) // blocks
+    b, n, mml = v["kv_block_bytes"], v["kv_pool_blocks"], v["max_model_len"]
+    if b and n and bs and isinstance(mml, int) and mml > 0:
+        need = layout.blocks_per_request(mml) if layout is not None else -(-mml // int(bs))
+        v["kv_shortfall_bytes"] = b * need - (n - 1) * b
+    seqs = v["max_num_seqs"] or v["max_num_seqs_effective"]
+    mnbt = v["max_num_batched_tokens"] or (
+        default_max_num_batched_tokens(v["vllm_defaults_version"], v["gpu_total_bytes"], v["gpu_name"])
+        if v["gpu_total_bytes"]
+        else None
+    )
+    if seqs and mnbt:
+        v["sampler_warmup_requests"] = min(int(seqs), int(mnbt))
+    name = (v["gpu_name"] or "").upper()
+    v["unified_memory_gpu"] = any(t in name for t in _UNIFIED_NAMES) if name else None
 
 
 def _occupancy(v: Vars) -> None:

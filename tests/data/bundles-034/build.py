@@ -326,6 +326,8 @@ def after_warmup_no_kv_70b() -> None:
             "kv_error_after_warmup": True,
             "max_model_len_fit_pool": (n - 1) * 64,
             "mml_error_estimate": (n - 1) * 64,
+            "kv_shortfall_bytes": 4660 * MiB,  # spec §3.2: S = 10,240 − 5,580 MiB
+            "sampler_warmup_requests": 1024,  # min(max_num_seqs 1024 on an H100, 8192)
             "graph_capture_bytes": round(round(1800 / 1024, 2) * GiB),
             "warmup_margin_bytes": int(0.75 * round(round(2400 / 1024, 2) * GiB)),
         },
