@@ -594,3 +594,29 @@ def test_sizing_mode_from_the_log_beats_the_assumption() -> None:
         64,
     )
     assert v["extensible_disabled_reason"] == "another rank cannot use it"
+
+
+def _diagnose(bundle: Path, fmt: str) -> str:
+    from click.testing import CliRunner
+
+    from kvdoctor.cli import cli
+
+    res = CliRunner().invoke(
+        cli, ["diagnose", "--bundle", str(bundle), "--format", fmt], env={"COLUMNS": "300"}
+    )
+    return res.stdout
+
+
+def test_report_says_the_mode_and_what_it_assumed() -> None:
+    rep = json.loads(_diagnose(B034 / "v34-ext-70b-fp8-after-warmup-no-kv", "json"))
+    v = rep["engines"][0]["vllm"]
+    assert v["sizing_mode"] == "extensible" and v["version"] == "0.34.0" and v["assumption"] is None
+    assert v["kv_pool_bytes"] == 280 * 20 * 2**20 and v["kv_reservation_bytes"] > v["kv_pool_bytes"]
+    text = _diagnose(B034 / "v34-ext-70b-fp8-after-warmup-no-kv", "text")
+    assert "KV cache sized extensible (measured after warm-up)" in text
+    unknown = _diagnose(DATA / "bundles" / "k5-generating-kv-saturated-near-miss", "text")
+    assert "version unknown; assumed: vLLM version unknown: assumed 0.33's defaults" in " ".join(
+        unknown.split()
+    )
+    old = _diagnose(DATA / "bundles" / "healthy-idle-gmu092", "text")
+    assert "vLLM of" not in old  # a known 0.33 engine: nothing assumed, nothing to say

@@ -152,7 +152,8 @@ def derive(s: Scope, v: Vars) -> None:
                 "vLLM version not read; 0.34 from the cache_config_info enable_extensible_kv_cache label"
             )
         if decision.assumed:
-            notes.append(f"sizing mode {decision.mode} {decision.source}")
+            src = decision.source.removeprefix("assumed: ")
+            notes.append(f"KV sizing mode {decision.mode}: {src}")
     elif known:
         mode = "estimate"
         v["vllm_sizing_mode_source"] = f"vLLM {version}: estimate-based sizing (the only mode before 0.34)"
