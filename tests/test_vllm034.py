@@ -620,3 +620,20 @@ def test_report_says_the_mode_and_what_it_assumed() -> None:
     )
     old = _diagnose(DATA / "bundles" / "healthy-idle-gmu092", "text")
     assert "vLLM of" not in old  # a known 0.33 engine: nothing assumed, nothing to say
+
+
+def test_sidecar_exports_the_034_parts_and_the_torch_cap() -> None:
+    from kvdoctor.sidecar.exposition import SidecarCollector, View
+
+    bundle = B034 / "v34-ext-gmu09-explicit-cap-warning"
+    timeline = load_bundle(bundle).timeline
+    report = Pipeline.load().evaluate(timeline)
+    col = SidecarCollector("test")
+    col.publish(View(breakdown=gpu_breakdown(timeline.latest, report)))
+    text = col.text()
+    v = _vars(bundle)
+    pool_line = next(ln for ln in text.splitlines() if 'part="kv_cache"' in ln)
+    assert float(pool_line.rsplit(" ", 1)[1]) == v["kv_pool_bytes"]
+    assert 'part="cuda_graphs"' in text and 'part="transient_headroom"' in text
+    cap_line = next(ln for ln in text.splitlines() if ln.startswith("kvdoctor_gpu_torch_cap_bytes{"))
+    assert float(cap_line.rsplit(" ", 1)[1]) == v["torch_cap_bytes"]
