@@ -637,3 +637,19 @@ def test_sidecar_exports_the_034_parts_and_the_torch_cap() -> None:
     assert 'part="cuda_graphs"' in text and 'part="transient_headroom"' in text
     cap_line = next(ln for ln in text.splitlines() if ln.startswith("kvdoctor_gpu_torch_cap_bytes{"))
     assert float(cap_line.rsplit(" ", 1)[1]) == v["torch_cap_bytes"]
+
+
+def test_block_size_from_the_034_log() -> None:
+    from kvdoctor.derive.engines import block_size_from_log
+
+    head = "(APIServer pid=1) INFO 12-07 10:00:00 [x.py:1] vLLM API server version %s\n"
+    pref = "(EngineCore pid=2) INFO 12-07 10:00:01 [x.py:1] Setting kv cache block size to 128 for CUTLASS_MLA backend(s).\n"
+    assert block_size_from_log(parse_log(head % "0.34.0" + pref), 8192, "0.34.0") == 128
+    assert block_size_from_log(parse_log(head % "0.33.0" + pref), 8192, "0.33.0") is None  # 0.33 unchanged
+    # the committed blocks against the capacity line: 7576 blocks, 484,864 tokens at 131,072 → 64
+    kv = (
+        "(EngineCore pid=2) INFO 12-07 10:00:02 [x.py:1] GPU KV cache size: 484,864 tokens, Maximum concurrency "
+        "for 131,072 tokens per request: 3.70x\n"
+        "(EngineCore pid=2) INFO 12-07 10:00:03 [x.py:1] " + EXTENDED % (7576, 59.19) + "\n"
+    )
+    assert block_size_from_log(parse_log(head % "0.34.0" + kv), 131072, "0.34.0") == 64

@@ -332,9 +332,10 @@ _BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 def block_size_from_log(log: VllmLog, max_model_len: int | None, version: str | None) -> int | None:
     """Tokens per KV block as the log of the latest run shows it, or None when it does not.
 
-    In order: "Setting attention block size to N tokens" (hybrid alignment); else the block
-    size that makes the engine's own KV lines agree: the number of blocks ("Overriding
-    num_gpu_blocks=… with num_gpu_blocks_override=N", V1; "# GPU blocks: N", V0) against "<dev>
+    In order: "Setting attention block size to N tokens" (hybrid alignment); on 0.34 "Setting kv
+    cache block size to N for … backend(s)"; else the block size that makes the engine's own KV
+    lines agree: the number of blocks ("Overriding num_gpu_blocks=… with num_gpu_blocks_override=N",
+    V1; "# GPU blocks: N", V0; 0.34's "Extended KV cache to N blocks") against "<dev>
     KV cache size: T tokens" (vllm-facts §2.4: T = N × B before 0.21; T = int(N / cdiv(L, B) × L)
     from 0.21, L = max_model_len). Only a single answer is taken (several block sizes can give
     the same T when L is not a multiple of them); None otherwise.
@@ -345,13 +346,21 @@ def block_size_from_log(log: VllmLog, max_model_len: int | None, version: str | 
     hybrid = run.last("hybrid_block_size")
     if hybrid is not None and isinstance(hybrid.values.get("block_size"), int):
         return int(hybrid.values["block_size"])
+    if is_v034(version):
+        # 0.34: a backend whose preference differs from the default 64 says so (CUTLASS MLA: 128)
+        pref = run.last("backend_block_size")
+        if pref is not None and isinstance(pref.values.get("block_size"), int):
+            return int(pref.values["block_size"])
     size = run.last("kv_cache_size")
     tokens = size.values.get("tokens") if size is not None else None
     override, v0 = run.last("num_gpu_blocks_override"), run.last("v0_blocks")
+    extended = [
+        int(e.values["blocks"]) for e in run.of("kv_extended") if isinstance(e.values.get("blocks"), int)
+    ]
     blocks = (
         override.values.get("override")
         if override is not None
-        else (v0.values.get("gpu_blocks") if v0 is not None else None)
+        else (v0.values.get("gpu_blocks") if v0 is not None else (min(extended) if extended else None))
     )
     if not isinstance(tokens, int) or not isinstance(blocks, int) or tokens <= 0 or blocks <= 0:
         return None
