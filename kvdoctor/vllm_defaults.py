@@ -42,13 +42,15 @@ UNKNOWN_VERSION_ASSUMED = "0.33"
 V034 = (0, 34)
 FIRST_EXTENSIBLE_VERSION = "0.34"
 
-_VERSION_RE = re.compile(r"\A\s*v?(\d{1,6}(?:\.\d{1,6}){0,5})")
+# parts of at most 9 digits (no real version has more; a longer run of digits is no version)
+_VERSION_RE = re.compile(r"\A\s*v?(\d{1,9}(?:\.\d{1,9})*)(?![\d.]*\d)")
 
 
 def parse_version(version: str | None) -> Version | None:
     """``"0.10.1.1"`` → (0, 10, 1, 1); ``"v0.9.1"``, ``"0.11.0rc1"``, ``"0.6.3.post1"``,
-    ``"0.10.2+cu128"`` → their numeric release part. None or unparseable → None. The one
-    version parser (``vllm_flags``, ``kvmath``, derive and the log source use it)."""
+    ``"0.10.2+cu128"`` → their numeric release part. None or unparseable → None, and so is a
+    part of more than 9 digits. The one version parser (``vllm_flags``, ``kvmath``, derive and
+    the log source use it)."""
     if not version:
         return None
     return _parse_version_text(str(version)[:64])
