@@ -653,3 +653,29 @@ def test_block_size_from_the_034_log() -> None:
         "(EngineCore pid=2) INFO 12-07 10:00:03 [x.py:1] " + EXTENDED % (7576, 59.19) + "\n"
     )
     assert block_size_from_log(parse_log(head % "0.34.0" + kv), 131072, "0.34.0") == 64
+
+
+def test_in_process_plugin_on_034_leaves_an_unset_gmu_to_the_mode() -> None:
+    from types import SimpleNamespace
+
+    from kvdoctor.integrations import vllm as integ
+
+    cache = SimpleNamespace(
+        block_size=64,
+        gpu_memory_utilization=None,  # 0.34: unset stays None in the field
+        cache_dtype="auto",
+        enable_prefix_caching=True,
+        num_gpu_blocks_override=None,
+        kv_cache_memory_bytes=None,
+        enable_extensible_kv_cache=None,
+    )
+    vc = SimpleNamespace(model_config=SimpleNamespace(model="m"), cache_config=cache)
+    cfg = integ.engine_config_from_vllm(vc, "0.34.0")
+    assert "gpu_memory_utilization" not in cfg.explicit and cfg.block_size == 64
+    assert apply_defaults(cfg, "0.34.0", "extensible").gpu_memory_utilization == 1.0
+    assert integ.cache_config_labels(vc)["enable_extensible_kv_cache"] == "None"
+    cache.enable_extensible_kv_cache = False
+    off = integ.engine_config_from_vllm(vc, "0.34.0")
+    assert off.args["enable_extensible_kv_cache"] is False
+    got = vd.decide_sizing_mode("0.34.0", args=off.args)
+    assert got is not None and got.mode == "estimate"
