@@ -679,3 +679,14 @@ def test_in_process_plugin_on_034_leaves_an_unset_gmu_to_the_mode() -> None:
     assert off.args["enable_extensible_kv_cache"] is False
     got = vd.decide_sizing_mode("0.34.0", args=off.args)
     assert got is not None and got.mode == "estimate"
+
+
+def test_token_occupancy_behind_block_usage() -> None:
+    # vllm-facts §9.9: usage counts blocks; at B = 64 a typical request pads (B − 1)/2 tokens
+    v = _vars(B034 / "v34-label-only-metrics")
+    n, usage = v["typical_request_tokens"], v["kv_usage"]
+    assert usage == 0.9 and n
+    assert v["kv_token_occupancy"] == pytest.approx(usage * n / (n + 31.5))
+    assert v["kv_token_occupancy"] < usage
+    assert v["typical_request_blocks"] == -(-n // 64)
+    assert v["kv_pool_requests_typical"] == (7576 - 1) // v["typical_request_blocks"]

@@ -98,13 +98,13 @@ FAMILIES: tuple[Family, ...] = (
     colocation.FAMILY,
     # catalogue 2 (spec/rules-catalogue2.md): budget holds its §2 shared definitions
     budget.FAMILY,
-    # vLLM 0.34 (spec/vllm-0.34.md §1): the sizing mode, the committed pool, the warm-up figures
-    extensible.FAMILY,
     offload.FAMILY,
     workspace.FAMILY,
     longctx.FAMILY,
     dp.FAMILY,
     sleep.FAMILY,
+    # vLLM 0.34 (spec/vllm-0.34.md §1): the sizing mode, the committed pool, the warm-up figures
+    extensible.FAMILY,
 )
 ORDER: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 

@@ -91,6 +91,7 @@ WRITES: dict[str, str] = {
     "oom_allowed_bytes": "bytes; the last torch OOM's 'X allowed' part (torch's per-process cap, present under 0.34's torch cap)",
     "torch_cap_overrun_bytes": "bytes; Δ = allocated by PyTorch + reserved but unallocated + the failed allocation − L, from the last torch OOM and 'Torch may reserve up to L' (> 0: the step went past the torch cap)",
     "unified_memory_gpu": "bool; the GPU is an integrated / unified-memory device (name GB10 / DGX Spark, Jetson, Orin, Thor): vLLM reads its free memory from the host (vllm-facts §9, spec N6)",
+    "block_size_16_valid": "bool; --block-size 16 is one the engine's attention backend takes (FLASH_ATTN, FLASHINFER, TRITON_ATTN, TRITON_MLA) and no hybrid alignment overrides it (vllm-facts §9.9); False for FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA or a hybrid model; None when the backend is unknown",
     "kv_padding_tokens_per_request": "tokens; (B − 1)/2, the average padding a request's last block holds (31.5 at B = 64, 7.5 at B = 16; vllm-facts §9.9)",
     "kv_token_occupancy": "fraction; token occupancy behind kv_usage: kv_usage × n / (n + (B − 1)/2) with n = typical_request_tokens (vllm-facts §9.9); None without usage or n",
 }
@@ -114,6 +115,7 @@ READS: frozenset[str] = frozenset(
         "kv_usage",
         "typical_request_tokens",
         "max_num_seqs",
+        "attention_backend",
     }
 )
 
@@ -177,6 +179,7 @@ def derive(s: Scope, v: Vars) -> None:
     _pool(s, v, mode, cc, layout)
     _graphs(v)
     _occupancy(v)
+    _block16(s, v)
     _requests(s, v, layout)
     env = v["engine_env"] or {}
     v["v1_runner_env"] = env.get("VLLM_USE_V2_MODEL_RUNNER")
@@ -426,6 +429,20 @@ def _requests(s: Scope, v: Vars, layout: kvmath.KvLayout | None) -> None:
         v["sampler_warmup_requests"] = min(int(seqs), int(mnbt))
     name = (v["gpu_name"] or "").upper()
     v["unified_memory_gpu"] = any(t in name for t in _UNIFIED_NAMES) if name else None
+
+
+#: attention backends that take 16-token blocks, and those that fix the block size (vllm-facts §9.3, §9.9)
+_TAKES_16 = frozenset({"FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "TRITON_MLA"})
+_FIXED_BLOCK = frozenset({"FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASHMLA_SPARSE"})
+
+
+def _block16(s: Scope, v: Vars) -> None:
+    backend = str(v["attention_backend"] or "").upper()
+    hybrid = s.log is not None and s.log.last("hybrid_block_size") is not None
+    if hybrid or backend in _FIXED_BLOCK:
+        v["block_size_16_valid"] = False
+    elif backend in _TAKES_16:
+        v["block_size_16_valid"] = True
 
 
 def _occupancy(v: Vars) -> None:

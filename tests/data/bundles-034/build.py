@@ -38,6 +38,10 @@ DISABLING = (
     "measured memory."
 )
 AVAILABLE = "Available KV cache memory: %s GiB"
+BACKEND = (
+    "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', "
+    "'FLEX_ATTENTION']."
+)
 GRAPHS = "Graph capturing finished in %.0f secs, took %.2f GiB"
 CAPACITY = "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx"
 TO_SERVE = (
@@ -194,6 +198,7 @@ def gmu09_cap_warning() -> None:
     log.banner(2041, "0.34.0", "meta-llama/Llama-3.1-8B-Instruct",
                "{'model_tag': 'meta-llama/Llama-3.1-8B-Instruct', 'gpu_memory_utilization': 0.9}")  # fmt: skip
     log.engine(2187, "0.34.0", "meta-llama/Llama-3.1-8B-Instruct", 131072)
+    log.add("EngineCore", 2187, BACKEND, src="cuda.py:549")
     log.add(
         "EngineCore",
         2187,
@@ -252,6 +257,7 @@ def gmu09_cap_warning() -> None:
             "warmup_blocks_per_rank": [n],
             "max_model_len_fit_pool": 131072,
             "kv_hint": None,
+            "block_size_16_valid": True,
         },
         {
             "fires": [],
@@ -494,6 +500,7 @@ vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruc
             "block_size_source": "cache_config_info",
             "kv_pool_blocks": 7576,
             "kv_pool_bytes": 7576 * 8 * MiB,
+            "kv_padding_tokens_per_request": 31.5,
         },
         {
             "fires": [],
