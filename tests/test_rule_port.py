@@ -21,6 +21,20 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer advises a --tensor-parallel-size (or gmu, mnbt) the fix dropped as invalid "
         "or already in effect",
     },
+    "long-request-spike": {
+        "summary": "no longer advises 'Cap --max-model-len at N' after that cap was dropped as invalid, nor "
+        "names the max model length or --max-num-batched-tokens in effect (or N/A) as if they were fixes",
+        "flags": "with the KV capacity unknown it still chunks long prefills (--max-num-batched-tokens 2048); "
+        "the YAML form fixed nothing while its words named '--max-num-batched-tokens N/A'",
+    },
+    "max-num-seqs-exceeds-kv": {
+        "summary": "the limit in effect reads 'max_num_seqs 1,024', not '--max-num-seqs 1,024' beside the "
+        "fix's different value; no '--max-num-seqs N' advised when that fix is dropped",
+    },
+    "preemption-storm": {
+        "summary": "no longer names a --tensor-parallel-size (or --max-num-seqs, --kv-cache-dtype) the fix "
+        "dropped as invalid",
+    },
 }
 
 
