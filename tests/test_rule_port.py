@@ -35,6 +35,14 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer names a --tensor-parallel-size (or --max-num-seqs, --kv-cache-dtype) the fix "
         "dropped as invalid",
     },
+    "prefill-burst-oom": {
+        "summary": "with 256 or fewer tokens per step in effect, no '--max-num-batched-tokens 256' advised",
+        "flags": "never raises --max-num-batched-tokens: with 256 or fewer in effect the YAML form set 256",
+    },
+    "logprobs-oom": {
+        "summary": "with 256 or fewer tokens per step in effect, no 'Lower --max-num-batched-tokens to 256'",
+        "flags": "never raises --max-num-batched-tokens: with 256 or fewer in effect the YAML form set 256",
+    },
 }
 
 
