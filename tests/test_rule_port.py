@@ -43,6 +43,17 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "with 256 or fewer tokens per step in effect, no 'Lower --max-num-batched-tokens to 256'",
         "flags": "never raises --max-num-batched-tokens: with 256 or fewer in effect the YAML form set 256",
     },
+    "long-context-prefill-oom": {
+        "summary": "no dangling '; or' when the gmu alternative is withheld (too little KV left), and no "
+        "--gpu-memory-utilization / --kv-cache-memory-bytes named after its fix was dropped as invalid",
+    },
+    "spec-decode-sampler-oom": {
+        "summary": "no leading 'or' or trailing ';', no gmu named when that fix is invalid, and the smaller k "
+        "names --speculative-config, the flag that carries it",
+        "flags": "each alternative the words offer is a fix (--max-num-seqs; or --gpu-memory-utilization; or "
+        "--speculative-config with a smaller k): the YAML form held only one, so its words named values no "
+        "fix carried",
+    },
 }
 
 
