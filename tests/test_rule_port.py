@@ -47,6 +47,10 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no dangling '; or' when the gmu alternative is withheld (too little KV left), and no "
         "--gpu-memory-utilization / --kv-cache-memory-bytes named after its fix was dropped as invalid",
     },
+    "swap-preemption-stall": {
+        "summary": "no 'Set --swap-space 0' when the swap space in effect is already 0",
+        "flags": "no --swap-space 0 when it is already in effect",
+    },
     "spec-decode-sampler-oom": {
         "summary": "no leading 'or' or trailing ';', no gmu named when that fix is invalid, and the smaller k "
         "names --speculative-config, the flag that carries it",
