@@ -53,10 +53,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if f["oom_frames_rejection_sampler"] and f["spec_on"] and (f["spec_k"] or 0) >= 2:
         return None
     mnbt, vocab = f["max_num_batched_tokens"], f["vocab_size"]
-    logits = mnbt * vocab * 4 if mnbt and vocab else None
-    size = (
-        f" ({mnbt:,} tokens × {vocab:,} vocabulary × 4 bytes = {fmt_bytes(logits)})" if mnbt and vocab else ""
-    )
+    size = ""
+    if mnbt and vocab:
+        size = f" ({mnbt:,} tokens × {vocab:,} vocabulary × 4 bytes = {fmt_bytes(mnbt * vocab * 4)})"
     cap = _mnbt_fix(mnbt)
     if cap is not None and not is_valid(f, "--max-num-batched-tokens", cap):
         cap = None

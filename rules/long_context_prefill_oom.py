@@ -146,29 +146,33 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         else ""
     )
     advice = lead + ("; or ".join(levers) + "." if levers else "")
+    advice = advice.rstrip()
 
     line = na(f["oom_line"])
+    process, source = f["oom_process_bytes"], na(f["longest_context_source"])
     c = f["context_at_oom_tokens"]
+    in_attention = " (the traceback is in attention code)" if f["oom_frames_attention"] else ""
+    assumed = " (assumed: max_model_len / 2)" if f["context_at_oom_assumed"] else ""
     summary = (
-        f"The engine ran out of memory at run time (vllm.log line {line}) with {fmt_bytes(e)} more than its"
-        f" own budget (E = P + A − B = {fmt_bytes(f['oom_process_bytes'])} + {fmt_bytes(requested)} −"
+        f"The engine ran out of memory at run time (vllm.log line {line}) with {fmt_bytes(e)} more than"
+        f" its own budget (E = P + A − B = {fmt_bytes(process)} + {fmt_bytes(requested)} −"
         f" {fmt_bytes(budget)}): vLLM itself outgrew its plan. Contexts reach {na(longest, ',')} tokens"
-        f" ({na(f['longest_context_source'])}), ≥ {t.long_factor} × the {mnbt:,}-token chunk, and vLLM's profile"
-        " run computes no attention and no earlier context, so attention scratch deep into a long context is"
-        " outside the profiled peak"
-        f"{' (the traceback is in attention code)' if f['oom_frames_attention'] else ''}. At a context of about"
-        f" {na(c, ',')} tokens{' (assumed: max_model_len / 2)' if f['context_at_oom_assumed'] else ''}, growing"
-        f" linearly to max_model_len {na(f['max_model_len'], ',')} the need is about {fmt_bytes(e_max)}. {advice}"
+        f" ({source}), ≥ {t.long_factor} × the {mnbt:,}-token chunk, and vLLM's profile run computes no"
+        " attention and no earlier context, so attention scratch deep into a long context is outside the"
+        f" profiled peak{in_attention}. At a context of about {na(c, ',')} tokens{assumed}, growing"
+        f" linearly to max_model_len {na(f['max_model_len'], ',')} the need is about {fmt_bytes(e_max)}."
     )
+    if advice:
+        summary += " " + advice
     evidence = [
         Evidence(
             "run-time OOM",
-            f"Tried to allocate {fmt_bytes(requested)}, this process {fmt_bytes(f['oom_process_bytes'])} in use",
+            f"Tried to allocate {fmt_bytes(requested)}, this process {fmt_bytes(process)} in use",
             f"vllm.log line {line} ({na(f['oom_process_source'])})",
         ),
         Evidence("engine budget B", fmt_bytes(budget), "ceil(gmu × total) (vLLM's requested memory)"),
         Evidence("overrun E", fmt_bytes(e), "P + A − B"),
-        Evidence("longest context", f"{na(longest, ',')} tokens", na(f["longest_context_source"])),
+        Evidence("longest context", f"{na(longest, ',')} tokens", source),
     ]
     if not f["context_at_oom_assumed"]:
         evidence.append(

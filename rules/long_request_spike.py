@@ -86,21 +86,26 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         assert oom_tokens is not None and p50
         head = (
             f"The engine ran out of memory while a {oom_tokens:,}-token prompt (vllm.log line"
-            f" {f['oom_prompt_line']}) was being prefilled, {oom_tokens / p50:.0f} x the median request"
+            f" {na(f['oom_prompt_line'])}) was being prefilled, {oom_tokens / p50:.0f} x the median request"
             f" ({p50:,.0f} tokens)."
         )
 
     mml, cap_short = _cap(f, t, p50)
     mml_ok = mml is not None and is_valid(f, "--max-model-len", mml)
-    mnbt = _chunk(f["max_num_batched_tokens"])
-    if mnbt is not None and not is_valid(f, "--max-num-batched-tokens", mnbt):
-        mnbt = None
-    chunk_on = mnbt is not None and bool(f["chunked_prefill_off"])
+    chunk = _chunk(f["max_num_batched_tokens"])
+    if chunk is not None and not is_valid(f, "--max-num-batched-tokens", chunk):
+        chunk = None
+    chunk_on = chunk is not None and bool(f["chunked_prefill_off"])
 
     flags: dict[str, str] = {}
+    why: list[str] = []
     kv_text = na(f["kv_capacity_tokens"], ",")
     if mml_ok:
         flags["--max-model-len"] = str(flag_value(mml))
+        why.append(
+            "no request longer than "
+            + ("the usual traffic's p99" if cap_short else "a quarter of the KV cache")
+        )
         if cap_short:
             advice = (
                 f"Cap --max-model-len at {mml}, the p99 of the usual traffic (a quarter of the"
@@ -110,18 +115,19 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             advice = (
                 f"Cap --max-model-len at {mml} so four full-length requests fit the {kv_text}-token cache"
             )
-        advice += ", and chunk" if mnbt is not None else "."
+        advice += ", and chunk" if chunk is not None else "."
     elif mml is not None:
         mml_now = f["max_model_len"]
         at = f" ({mml_now:,} tokens)" if mml_now is not None else ""
         advice = f"Four full-length requests already fit the cache at the max model length in effect{at}"
-        advice += ": chunk" if mnbt is not None else "."
+        advice += ": chunk" if chunk is not None else "."
     else:
         advice = "The KV cache capacity is not known, so no max model length can be sized from it"
-        advice += ": chunk" if mnbt is not None else "."
-    if mnbt is not None:
-        flags["--max-num-batched-tokens"] = str(mnbt)
-        advice += f" long prefills with --max-num-batched-tokens {mnbt}"
+        advice += ": chunk" if chunk is not None else "."
+    if chunk is not None:
+        flags["--max-num-batched-tokens"] = str(chunk)
+        why.append(f"long prompts prefilled {chunk} tokens at a time")
+        advice += f" long prefills with --max-num-batched-tokens {chunk}"
         if chunk_on:
             flags["--enable-chunked-prefill"] = ""
             advice += " (chunked prefill is off: add --enable-chunked-prefill)"
@@ -148,11 +154,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if kv_max is not None and not f["is_pooling"]:
         evidence.append(Evidence("KV cache usage (max)", f"{kv_max:.0%}", "vllm:kv_cache_usage_perc"))
-    why = "no request longer than a quarter of the KV cache, prefills in chunks"
     return Hit(
         summary=f"{head} {advice}",
         evidence=evidence,
-        fixes=[Fix(flags=flags, why=why)] if flags else [],
+        fixes=[Fix(flags=flags, why="; ".join(why))] if flags else [],
         gpus=sorted(set(f["engine_gpus"] or ())),
         severity="critical" if f["runtime_oom"] else None,
     )

@@ -103,9 +103,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         else:
             summary += "Worth knowing."
 
-    explicit = (
-        "launch command / log args" if f["max_num_seqs_explicit"] else "vLLM device default (vllm-facts §4.2)"
-    )
+    explicit = "launch command / log args"
+    if not f["max_num_seqs_explicit"]:
+        explicit = "vLLM device default (vllm-facts §4.2)"
     evidence = [
         Evidence("max_num_seqs", f"{seqs:,}", explicit),
         Evidence("typical request", f"{tokens:,} tokens", _typical_from(f, typical)),

@@ -84,12 +84,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         return None
 
     line = na(f["runtime_oom_line"])
-    why = ""
+    seen = ""  # what shows the large prefill
     if prefill_seen:
-        why += ": the traceback is in the prefill path"
+        seen += ": the traceback is in the prefill path"
     if big_step:
         assert step_max is not None
-        why += (" and" if prefill_seen else ":") + (
+        seen += (" and" if prefill_seen else ":") + (
             f" engine steps reached {int(step_max):,}+ tokens (vllm:iteration_tokens_total)"
         )
     burst, burst_tokens, estimate = (
@@ -98,16 +98,17 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         f["oom_step_tokens_estimate"],
     )
     if inferred:
-        why += (
-            f": no batch is logged, but the OOM is in the model forward pass ({join(f['oom_forward_frames'], ', ')}"
-            f" frames), chunked prefill is off so one step may hold up to {na(f['step_token_cap'], ',')} tokens,"
-            f" and {burst} requests"
+        frames = join(f["oom_forward_frames"], ", ")
+        seen += (
+            f": no batch is logged, but the OOM is in the model forward pass ({frames} frames), chunked"
+            f" prefill is off so one step may hold up to {na(f['step_token_cap'], ',')} tokens, and"
+            f" {burst} requests"
         )
         if burst_tokens:
-            why += f" ({burst_tokens:,} prompt tokens)"
-        why += " were admitted within 5 s before it"
+            seen += f" ({burst_tokens:,} prompt tokens)"
+        seen += " were admitted within 5 s before it"
         if estimate:
-            why += f" - the failed allocation is about {estimate:,} tokens of MLP activation"
+            seen += f" - the failed allocation is about {estimate:,} tokens of MLP activation"
 
     mnbt = f["max_num_batched_tokens"]
     cap = _mnbt_fix(mnbt)
@@ -121,19 +122,28 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         if mnbt:
             advice += f" (now {mnbt:,})"
         if chunk_on:
-            advice += " and turn chunked prefill on (--enable-chunked-prefill) so long prompts are split into chunks of that size."
+            advice += (
+                " and turn chunked prefill on (--enable-chunked-prefill) so long prompts are split into"
+                " chunks of that size."
+            )
         else:
             advice += ", chunked prefill splits longer prompts into chunks of that size."
     elif chunk_on:
-        advice = f"Turn chunked prefill on (--enable-chunked-prefill) so long prompts are split into chunks of {na(mnbt, ',')} tokens."
+        advice = (
+            "Turn chunked prefill on (--enable-chunked-prefill) so long prompts are split into chunks of"
+            f" {na(mnbt, ',')} tokens."
+        )
     else:
-        advice = f"Steps are already capped at {na(mnbt, ',')} tokens with chunked prefill on, so the step size is not the lever here."
+        advice = (
+            f"Steps are already capped at {na(mnbt, ',')} tokens with chunked prefill on, so the step size"
+            " is not the lever here."
+        )
     if chunk_on:
         flags["--enable-chunked-prefill"] = ""
     summary = (
-        f"The engine ran out of GPU memory at run time (vllm.log line {line}) while a large prefill ran{why}."
-        " The activations of one step grow with the tokens it prefills, beyond what the profiling run"
-        f" measured. {advice}"
+        f"The engine ran out of GPU memory at run time (vllm.log line {line}) while a large prefill"
+        f" ran{seen}. The activations of one step grow with the tokens it prefills, beyond what the"
+        f" profiling run measured. {advice}"
     )
 
     evidence = [

@@ -81,7 +81,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         evidence.append(
             Evidence(
                 "stalled stats line",
-                f"Swapped {na(f['log_swapped_max'])} reqs, Avg generation throughput 0.0 tokens/s, Running > 0",
+                f"Swapped {na(f['log_swapped_max'])} reqs, Avg generation throughput 0.0 tokens/s,"
+                " Running > 0",
                 f"vllm.log line {line}",
             )
         )
