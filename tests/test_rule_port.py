@@ -23,7 +23,8 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     },
     "long-request-spike": {
         "summary": "no longer advises 'Cap --max-model-len at N' after that cap was dropped as invalid, nor "
-        "names the max model length or --max-num-batched-tokens in effect (or N/A) as if they were fixes",
+        "names the max model length or --max-num-batched-tokens in effect (or N/A) as if they were fixes; "
+        "'vllm.log line N/A', not 'line None'",
         "flags": "with the KV capacity unknown it still chunks long prefills (--max-num-batched-tokens 2048); "
         "the YAML form fixed nothing while its words named '--max-num-batched-tokens N/A'",
     },
