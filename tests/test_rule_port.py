@@ -83,6 +83,44 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "flags": "no VLLM_PP_LAYER_PARTITION whose stage count is not the pipeline size it is set with "
         "(one stage per engine GPU, but fewer or more GPUs than TP × PP ranks): vLLM rejects it",
     },
+    "long-request-spike": {
+        "summary": "no longer advises 'Cap --max-model-len at N' after that cap was dropped as invalid, nor "
+        "names the max model length or --max-num-batched-tokens in effect (or N/A) as if they were fixes; "
+        "'vllm.log line N/A', not 'line None'",
+        "flags": "with the KV capacity unknown it still chunks long prefills (--max-num-batched-tokens 2048); "
+        "the YAML form fixed nothing while its words named '--max-num-batched-tokens N/A'",
+    },
+    "max-num-seqs-exceeds-kv": {
+        "summary": "the limit in effect reads 'max_num_seqs 1,024', not '--max-num-seqs 1,024' beside the "
+        "fix's different value; no '--max-num-seqs N' advised when that fix is dropped",
+    },
+    "preemption-storm": {
+        "summary": "no longer names a --tensor-parallel-size (or --max-num-seqs, --kv-cache-dtype) the fix "
+        "dropped as invalid",
+    },
+    "prefill-burst-oom": {
+        "summary": "with 256 or fewer tokens per step in effect, no '--max-num-batched-tokens 256' advised",
+        "flags": "never raises --max-num-batched-tokens: with 256 or fewer in effect the YAML form set 256",
+    },
+    "logprobs-oom": {
+        "summary": "with 256 or fewer tokens per step in effect, no 'Lower --max-num-batched-tokens to 256'",
+        "flags": "never raises --max-num-batched-tokens: with 256 or fewer in effect the YAML form set 256",
+    },
+    "long-context-prefill-oom": {
+        "summary": "no dangling '; or' when the gmu alternative is withheld (too little KV left), and no "
+        "--gpu-memory-utilization / --kv-cache-memory-bytes named after its fix was dropped as invalid",
+    },
+    "swap-preemption-stall": {
+        "summary": "no 'Set --swap-space 0' when the swap space in effect is already 0",
+        "flags": "no --swap-space 0 when it is already in effect",
+    },
+    "spec-decode-sampler-oom": {
+        "summary": "no leading 'or' or trailing ';', no gmu named when that fix is invalid, and the smaller k "
+        "names --speculative-config, the flag that carries it",
+        "flags": "each alternative the words offer is a fix (--max-num-seqs; or --gpu-memory-utilization; or "
+        "--speculative-config with a smaller k): the YAML form held only one, so its words named values no "
+        "fix carried",
+    },
 }
 
 
