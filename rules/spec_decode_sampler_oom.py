@@ -131,7 +131,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             )
         )
     if spec_config and is_valid(f, "--speculative-config", spec_config):
-        levers.append(f"num_speculative_tokens {k_fix} in --speculative-config")
+        levers.append(f"num_speculative_tokens {k_fix} (--speculative-config '{spec_config}')")
         fixes.append(Fix(flags={"--speculative-config": spec_config}, why="fewer draft tokens per request"))
 
     line = na(f["runtime_oom_line"])

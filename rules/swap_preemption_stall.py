@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, na
+from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         return None
     warnings, line, space = f["swap_preemptions"], f["swap_stall_line"], f["swap_space_gib"]
     swapped_n = f["log_swapped_max"] or f["swapped"]
-    # --swap-space 0 is the fix unless it is already in effect
+    # --swap-space 0 is the fix unless it is already in effect (or the version has no such flag)
     fixes = (
         []
-        if space == 0
+        if space == 0 or not is_valid(f, "--swap-space", 0)
         else [
             Fix(
                 flags={"--swap-space": "0"},
@@ -60,8 +60,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     if fixes:
         summary += f"Set --swap-space 0{f' (now {space:g} GiB)' if space else ''} and cap"
-    else:
+    elif space == 0:
         summary += "The swap space is already 0 GiB: cap"
+    else:
+        summary += "Cap"
     summary += (
         " n / best_of (and beam search) in the requests: only sequence groups with several sequences are"
         " swapped, single-sequence requests are preempted by recompute, and with no swap space a"

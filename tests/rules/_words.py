@@ -10,7 +10,7 @@ from kvdoctor import rulekit
 from kvdoctor.derive import VARIABLES
 from kvdoctor.findings import Finding
 
-_FLAG_VALUE = re.compile(r"(--[a-z][a-z0-9-]*)(?: (?!--)([^\s;:()]+))?")
+_FLAG_VALUE = re.compile(r"(--[a-z][a-z0-9-]*)(?: (?!--)('[^']*'|[^\s;:()]+))?")
 
 
 def facts(**values: Any) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def named(summary: str) -> list[tuple[str, str | None]]:
     no value, or nothing, follows)."""
     out: list[tuple[str, str | None]] = []
     for flag, value in _FLAG_VALUE.findall(summary):
-        value = value.rstrip(".,")
+        value = value.strip("'") if value.startswith("'") else value.rstrip(".,")
         out.append((flag, value if value and value not in _NOT_VALUES else None))
     return out
 

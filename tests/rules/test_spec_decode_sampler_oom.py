@@ -45,7 +45,7 @@ def test_each_alternative_is_a_fix() -> None:
     assert json.loads(flags[2]["--speculative-config"])["num_speculative_tokens"] == 1
     assert f.summary.endswith(
         "--max-num-seqs 80 brings it under the headroom; or --gpu-memory-utilization 0.90; or"
-        " num_speculative_tokens 1 in --speculative-config."
+        f" num_speculative_tokens 1 (--speculative-config '{flags[2]['--speculative-config']}')."
     )
     assert_words_match_fixes(f)
 
