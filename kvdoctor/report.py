@@ -181,6 +181,8 @@ def build_report(
                 "kv": {name: kv_src.get(name) for name in ENGINE_KV_FIELDS},
                 # how GPU memory was matched to it: "pid" | "gpu_uuid" | None (derive/container.py)
                 "attribution": kv_src.get("attribution"),
+                # the vLLM version and KV sizing mode read or assumed (derive/extensible.py)
+                "vllm": dict(kv_src.get("vllm") or {}),
             }
         )
     # The last line of defence for "secrets never leave": whatever a source echoed back
@@ -547,6 +549,29 @@ _ATTRIBUTION_TEXT = {
 }
 
 
+def _vllm_line(engine: dict[str, Any]) -> str | None:
+    """The text report's line on the vLLM knowledge applied to an engine (``engines[].vllm``):
+    given for a vLLM ≥ 0.34 engine (its KV sizing mode, its evidence, the gmu in effect) and
+    whenever something was assumed (an unknown version: 0.33's defaults); None otherwise."""
+    v = engine.get("vllm") or {}
+    mode, assumption = v.get("sizing_mode"), v.get("assumption")
+    v34 = str(v.get("defaults_version") or "").startswith("0.34")
+    if not assumption and not v34:
+        return None
+    text = f"vLLM of {engine.get('id')}: {v.get('version') or 'version unknown'}"
+    if v34 and mode:
+        how = "extensible (measured after warm-up)" if mode == "extensible" else "by estimate"
+        text += f", KV cache sized {how}"
+        src = str(v.get("sizing_mode_source") or "")
+        if src and not v.get("sizing_mode_assumed"):  # an assumed mode is said below
+            text += f" ({src})"
+        if v.get("gmu"):
+            text += f"; gmu {v['gmu']}"
+    if assumption:
+        text += f"; assumed: {assumption}"
+    return text
+
+
 def render_text(report: Report, console: Console) -> None:
     """Print the report with rich: a header (health; one line per source: read, missing or
     why it failed), one panel per finding worst first with the fix first, then a line of
@@ -584,6 +609,9 @@ def render_text(report: Report, console: Console) -> None:
     if configured:
         console.print(Text(f"  ⚙ {configured}", style="dim"), overflow="fold")
     for e in report.engines:
+        vline = _vllm_line(e)
+        if vline:
+            console.print(Text(f"  {vline}", style="dim"), overflow="fold")
         if e.get("attribution") in _ATTRIBUTION_TEXT:
             gpus = ", ".join(str(i) for i in e.get("gpus") or []) or "?"
             console.print(

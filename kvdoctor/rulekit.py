@@ -402,7 +402,7 @@ def _run(rule: Rule[Any], ctx: RuleContext, errors: list[EvalError]) -> Finding 
         evidence=list(hit.evidence),
         suggested_flags={**first.flags, **first.env} if first else {},
         fixes=list(hit.fixes),
-        gpus=list(hit.gpus),
+        gpus=sorted(set(hit.gpus)),
         engine=ctx.engine,
     )
 

@@ -154,8 +154,6 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
-    # + max-model-len-exceeds-kv-capacity (the YAML's third) once that rule is ported: load_rules
-    # refuses an explains naming a rule it does not know.
-    explains=("gpu-shared-with-foreign-process", "kv-budget-exhausted"),
+    explains=("gpu-shared-with-foreign-process", "kv-budget-exhausted", "max-model-len-exceeds-kv-capacity"),
     flags=(GMU,),
 )

@@ -218,8 +218,6 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs_any=("log", "gpus"),
-    # + max-model-len-exceeds-kv-capacity (the YAML's second) once that rule is ported: load_rules
-    # refuses an explains naming a rule it does not know.
-    explains=("kv-budget-exhausted",),
+    explains=("kv-budget-exhausted", "max-model-len-exceeds-kv-capacity"),
     flags=(GMU,),
 )

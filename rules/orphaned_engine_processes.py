@@ -74,7 +74,5 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("gpus",),
-    # + max-model-len-exceeds-kv-capacity (the YAML's third) once that rule is ported: load_rules
-    # refuses an explains naming a rule it does not know.
-    explains=("kv-budget-exhausted", "gpu-shared-with-foreign-process"),
+    explains=("kv-budget-exhausted", "max-model-len-exceeds-kv-capacity", "gpu-shared-with-foreign-process"),
 )

@@ -49,6 +49,106 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         "summary": "no longer names VLLM_PP_LAYER_PARTITION without a value when no partition could be "
         "computed (the fix was empty)",
     },
+    "allocator-fragmentation": {
+        "summary": "the advised PYTORCH_CUDA_ALLOC_CONF keeps the options the engine already sets "
+        "(max_split_size_mb, ...) instead of replacing them; not advised when the fix is refused",
+        "flags": "PYTORCH_CUDA_ALLOC_CONF = the engine's options + expandable_segments:True, not "
+        "expandable_segments:True alone (which silently dropped the operator's other options)",
+    },
+    "flashinfer-workspace-overflow": {
+        "summary": "no longer names --gpu-memory-utilization as the thing that does not help (the words "
+        "named a flag no fix set), nor advises a gmu the fix dropped (vLLM <= 0.11, or invalid)",
+        "flags": "the FLASH_ATTN alternative the words always gave is now a fix (--attention-backend "
+        "from 0.13 and when the version is unknown, VLLM_ATTENTION_BACKEND before); it was set only <= 0.11",
+    },
+    "triton-autotune-oom": {
+        "summary": "no longer advises a --gpu-memory-utilization the fix dropped (not above 0, or within "
+        "0.005 of the gmu in effect); an unknown version reads 'vLLM N/A runs ...', not a stray 'N/A'",
+    },
+    "wake-up-oom": {
+        "summary": "advises --gpu-memory-utilization only when the fix sets it (not when the gmu in effect "
+        "already fits, nor '<= N/A' without the GPU's total), saying why instead; capitalised 'Size the set'",
+    },
+    "max-model-len-exceeds-kv-capacity": {
+        "summary": "no longer advises a --max-model-len, gmu or fp8 KV cache dtype the fix dropped as invalid "
+        "or already in effect ('Cap --max-model-len at N/A'), nor renders 'N/A' for an unknown TP × PP; "
+        "names the length in effect as max_model_len, not as a flag no fix sets",
+    },
+    "cuda-graph-capture-oom": {
+        "summary": "no longer advises a gmu or --max-num-seqs the fix dropped as invalid or already in effect "
+        "('--gpu-memory-utilization N/A'), nor vLLM's own --kv-cache-memory= number",
+        "flags": "never vLLM's own --kv-cache-memory= number as --kv-cache-memory-bytes: it double-counts "
+        "the graph estimate and turns 0.34's extensible cache off (vllm-facts §9.6, issue 28)",
+    },
+    "multimodal-profile-oom": {
+        "summary": "no longer advises --max-num-seqs (8) after that fix was dropped as already in effect; "
+        "each alternative named with the very value its fix sets ('{\"max_pixels\":802816}')",
+        "flags": "no --limit-mm-per-prompt '{\"image\":1}' where that limit is already in effect",
+    },
+    "sampler-warmup-oom": {
+        "summary": "no longer advises a --max-num-seqs or gmu the fix dropped (gmu ≤ 0.1 or unknown: "
+        "'--gpu-memory-utilization to N/A'), nor names max_num_seqs values ('512 or 128') no fix holds",
+    },
+    "invalid-kv-cache-dtype": {
+        "summary": "no longer says 'Use --kv-cache-dtype X' when X is unknown or the fix dropped it as a value "
+        "that vLLM version rejects",
+    },
+    "cpu-offload-not-applied": {
+        "summary": "names the setting in effect as cpu_offload_gb, not as a --flag no fix sets; no 'N/A' "
+        "sentences when the offload evidence or G is unknown",
+    },
+    "weights-not-sharded": {
+        "summary": "no longer says 'Shard the model with --tensor-parallel-size 1' (already in effect) or a TP "
+        "the fix dropped as invalid",
+    },
+    "mig-defaults-fallback": {
+        "summary": "names the limits in effect as max_num_seqs / max_num_batched_tokens, not as --flags no fix "
+        "sets; no longer advises a value the fix dropped as invalid",
+    },
+    "mixed-gpus-in-parallel-group": {
+        "summary": "no longer names --tensor-parallel-size 1 / --pipeline-parallel-size N when the fix dropped "
+        "them as already in effect",
+        "flags": "no VLLM_PP_LAYER_PARTITION whose stage count is not the pipeline size it is set with "
+        "(one stage per engine GPU, but fewer or more GPUs than TP × PP ranks): vLLM rejects it",
+    },
+    "long-request-spike": {
+        "summary": "no longer advises 'Cap --max-model-len at N' after that cap was dropped as invalid, nor "
+        "names the max model length or --max-num-batched-tokens in effect (or N/A) as if they were fixes; "
+        "'vllm.log line N/A', not 'line None'",
+        "flags": "with the KV capacity unknown it still chunks long prefills (--max-num-batched-tokens 2048); "
+        "the YAML form fixed nothing while its words named '--max-num-batched-tokens N/A'",
+    },
+    "max-num-seqs-exceeds-kv": {
+        "summary": "the limit in effect reads 'max_num_seqs 1,024', not '--max-num-seqs 1,024' beside the "
+        "fix's different value; no '--max-num-seqs N' advised when that fix is dropped",
+    },
+    "preemption-storm": {
+        "summary": "no longer names a --tensor-parallel-size (or --max-num-seqs, --kv-cache-dtype) the fix "
+        "dropped as invalid",
+    },
+    "prefill-burst-oom": {
+        "summary": "with 256 or fewer tokens per step in effect, no '--max-num-batched-tokens 256' advised",
+        "flags": "never raises --max-num-batched-tokens: with 256 or fewer in effect the YAML form set 256",
+    },
+    "logprobs-oom": {
+        "summary": "with 256 or fewer tokens per step in effect, no 'Lower --max-num-batched-tokens to 256'",
+        "flags": "never raises --max-num-batched-tokens: with 256 or fewer in effect the YAML form set 256",
+    },
+    "long-context-prefill-oom": {
+        "summary": "no dangling '; or' when the gmu alternative is withheld (too little KV left), and no "
+        "--gpu-memory-utilization / --kv-cache-memory-bytes named after its fix was dropped as invalid",
+    },
+    "swap-preemption-stall": {
+        "summary": "no 'Set --swap-space 0' when the swap space in effect is already 0",
+        "flags": "no --swap-space 0 when it is already in effect",
+    },
+    "spec-decode-sampler-oom": {
+        "summary": "no leading 'or' or trailing ';', no gmu named when that fix is invalid, and the smaller k "
+        "names --speculative-config, the flag that carries it",
+        "flags": "each alternative the words offer is a fix (--max-num-seqs; or --gpu-memory-utilization; or "
+        "--speculative-config with a smaller k): the YAML form held only one, so its words named values no "
+        "fix carried",
+    },
 }
 
 

@@ -38,8 +38,6 @@ UNIT_TYPES: dict[str, str] = {
     "bytes/hour": "float",
     "bool": "bool",
     "str": "str",
-    "'v0'|'v1'": "str",
-    "'pid'|'gpu_uuid'": "str",
     "list[int]": "list[int]",
     "list[str]": "list[str]",
     "list[bool]": "list[bool]",
@@ -63,6 +61,7 @@ FLOAT_NAMES = frozenset(
         "prompt_p50",
         "prompt_p99",
         "prompt_p99_body",
+        "kv_padding_tokens_per_request",
     }
 )
 
@@ -72,6 +71,9 @@ def python_type(name: str, declaration: str) -> str:
     unit = declaration.split(";", 1)[0].strip()
     if name in FLOAT_NAMES:
         return "float"
+    words = [p for p in unit.split("|") if p != "None"]
+    if unit.startswith("'") and all(p.startswith("'") and p.endswith("'") for p in words):
+        return "str"  # one of a few words: 'v0'|'v1'
     return UNIT_TYPES[unit]
 
 

@@ -22,8 +22,20 @@ class Facts(TypedDict):
     asleep: bool | None
     #: str; --attention-backend / VLLM_ATTENTION_BACKEND, else the backend the log says it uses
     attention_backend: str | None
+    #: tokens; A of '--max-model-len auto reduced max_model_len from A to N' (None when not reduced)
+    autofit_final_from: int | None
+    #: tokens; the final auto-fit length ('Auto-fit max_model_len: using max_model_len=N, …' or '--max-model-len auto reduced max_model_len from A to N …')
+    autofit_final_len: int | None
+    #: bool; the WARNING form 'Requests longer than N tokens will be rejected' (final length < 8192)
+    autofit_short: bool | None
+    #: tokens; the pre-warm-up auto-fit length ('Auto-fit max_model_len: … ; the final length is set after CUDA graph capture and warmup')
+    autofit_tentative_len: int | None
     #: tokens per KV block; cache_config_info block_size, --block-size, else 16
     block_size: int | None
+    #: bool; --block-size 16 is one the engine's attention backend takes (FLASH_ATTN, FLASHINFER, TRITON_ATTN, TRITON_MLA) and no hybrid alignment overrides it (vllm-facts §9.9); False for FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA or a hybrid model; None when the backend is unknown
+    block_size_16_valid: bool | None
+    #: str; where block_size comes from: 'cache_config_info', '--block-size', 'log' (a backend's 'Setting kv cache block size to N' or the KV lines), or 'default 64 (vLLM ≥ 0.34)' / 'default 16 (…)'
+    block_size_source: str | None
     #: blocks; vllm:cache_config_info num_gpu_blocks (includes the null block)
     cache_num_gpu_blocks: int | None
     #: bytes; S: checkpoint weights ÷ (tp × pp) (config.json estimate, kvmath.weights_bytes; an fp32 checkpoint served in 16 bit counts 2 bytes per parameter)
@@ -66,6 +78,8 @@ class Facts(TypedDict):
     cpu_offload_bytes: int | None
     #: bytes; X: 'CuMemAllocator: sleep freed X GiB memory in total'
     cumem_freed_bytes: int | None
+    #: requests; n_dec, the widest decode CUDA graph with no capture sizes set: max_num_seqs on SM100 (B200/GB200/B300), min(max_num_seqs, 512) elsewhere (spec §1; 0.34)
+    decode_graph_max_requests: float | None
     #: bytes; T: the engine GPU's total memory (NVML / nvidia-smi memory.total, else the OOM's 'total capacity', else the post-warm-up summary)
     device_total_bytes: int | None
     #: dict[str, tokens]; per engine: cache_config_info kv_cache_size_tokens, else num_gpu_blocks ÷ dp × block_size
@@ -112,6 +126,12 @@ class Facts(TypedDict):
     engine_pids_known: bool | None
     #: bool; PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True (env.txt / live env)
     expandable_segments_on: bool | None
+    #: bool; vllm:cache_config_info enable_extensible_kv_cache label (the frontend's config-time value, not proof it ran); None without the label
+    extensible_configured: bool | None
+    #: int; its log line
+    extensible_disabled_line: int | None
+    #: str; 'Disabling the extensible KV cache: REASON' (run-time fallback, WARNING) or 'no IMEX channel' (INFO 'Extensible KV cache off: …')
+    extensible_disabled_reason: str | None
     #: bytes; weights held by another process (a `vllm preload` daemon) on the device: 'Externally held weights on device … (X/T GiB)', else gmu × total − the budget 'after excluding external process's weights'
     external_weights_bytes: int | None
     #: fraction; the gmu at which the engine's budget holds the external weights plus 1 GiB of KV and 0.5 GiB of margin (rounded up to 0.01), None above 0.95
@@ -168,8 +188,16 @@ class Facts(TypedDict):
     generation_tokens_per_s: float | None
     #: fraction; --gpu-memory-utilization (vLLM default by version when not given)
     gmu: float | None
+    #: str; where gmu_resolved comes from ('explicit --gpu-memory-utilization 0.9', 'unset: 1.0 with the extensible KV cache', 'unset: 0.92 (vLLM 0.33 default, assumed: version unknown)', …)
+    gmu_assumption: str | None
+    #: bool; vLLM's WARNING 'gpu_memory_utilization=u caps this instance at R GiB, keeping W GiB of free device memory out of the KV cache' was logged
+    gmu_cap_warning: bool | None
+    #: bytes; W of that WARNING
+    gmu_cap_withheld_bytes: int | None
     #: bool; --gpu-memory-utilization was given
     gmu_explicit: bool | None
+    #: fraction; u: the explicit --gpu-memory-utilization (flag, non-default args, cache_config_info label not 'None'), else 1.0 on 0.34 extensible, 0.92 on 0.34 estimate and 0.20–0.33, 0.9 before (vllm-facts §9.3); equals gmu
+    gmu_resolved: float | None
     #: 'pid'|'gpu_uuid'; how GPU memory is matched to the engine: an engine pid among NVML's GPU processes, or the GPUs the engine's container was given by UUID (NVIDIA_VISIBLE_DEVICES via /proc/PID/environ, NVML nvmlDeviceGetUUID) when NVML's host pids are not in this PID namespace; None when neither
     gpu_attribution: str | None
     #: str; the engine GPU's compute capability ('9.0'): the one the log states (model family's log_compute_capability), else the GPU catalogue
@@ -206,12 +234,16 @@ class Facts(TypedDict):
     graph_capture_bytes: int | None
     #: bool; an OOM during CUDA graph capture
     graph_capture_oom: bool | None
+    #: bytes; E, the CUDA-graph estimate a non-extensible engine subtracted: 'CUDA graph pool memory: … E GiB (estimated)', else (u − u_equiv) × T from 'CUDA graph memory profiling is enabled … is equivalent to --gpu-memory-utilization=u_equiv'
+    graph_estimate_bytes: int | None
     #: list[str]; their PCI bus ids (XIDs whose bus id matches no listed GPU included)
     hw_error_bus_ids: list[str] | None
     #: list[int]; GPUs with hardware XIDs or uncorrectable ECC errors
     hw_error_gpus: list[int] | None
     #: bytes; H_idle = T − NVML used, on the engine's fullest GPU, in the snapshot read (the last sample)
     idle_headroom_bytes: int | None
+    #: bytes; μ + kept: the free memory a 0.34 extensible engine leaves at idle by design (spec §1 H_idle)
+    idle_headroom_design_bytes: int | None
     #: bool; 'Invalid kv_cache_dtype' logged, or --kv-cache-dtype not valid for the version
     invalid_kv_dtype: bool | None
     #: int; log line (None when from the launch command)
@@ -224,6 +256,8 @@ class Facts(TypedDict):
     iteration_tokens_max_bucket: float | None
     #: bytes; KV memory now: --kv-cache-memory-bytes, else 'Available KV cache memory'
     kv_available_bytes_now: int | None
+    #: bytes; b: KV bytes per block per GPU rank at the block size in effect (kvmath over config.json; None without the model's config)
+    kv_block_bytes: int | None
     #: bytes per token; KV per token per GPU rank at the configured kv_cache_dtype (kvmath)
     kv_bytes_per_token: int | None
     #: bytes per token; KV per token per GPU rank with fp8 KV (kvmath)
@@ -232,10 +266,40 @@ class Facts(TypedDict):
     kv_cache_dtype: str | None
     #: bool; --kv-cache-memory-bytes is given (gmu does not size the KV cache)
     kv_cache_memory_bytes_set: bool | None
+    #: bool; --kv-cache-memory-bytes (or --num-gpu-blocks-override) is set on a 0.34 engine: it turned the extensible KV cache off (budget 0.92 when gmu is unset, startup free check back, torch uncapped)
+    kv_cache_memory_disables_extensible: bool | None
     #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size
     kv_capacity_tokens: int | None
+    #: bool; the last KV-fit error was raised after CUDA-graph capture and warm-up (its hint names 'CUDA graphs and warmup', 'CUDA graph capture and warmup left no memory for the KV cache', or it follows 'Memory after warmup')
+    kv_error_after_warmup: bool | None
+    #: 'H1'|'H2'|'H3'; the hint of the last KV-fit error (vllm-facts §9.4): H1 non-extensible (the 0.33 wording), H2 extensible with gmu < 1.0, H3 extensible at gmu 1.0
+    kv_hint: str | None
+    #: str; which error carried it: 'no_available_kv_memory', 'max_seq_len_exceeds_kv', 'autofit_failed'
+    kv_hint_error: str | None
+    #: fraction; the gmu an H2 hint prints
+    kv_hint_gmu: float | None
+    #: int; its log line
+    kv_hint_line: int | None
+    #: bytes per GPU; kv_pool_blocks × kv_block_bytes: the --kv-cache-memory-bytes that reproduces the extensible pool (it turns the extensible cache off, vllm-facts §9.6)
+    kv_memory_for_pool_bytes: int | None
+    #: tokens; (B − 1)/2, the average padding a request's last block holds (31.5 at B = 64, 7.5 at B = 16; vllm-facts §9.9)
+    kv_padding_tokens_per_request: float | None
+    #: blocks; N: smallest 'Extended KV cache to N blocks', else smallest 'Memory after warmup … N KV cache blocks' (the engine takes the minimum over ranks), else vllm:cache_config_info num_gpu_blocks ÷ data-parallel engines (0.34: the committed N)
+    kv_pool_blocks: int | None
+    #: bytes per GPU; the KV pool: extensible = smallest 'Extended KV cache to N blocks (X GiB)' (physical, granule-rounded), else kv_pool_blocks × kv_block_bytes, else 'Memory after warmup' '(X GiB)'; estimate = 'Available KV cache memory' (smallest over workers, ≥ 0)
+    kv_pool_bytes: int | None
+    #: requests; (kv_pool_blocks − 1) // typical_request_blocks: typical requests the committed pool holds at once, counted in blocks
+    kv_pool_requests_typical: float | None
+    #: str; where kv_pool_bytes comes from
+    kv_pool_source: str | None
     #: bool; requests were preempted: increase of vllm:num_preemptions_total in the window, or (without a metrics timeline) 'Preemptions: N' stats lines / V0 preemption warnings of the log's current run
     kv_preempted: bool | None
+    #: bytes per GPU; on 0.34 extensible the smallest 'Available KV cache memory: X GiB' over workers: an address-space reservation R − C − P, NOT the KV pool (vllm-facts §9.2 step 3); None in estimate mode (there it is the pool: log_available_kv_bytes)
+    kv_reservation_bytes: int | None
+    #: bytes; S = b × req_blocks(max_model_len) − (kv_pool_blocks − 1) × b: what one max_model_len request lacks in the pool (≤ 0: it fits; spec N2)
+    kv_shortfall_bytes: int | None
+    #: fraction; token occupancy behind kv_usage: kv_usage × n / (n + (B − 1)/2) with n = typical_request_tokens (vllm-facts §9.9); None without usage or n
+    kv_token_occupancy: float | None
     #: fraction; vllm:kv_cache_usage_perc (or gpu_cache_usage_perc), latest
     kv_usage: float | None
     #: fraction; largest KV usage in the window (metrics, else stats lines)
@@ -288,6 +352,8 @@ class Facts(TypedDict):
     longest_context_tokens: int | None
     #: tokens; --max-model-len, 'Using max model len', or the model's max_position_embeddings
     max_model_len: int | None
+    #: tokens; the longest request the committed pool holds: vLLM's binary search over kv_pool_blocks × b (null block held back), a multiple of the block size for one full-attention group; None without N or the model
+    max_model_len_fit_pool: int | None
     #: tokens; --max-num-batched-tokens or 'Chunked prefill is enabled with max_num_batched_tokens=N'
     max_num_batched_tokens: int | None
     #: bool; --max-num-batched-tokens was given
@@ -372,6 +438,8 @@ class Facts(TypedDict):
     offloaded_bytes: int | None
     #: int; log line of 'Offloader set to UVAOffloader|PrefetchOffloader' or 'Total CPU offloaded parameters'
     offloader_line: int | None
+    #: bytes; the last torch OOM's 'X allowed' part (torch's per-process cap, present under 0.34's torch cap)
+    oom_allowed_bytes: int | None
     #: bool; the last torch OOM is in the run-time phase (its phase, or a line after runtime_start_line)
     oom_at_runtime: bool | None
     #: tokens; the sum of their prompt lengths
@@ -434,6 +502,8 @@ class Facts(TypedDict):
     preemptions_in_window: float | None
     #: per minute; rate(vllm:num_preemptions_total) over the window
     preemptions_per_min: float | None
+    #: tokens; t_pre, the widest prefill CUDA graph: min(8192, max_num_batched_tokens) on SM100, min(2 × max_num_seqs, 512, max_num_batched_tokens) elsewhere (spec §1; 0.34)
+    prefill_graph_max_tokens: int | None
     #: bool; the prompt quantiles come from window deltas (not lifetime)
     prompt_hist_recent: bool | None
     #: tokens; upper bound of the highest non-empty prompt-length bucket
@@ -480,6 +550,8 @@ class Facts(TypedDict):
     sampler_oom_line: int | None
     #: int; N
     sampler_oom_requests: int | None
+    #: requests; N of the sampler warm-up, min(max_num_seqs, max_num_batched_tokens) (0.34 no longer prints it, gpu_worker.py:1184-1187)
+    sampler_warmup_requests: float | None
     #: bytes; the engine's processes' NVML used memory on its fullest GPU (its pids, else the GPU's used memory when it is the only process)
     sleep_engine_gpu_bytes: int | None
     #: bytes; F: smallest 'Sleep mode freed F GiB memory' over workers after the last sleep
@@ -524,6 +596,10 @@ class Facts(TypedDict):
     stacked_pids: list[int] | None
     #: bool; any evidence the engine did not come up: engine_failed, a startup-phase OOM, a KV/memory check error, an invalid flag
     startup_failed: bool | None
+    #: bytes; F0, free device memory at the engine's start: 'Free memory on device (F0/T GiB) on startup' of the post-warm-up summary, else the startup refusal's free figure, else the DEBUG 'Initial free memory'
+    startup_free_bytes: int | None
+    #: bytes per GPU; 'Applying persisted startup plan (fingerprint …): kv_cache_memory_bytes=N' (VLLM_ENABLE_STARTUP_PLAN=1)
+    startup_plan_kv_bytes: int | None
     #: str; which startup refusal vLLM logged: 'util' (free < gmu × total), 'external_weights_exceed' ('Externally held weights on device … exceed the desired GPU memory utilization'), 'below_budget_excluding_external'
     startup_refusal_variant: str | None
     #: bool; vllm:* metrics present (False with --disable-log-stats)
@@ -564,6 +640,14 @@ class Facts(TypedDict):
     throttle_tput_throttled: float | None
     #: tokens/s; median generation throughput unthrottled at those loads
     throttle_tput_unthrottled: float | None
+    #: bytes; L, 'Torch may reserve up to X GiB' (smallest over ranks): torch's per-process cap after startup on 0.34 extensible
+    torch_cap_bytes: int | None
+    #: bytes; Δ = allocated by PyTorch + reserved but unallocated + the failed allocation − L, from the last torch OOM and 'Torch may reserve up to L' (> 0: the step went past the torch cap)
+    torch_cap_overrun_bytes: int | None
+    #: int; log line of torch's 'Allocation was preemptively rejected because it would exceed per_process_memory_fraction limit'
+    torch_cap_rejected_line: int | None
+    #: bytes; H_torch = F1 − (kv_pool_bytes − c) − 0.5 GiB: what torch's reserved memory may still grow after startup before it hits the cap L (vllm-facts §9.2 step 8 left_free; exact up to granule rounding)
+    torch_headroom_bytes: int | None
     #: int; --tensor-parallel-size
     tp: int | None
     #: int; tp × pp (GPUs per engine replica)
@@ -578,8 +662,12 @@ class Facts(TypedDict):
     triton_oom_line: int | None
     #: str; its phase
     triton_oom_phase: str | None
+    #: blocks; req_blocks(typical_request_tokens): cdiv(n, B) for a full-attention model, the group-aware count of kvmath otherwise (vllm-facts §9.9: blocks, not tokens, run out)
+    typical_request_blocks: int | None
     #: tokens; p50 prompt + p50 generation (histograms), else KV in use / running requests, else max_model_len
     typical_request_tokens: int | None
+    #: bool; the GPU is an integrated / unified-memory device (name GB10 / DGX Spark, Jetson, Orin, Thor): vLLM reads its free memory from the host (vllm-facts §9, spec N6)
+    unified_memory_gpu: bool | None
     #: list[int]; NVML GPU process pids on the engine's GPUs absent from this PID namespace's process table (host pids of another container), with gpu_attribution 'gpu_uuid'
     unresolved_gpu_pids: list[int] | None
     #: bytes; the memory the engine's device really has: on a MIG instance the total CUDA reports inside it (the torch OOM's 'total capacity', the post-warm-up summary, the startup refusal; never the parent card's nvidia-smi total), under NoPermission the catalogue's memory for the card's name, else nvidia-smi / NVML memory.total; None when unknown
@@ -596,6 +684,10 @@ class Facts(TypedDict):
     v0_profile_total_bytes: int | None
     #: bytes; V0 'model weights take X GiB'
     v0_profile_weights_bytes: int | None
+    #: str; VLLM_USE_V2_MODEL_RUNNER in the engine's environment (env.txt / live env / the command's VAR=value), None when unset
+    v1_runner_env: str | None
+    #: int; log line of 'VLLM_USE_V2_MODEL_RUNNER=V is no longer supported: Model Runner V1 has been removed'
+    v1_runner_removed_line: int | None
     #: bool; the V2 model runner ran ('Using V2 Model Runner')
     v2_runner: bool | None
     #: str; VLLM_USE_V2_MODEL_RUNNER as set (env.txt / launch prefix), None when unset
@@ -606,6 +698,10 @@ class Facts(TypedDict):
     v2_runner_refused: bool | None
     #: list[int]; indices of the visible GPUs
     visible_gpus: list[int] | None
+    #: str; what kvdoctor assumed about the version and sizing mode, in words (None when nothing was assumed)
+    vllm_assumption: str | None
+    #: str; the version whose defaults (gmu, block size, batch tiers) were applied: the engine's, '0.34' for a label-only 0.34 engine, else '0.33' (assumed)
+    vllm_defaults_version: str | None
     #: bytes per GPU; 'Current kv cache memory in use is X' of that summary
     vllm_kv_in_use_bytes: int | None
     #: bytes per GPU; vLLM's own suggestion '--kv-cache-memory=B1' to fit into requested memory (post-warm-up summary, vllm-facts §3.3 item 10: requested − consumed − peak activation − CUDA graphs − 150 MiB)
@@ -616,8 +712,20 @@ class Facts(TypedDict):
     vllm_kv_memory_line: int | None
     #: int; the vLLM version as major × 100 + minor (0.25.1 → 25), for version boundaries
     vllm_release: int | None
+    #: 'extensible'|'estimate'|None; how the engine sized its KV cache (spec/vllm-0.34.md §1): extensible = 0.34's measured, after-warm-up pool; estimate = the profile-run estimate (every version before 0.34, and 0.34 with the extensible KV cache off); None when the version is unknown
+    vllm_sizing_mode: str | None
+    #: bool; vllm_sizing_mode is 0.34's default, not proven by the log (the label 'True' is only the config-time value)
+    vllm_sizing_mode_assumed: bool | None
+    #: str; the evidence for vllm_sizing_mode: a log line ('Memory after warmup' / 'Extended KV cache to' / 'Disabling the extensible KV cache: …'), a flag, the cache_config_info label, the version, or 'assumed: …'
+    vllm_sizing_mode_source: str | None
+    #: bool; the engine is vLLM ≥ 0.34: its version ('vLLM API server version', the banner, the engine-config line), or vllm:cache_config_info has the enable_extensible_kv_cache label (0.34+ only, vllm-facts §9.8)
+    vllm_v34: bool | None
     #: str; 'vLLM API server version' / 'Initializing … engine (vX)' log line
     vllm_version: str | None
+    #: bool; the engine's vLLM version was read and kvdoctor knows it (≤ 0.34.x)
+    vllm_version_known: bool | None
+    #: int; log line of the last 'GPU driver error 2: out of memory' (a KV commit / wake-up / restore that could not map memory)
+    vmm_driver_oom_line: int | None
     #: int; config.json vocab_size (logits per token)
     vocab_size: int | None
     #: requests; vllm:num_requests_waiting, latest
@@ -640,6 +748,24 @@ class Facts(TypedDict):
     wake_oom_line: int | None
     #: list[str]; tags of the failed wake ([] for a full wake)
     wake_tags: list[str] | None
+    #: list[int]; each rank's 'N KV cache blocks' of 'Memory after warmup', in log order (before the minimum over ranks)
+    warmup_blocks_per_rank: list[int] | None
+    #: bytes; c, 'X GiB committed to the KV cache' (KV blocks still mapped at the measurement)
+    warmup_committed_bytes: int | None
+    #: bytes; F1, 'X GiB free' of 'Memory after warmup' (smallest over ranks)
+    warmup_free_bytes: int | None
+    #: bytes; kept = max(Tr, Gr), 'X GiB kept for transient activations' (largest over ranks)
+    warmup_kept_bytes: int | None
+    #: int; log line of the last 'Memory after warmup: …' (extensible only)
+    warmup_line: int | None
+    #: bytes; μ = max(1 GiB, 0.75 × Tr) (CUDA; 3 GiB on ROCm, not detected): the device margin the after-warm-up sizing keeps (vllm-facts §9.2 step 8)
+    warmup_margin_bytes: int | None
+    #: bytes; R, 'fit within the requested X GiB' (= ceil(u × T))
+    warmup_requested_bytes: int | None
+    #: bytes; Gr, 'X GiB of torch reservation growth' (largest over ranks)
+    warmup_torch_growth_bytes: int | None
+    #: bytes; Tr, 'X GiB allocated at peak' (largest over ranks)
+    warmup_transient_peak_bytes: int | None
     #: bool; an OOM while loading weights (or 'Failed to load model - not enough GPU memory')
     weight_loading_oom: bool | None
     #: bytes; whole-model weights: 'Model loading took X GiB' × tp×pp, else estimate from config.json

@@ -13,6 +13,7 @@ Series (``gpu`` is the GPU index as text, ``engine`` the report's engine id):
   (``gpu=""`` when none);
 - ``kvdoctor_suggested_flag_info{rule,engine,flag,value}`` 1 per suggested flag of an active one;
 - ``kvdoctor_gpu_memory_bytes{gpu,part}``, ``kvdoctor_gpu_memory_total_bytes{gpu}``,
+  ``kvdoctor_gpu_torch_cap_bytes{gpu}`` (vLLM 0.34 extensible only),
   ``kvdoctor_gpu_utilization_ratio{gpu}``, ``kvdoctor_gpu_info{gpu,uuid,name,engine,attribution}``;
 - ``kvdoctor_engine_kv_capacity_tokens{engine}``, ``kvdoctor_engine_kv_usage_ratio{engine}``,
   ``kvdoctor_engine_preemptions_per_second{engine}``;
@@ -195,8 +196,10 @@ def _families(v: View, version: str) -> Iterator[Metric]:
 
     mem = GaugeMetricFamily(
         "kvdoctor_gpu_memory_bytes",
-        f"GPU memory by part: weights, kv_cache, activation_and_graphs, engine (not split), other_engines, "
-        f"foreign, unlisted (used but held by no listed process), free {_FROM}.",
+        f"GPU memory by part: weights, kv_cache (the committed pool on vLLM 0.34's extensible KV cache, never "
+        f"its reservation), cuda_graphs (0.34 extensible), activation_and_graphs, engine (not split), other_engines, "
+        f"foreign, unlisted (used but held by no listed process), transient_headroom (free memory a 0.34 engine "
+        f"keeps for transient activations by design), free {_FROM}.",
         labels=["gpu", "part"],
     )
     total = GaugeMetricFamily(
@@ -207,10 +210,18 @@ def _families(v: View, version: str) -> Iterator[Metric]:
         f"GPU utilisation 0..1 (NVML utilization.gpu) {_FROM}.",
         labels=["gpu"],
     )
+    torch_cap = GaugeMetricFamily(
+        "kvdoctor_gpu_torch_cap_bytes",
+        f"vLLM 0.34 extensible KV cache: the engine's torch allocator cap ('Torch may reserve up to L GiB', "
+        f"Memory after warmup) {_FROM}.",
+        labels=["gpu"],
+    )
     for b in v.breakdown:
         gpu = str(b.index)
         for part in b.parts:
             mem.add_metric([gpu, part.part], float(part.bytes))
+        if b.torch_cap_bytes is not None:
+            torch_cap.add_metric([gpu], float(b.torch_cap_bytes))
         if b.total_bytes is not None:
             total.add_metric([gpu], float(b.total_bytes))
         if b.utilization is not None:
@@ -233,7 +244,7 @@ def _families(v: View, version: str) -> Iterator[Metric]:
             [str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or ""), engine, attribution],
             1.0,
         )
-    yield from (mem, total, util, info)
+    yield from (mem, total, util, info, torch_cap)
 
     cap = GaugeMetricFamily(
         "kvdoctor_engine_kv_capacity_tokens",
