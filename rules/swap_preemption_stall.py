@@ -109,9 +109,7 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs_any=("log", "metrics"),
-    # root cause of these findings when they fire together (reports nest them under this one);
-    # low-util-kv-saturated (the YAML form's too) is declared once that rule is ported
-    # (kvdoctor.rulekit.check_explains refuses an unknown id)
-    explains=("preemption-storm",),
+    # root cause of these findings when they fire together (reports nest them under this one)
+    explains=("preemption-storm", "low-util-kv-saturated"),
     flags=("--swap-space",),
 )
