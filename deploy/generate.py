@@ -1,4 +1,4 @@
-"""Regenerate deploy/prometheus/kvdoctor-alerts.yaml from rules/*.yaml.
+"""Regenerate deploy/prometheus/kvdoctor-alerts.yaml from the rule catalogue (kvdoctor.rules).
 
 python deploy/generate.py          # rewrite the file
 python deploy/generate.py --check  # exit 1 when it is out of date
@@ -16,7 +16,7 @@ TARGET = ROOT / "deploy" / "prometheus" / "kvdoctor-alerts.yaml"
 
 
 def main() -> int:
-    text = shipped_rules_text(ROOT / "rules")
+    text = shipped_rules_text()
     if "--check" in sys.argv[1:]:
         if not TARGET.is_file() or TARGET.read_text() != text:
             print(
