@@ -6,8 +6,8 @@ lists it (:func:`catalogue`; ``python deploy/generate.py`` rewrites both, a test
 sync). One alert per rule id:
 
 - ``expr``: ``max without (gpu) (kvdoctor_finding{rule="ID"}) == 1`` — one alert per engine and
-  pod, whatever GPUs the finding names; its ``severity``/``family``/``engine`` labels come from
-  the series (a rule's severity may rise with the evidence, e.g. warning → critical);
+  pod, whatever GPUs the finding names; its ``severity``/``family``/``model_name``/``engine``
+  labels come from the series (vLLM's meanings: the served model, the engine index) (a rule's severity may rise with the evidence, e.g. warning → critical);
 - ``for``: :data:`ALERT_FOR` — the sidecar already held the finding for the rule's own ``for:``
   before exposing it; this only rides out a missed scrape or a sidecar restart;
 - annotations: ``summary`` (the rule's title), ``description`` (what to do, with the suggested
@@ -49,8 +49,8 @@ _HEADER = """\
 """
 
 _FLAGS = (
-    '{{ with printf "kvdoctor_suggested_flag_info{rule=\\"%s\\",engine=\\"%s\\",instance=\\"%s\\"}" '
-    "$labels.rule $labels.engine $labels.instance | query }}"
+    '{{ with printf "kvdoctor_suggested_flag_info{rule=\\"%s\\",model_name=\\"%s\\",engine=\\"%s\\",instance=\\"%s\\"}" '
+    "$labels.rule $labels.model_name $labels.engine $labels.instance | query }}"
     "Suggested: {{ range . }}{{ .Labels.flag }} {{ .Labels.value }}; {{ end }}{{ end }}"
 )
 
@@ -114,10 +114,10 @@ def finding_alerts(rules: Iterable[Any]) -> list[dict[str, Any]]:
                 "for": ALERT_FOR,
                 "labels": {"kvdoctor_rule": r.id},
                 "annotations": {
-                    "summary": f"{_title(r)} (engine {{{{ $labels.engine }}}})",
+                    "summary": f"{_title(r)} ({{{{ $labels.model_name }}}})",
                     "description": (
-                        f"kvdoctor rule {r.id} (family {r.family}) is active for engine "
-                        "{{ $labels.engine }} on {{ $labels.instance }}. " + _FLAGS + " "
+                        f"kvdoctor rule {r.id} (family {r.family}) is active for "
+                        "{{ $labels.model_name }} on {{ $labels.instance }}. " + _FLAGS + " "
                         f"The sidecar's /findings has the evidence; `kvdoctor explain {r.id}` the why."
                     ),
                     "runbook": f"kvdoctor explain {r.id}",

@@ -35,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
 from kvdoctor.breakdown import engine_preemption_rates, gpu_breakdown
-from kvdoctor.facts import Timeline
+from kvdoctor.facts import Snapshot, Timeline
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.redact import redact_text
 from kvdoctor.sampler import Cycle, LiveLoop, SnapshotFeed, error_status
@@ -73,6 +73,22 @@ def _recent(timeline: Timeline, window_s: float) -> Timeline:
     while i > 0 and (snaps[i - 1].timestamp or 0.0) >= latest - window_s - 1.0:
         i -= 1
     return Timeline(snaps[i:], max_len=timeline.max_len)
+
+
+def engine_indexes(snapshot: Snapshot, report: Report) -> dict[str, str]:
+    """Report engine id → vLLM's engine index (the ``engine`` label of its /metrics series,
+    "0"), where the cycle's pages name exactly one for it (matched by ``model_name``: the
+    engine's id or served model); engines with several (data parallel) or none are left out."""
+    out: dict[str, str] = {}
+    pages = [(m.model_name, m.engine) for m in snapshot.metrics if m.engine is not None]
+    for e in report.engines:
+        names = {str(e.get("id")), str(e.get("model"))}
+        found = {idx for model, idx in pages if model in names}
+        if not found and len(report.engines) == 1:  # one engine: its pages, whatever they call it
+            found = {idx for _, idx in pages}
+        if len(found) == 1:
+            out[str(e.get("id"))] = str(found.pop())
+    return out
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -180,6 +196,7 @@ class Sidecar:
                 gpu_info=[{"index": g["index"], "uuid": g["uuid"], "name": g["name"]} for g in report.gpus],
                 engines=list(report.engines),
                 preemptions_per_s=engine_preemption_rates(recent, report, window_s),
+                engine_index=engine_indexes(snapshot, report),
                 sources=sources,
                 last_evaluation=now,
                 evaluation_duration_s=duration_s,

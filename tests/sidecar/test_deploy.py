@@ -47,7 +47,7 @@ def test_every_rule_id_has_an_alert_with_severity_for_and_runbook() -> None:
         page = (ROOT / "docs" / "runbooks" / f"{r.id}.md").read_text()
         assert page.startswith(f"# {r.id} — ") and "## Fix" in page and alert_name(r.id) in page
         assert "kvdoctor_suggested_flag_info" in a["annotations"]["description"]
-        assert "{" not in a["annotations"]["summary"].replace("{{ $labels.engine }}", "")
+        assert "{" not in a["annotations"]["summary"].replace("{{ $labels.model_name }}", "")
     # vLLM's own rules read the counter as a rate and never advise a lower gmu for preemptions
     storm = alerts["VllmPreemptionStorm"]
     text = ALERTS.read_text()

@@ -51,6 +51,12 @@ def test_metrics_pass_promtool_and_follow_conventions(start_sidecar: Callable[..
     assert "_percent" not in text  # ratios, never percentages
 
 
+def parts_uuid(base: str) -> str:
+    """The one uuid the memory series carry (they join DCGM's UUID)."""
+    (uuid,) = {lb["uuid"] for lb, _ in series(base, "kvdoctor_gpu_memory_bytes")}
+    return uuid
+
+
 def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., Sidecar]) -> None:
     sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
     base = sc.base  # type: ignore[attr-defined]
@@ -60,7 +66,8 @@ def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., 
         "rule": "gpu-shared-with-foreign-process",
         "severity": "critical",
         "family": "K",
-        "engine": "Qwen/Qwen2.5-7B-Instruct",
+        "model_name": "Qwen/Qwen2.5-7B-Instruct",  # vLLM's model_name
+        "engine": "",  # vLLM's engine index: no /metrics page in this bundle names one
         "gpu": "0",
     }
     flags = series(base, "kvdoctor_suggested_flag_info")
@@ -77,7 +84,10 @@ def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., 
     (util,) = series(base, "kvdoctor_gpu_utilization_ratio")
     assert 0 <= util[1] <= 1
     (info,) = series(base, "kvdoctor_gpu_info")
-    assert info[0]["engine"] == "Qwen/Qwen2.5-7B-Instruct" and info[0]["attribution"] == "gpu"
+    assert info[0]["model_name"] == "Qwen/Qwen2.5-7B-Instruct" and info[0]["attribution"] == "gpu"
+    # the same uuid on every GPU series ("" here: this bundle's nvidia-smi table prints none;
+    # live NVML always gives one, tests/sidecar/test_container.py)
+    assert info[0]["uuid"] == parts_uuid(base) == ""
     (build,) = series(base, "kvdoctor_build_info")
     assert build[0]["version"]
     up = {lb["source"]: v for lb, v in series(base, "kvdoctor_source_up")}
@@ -104,13 +114,16 @@ def test_live_storm_fires_logs_and_readyz(start_sidecar: Callable[..., Sidecar],
     got = wait_for(
         lambda: [lb for lb, _ in series(base, "kvdoctor_finding") if lb["rule"] == "preemption-storm"], 15
     )
-    assert got[0]["engine"] and got[0]["severity"] == "warning"
+    # vLLM's label meanings: its series of the same engine join on (model_name, engine)
+    assert got[0]["model_name"] == "meta-llama/Llama-3.1-8B-Instruct" and got[0]["engine"] == "0"
+    assert got[0]["severity"] == "warning"
     r = get(base + "/readyz")
     assert r.status_code == 200 and "metrics" in r.text
     cap = series(base, "kvdoctor_engine_kv_capacity_tokens")
     usage = series(base, "kvdoctor_engine_kv_usage_ratio")
     rate = series(base, "kvdoctor_engine_preemptions_per_second")
     assert cap and cap[0][1] > 0 and usage and 0.9 <= usage[0][1] <= 1 and rate and rate[0][1] > 0
+    assert usage[0][0] == {"model_name": "meta-llama/Llama-3.1-8B-Instruct", "engine": "0"}
     events = [json.loads(line) for line in sc.out.lines()]  # type: ignore[attr-defined]
     assert events[0]["event"] == "started"
     fired = [e for e in events if e.get("event") == "fired" and e["rule"] == "preemption-storm"]
