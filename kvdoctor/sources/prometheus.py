@@ -3,17 +3,24 @@
 ``kvdoctor diagnose --prometheus URL [--since 15m] [--selector '{namespace="ml"}']`` reads what
 the fleet's Prometheus already scraped, over the window ``[now − since, now]``:
 
-- **vLLM**: every ``vllm:*`` series matching the selector, as one range query
+- **vLLM**: every ``vllm:*`` series matching the selector (and ``vllm_*``: the same series where
+  a pipeline turned the colon into an underscore, as OpenTelemetry collectors and some remote
+  writers do; read as ``vllm:*``, and left out for a pod that has the ``vllm:`` series too), as
+  one range query
   (``/api/v1/query_range``, step :func:`step_for`), grouped by pod and laid back out, one
   instant at a time, as the ``/metrics`` page vLLM served then, parsed by the same
   :func:`kvdoctor.sources.metrics.parse_metrics` a live scrape uses. So the rules see the same
   facts as ``diagnose --metrics URL`` and compute rates (``vllm:num_preemptions_total``) and
   quantiles (``vllm:request_prompt_tokens`` buckets) over the window the same way.
-- **GPUs**, when present: DCGM exporter series joined to the pod by its ``namespace``/``pod``
-  labels — ``DCGM_FI_DEV_FB_USED``/``_FREE``/``_RESERVED`` MiB and ``DCGM_FI_DEV_GPU_UTIL``
-  percent, or its DCGM 4.6 name ``DCGM_FI_DEV_GPU_UTIL_RATIO``, still percent
-  (:data:`DCGM_METRICS`) — else
-  a kvdoctor sidecar's own ``kvdoctor_gpu_memory_*`` / ``kvdoctor_gpu_utilization_ratio``.
+- **GPUs**, when present: DCGM exporter series joined to the pod by the pod labels
+  dcgm-exporter's Kubernetes mapping gives them (``exported_namespace``/``exported_pod`` where
+  Prometheus kept the exporter pod's own ``namespace``/``pod``, i.e. no ``honorLabels``; else
+  ``namespace``/``pod``) — ``DCGM_FI_DEV_FB_USED``/``_FREE``/``_RESERVED`` MiB and
+  ``DCGM_FI_DEV_GPU_UTIL`` percent, or its DCGM 4.6 name ``DCGM_FI_DEV_GPU_UTIL_RATIO``, still
+  percent, else ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a 0..1 ratio, in the default counters of
+  exporter 4.x where GPU_UTIL is not) (:data:`DCGM_METRICS`); the GPU's UUID from the ``UUID``
+  label (``uuid`` with the exporter's old-namespace option) — else a kvdoctor sidecar's own
+  ``kvdoctor_gpu_memory_*`` / ``kvdoctor_gpu_utilization_ratio`` (with their ``uuid``).
 - A pod is ``namespace/pod`` when those labels exist (Kubernetes discovery), else ``instance``.
 
 Errors are :class:`~kvdoctor.facts.SourceError` with one line (``GET …/api/v1/query_range:
@@ -53,7 +60,12 @@ DCGM_METRICS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_FB_TOTAL": ("total", MiB),
     "DCGM_FI_DEV_GPU_UTIL": ("util", 0.01),
     "DCGM_FI_DEV_GPU_UTIL_RATIO": ("util", 0.01),
+    # Exporter 4.x default counters (4.5.3-4.8.2 etc/default-counters.csv): "Ratio of time the
+    # graphics engine is active", 0..1; read only where neither GPU_UTIL name is there.
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("engine_active", 1.0),
 }
+#: a vLLM series name as Prometheus may hold it: ``vllm:…`` as vLLM exports it, or ``vllm_…``
+_VLLM_NAME = re.compile(r"^vllm[:_](.+)$")
 _KVDOCTOR_GPU = (
     "kvdoctor_gpu_memory_total_bytes",
     "kvdoctor_gpu_memory_bytes",
@@ -157,6 +169,14 @@ def _pod_key(labels: dict[str, str]) -> str:
     return labels.get("instance", "") or labels.get("job", "") or "unknown"
 
 
+def _dcgm_pod_key(labels: dict[str, str]) -> str:
+    """The pod a DCGM series is about: the exported pod labels when Prometheus renamed them
+    (the scrape's own pod/namespace are the exporter's), else :func:`_pod_key`."""
+    if labels.get("exported_pod"):
+        return f"{labels.get('exported_namespace', '')}/{labels['exported_pod']}".lstrip("/")
+    return _pod_key(labels)
+
+
 def _fmt_labels(labels: dict[str, str]) -> str:
     def esc(v: str) -> str:
         return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -217,17 +237,21 @@ def fetch_fleet(
     start = end - since_s
     step = step_for(since_s)
     extra = f",{inner}" if inner else ""
-    vllm = client.query_range(f'{{__name__=~"vllm:.+"{extra}}}', start, end, step)
+    vllm = client.query_range(f'{{__name__=~"vllm[:_].+"{extra}}}', start, end, step)
     # per pod, per timestamp: samples
     pages: dict[str, dict[float, list[tuple[str, dict[str, str], float]]]] = defaultdict(
         lambda: defaultdict(list)
     )
+    colon_pods = {_pod_key(dict(s.get("metric") or {})) for s in vllm if _is_colon(s)}
     for series in vllm:
         labels = dict(series.get("metric") or {})
-        name = labels.get("__name__", "")
-        if not name or name.endswith("_created"):
+        m = _VLLM_NAME.match(labels.get("__name__", ""))
+        if m is None or m.group(1).endswith("_created"):
             continue
+        name = "vllm:" + m.group(1)
         key = _pod_key(labels)
+        if not _is_colon(series) and key in colon_pods:
+            continue  # the pod's vllm: series are there: these are a copy
         for t, v in series.get("values") or []:
             try:
                 pages[key][float(t)].append((name, labels, float(v)))
@@ -263,6 +287,10 @@ def fetch_fleet(
     return out
 
 
+def _is_colon(series: dict[str, Any]) -> bool:
+    return str((series.get("metric") or {}).get("__name__", "")).startswith("vllm:")
+
+
 def _fix_hist(samples: list[tuple[str, dict[str, str], float]]) -> list[tuple[str, dict[str, str], float]]:
     # Sort so that a histogram's buckets, count and sum stay together under one # TYPE line.
     return sorted(samples, key=lambda s: (_histogram_family(s[0]) or s[0], s[0]))
@@ -289,14 +317,15 @@ def _gpu_series(
         fld, factor = DCGM_METRICS.get(labels.get("__name__", ""), ("", 0.0))
         if not fld or not labels.get("gpu", "").isdigit():
             continue
-        key = _pod_key(labels)
+        key = _dcgm_pod_key(labels)
         source[key] = "DCGM exporter"
+        uuid = labels.get("UUID") or labels.get("uuid")
         for t, v in series.get("values") or []:
             value = number_in_range(v, factor)
             if value is None:
                 continue
             g = acc[key][float(t)].setdefault(
-                int(labels["gpu"]), {"uuid": labels.get("UUID"), "name": labels.get("modelName")}
+                int(labels["gpu"]), {"uuid": uuid, "name": labels.get("modelName")}
             )
             g[fld] = value
     if not acc:
@@ -322,7 +351,10 @@ def _gpu_series(
             for t, v in series.get("values") or []:
                 value = number_in_range(v)
                 if value is not None:
-                    acc[key][float(t)].setdefault(int(labels["gpu"]), {})[side_fld] = value
+                    g = acc[key][float(t)].setdefault(int(labels["gpu"]), {})
+                    g[side_fld] = value
+                    if labels.get("uuid"):
+                        g["uuid"] = labels["uuid"]
     out: dict[str, tuple[dict[float, list[Gpu]], str | None]] = {}
     for key, by_t in acc.items():
         per_t: dict[float, list[Gpu]] = {}
@@ -345,5 +377,5 @@ def _gpu(index: int, f: dict[str, Any]) -> Gpu:
         name=f.get("name"),
         memory_total_bytes=int(total) if total is not None else None,
         memory_used_bytes=int(used) if used is not None else None,
-        utilization_gpu=f.get("util"),
+        utilization_gpu=f.get("util", f.get("engine_active")),
     )
