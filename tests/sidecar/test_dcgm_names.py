@@ -110,6 +110,7 @@ def test_fleet_reads_vllm_underscore_names_and_prefers_colon_ones(monkeypatch: A
         return served if "vllm[:_]" in query else []
 
     monkeypatch.setattr(prometheus.PrometheusClient, "query_range", query_range)
+    monkeypatch.setattr(prometheus.PrometheusClient, "label_values", lambda *a: [])  # one batch
     pods = {p.key: p for p in prometheus.fetch_fleet("http://prom:9090", since_s=60, now=120.0)}
     assert set(pods) == {"ml/otel-0", "ml/both-0"}
     running = {k: p.snapshots[-1].metrics[0].num_requests_running for k, p in pods.items()}
