@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -196,35 +196,36 @@ def start_prometheus(tsdb: Path, port: int, workdir: Path) -> subprocess.Popen[b
     raise RuntimeError("prometheus did not get ready in 60 s")
 
 
-def diagnose(url: str, since: str = "15m") -> tuple[float, int, dict[str, Any] | None, str]:
+_RUN = (
+    "import atexit, resource, runpy, sys\n"
+    "def _done(r=resource):\n"
+    "    u = r.getrusage(r.RUSAGE_SELF)\n"
+    "    sys.stderr.write('\\nmaxrss_kb=%d cpu_s=%.3f\\n' % (u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
+    "atexit.register(_done)\n"
+    "sys.argv = ['kvdoctor'] + sys.argv[1:]\n"
+    "runpy.run_module('kvdoctor', run_name='__main__')\n"
+)
+
+
+def diagnose(url: str, since: str = "15m") -> tuple[float, float, int, dict[str, Any] | None, str]:
     """``kvdoctor diagnose --prometheus URL --since SINCE --format json`` as a subprocess:
-    (wall seconds, the child's peak RSS in bytes, the JSON report or None, stderr)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    (wall seconds, its CPU seconds and peak RSS in bytes (its own getrusage, written at exit),
+    the JSON report or None, stderr)."""
     t0 = time.perf_counter()
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvdoctor",
-            "diagnose",
-            "--prometheus",
-            url,
-            "--since",
-            since,
-            "--format",
-            "json",
-        ],
+        [sys.executable, "-c", _RUN, "diagnose", "--prometheus", url, "--since", since, "--format", "json"],
         capture_output=True,
         text=True,
     )
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    m = re.search(r"maxrss_kb=(\d+) cpu_s=([0-9.]+)", r.stderr)
+    peak = int(m.group(1)) * 1024 if m else 0
+    cpu = float(m.group(2)) if m else 0.0
     try:
         report = json.loads(r.stdout)
     except ValueError:
         report = None
-    # ru_maxrss of children is the largest child's (kB): a later, larger child raises it
-    return wall, max(peak, before) * 1024, report, r.stderr.strip()
+    return wall, cpu, peak, report, r.stderr.replace(m.group(0), "").strip() if m else r.stderr.strip()
 
 
 def pods_in_trouble(report: dict[str, Any]) -> dict[str, list[str]]:
@@ -268,11 +269,15 @@ def main() -> int:
     port = _free_port()
     prom = start_prometheus(work / "tsdb", port, work)
     try:
-        wall, peak, report, err = diagnose(f"http://127.0.0.1:{port}", f"{args.minutes:g}m")
+        wall, cpu, peak, report, err = diagnose(f"http://127.0.0.1:{port}", f"{args.minutes:g}m")
     finally:
         prom.terminate()
         prom.wait(timeout=30)
-    print(f"diagnose --prometheus: {wall:.1f} s wall, peak memory {peak / MiB:.0f} MiB")
+    print(
+        f"diagnose --prometheus: {wall:.1f} s wall, {cpu:.1f} s CPU ({cpu / args.pods * 1000:.0f} ms per pod), "
+        f"peak memory {peak / MiB:.0f} MiB (Prometheus' own CPU not counted; the load average was "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
     if report is None:
         print(f"no report: {err[-500:]}")
         return 1
