@@ -66,16 +66,24 @@ class CatalogueRule:
     title: str
 
 
+def cli_runner() -> Any:
+    """click's CliRunner with stdout apart from stderr (click 8.1 mixes them unless told)."""
+    from click.testing import CliRunner
+
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:  # click >= 8.2: always apart, no such argument
+        return CliRunner()
+
+
 def catalogue(rules_dir: Path | None = None) -> list[CatalogueRule]:
     """The rule catalogue through its public face, ``kvdoctor rules --format json`` (run in
     process; ``rules_dir`` is its ``--rules-dir``), sorted by id. Raises RuntimeError with the
     command's message when it fails (an invalid rule file)."""
-    from click.testing import CliRunner
-
     from kvdoctor.rules_cli import rules_command
 
     args = ["--format", "json"] + (["--rules-dir", str(rules_dir)] if rules_dir else [])
-    result = CliRunner().invoke(rules_command, args)
+    result = cli_runner().invoke(rules_command, args)
     if result.exit_code != 0:
         raise RuntimeError(f"kvdoctor rules failed ({result.exit_code}): {result.output.strip()[:500]}")
     rows = json.loads(result.stdout)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvdoctor.sidecar.alerts import CatalogueRule, alert_name
+from kvdoctor.sidecar.alerts import CatalogueRule, alert_name, cli_runner
 
 #: the section names every rule's documentation uses (rules' ``doc``: ## What, ## Why, ...).
 SECTIONS = ("What", "Why", "How to confirm", "Fix", "Sources")
@@ -26,12 +26,10 @@ _META = re.compile(r"^(\S+(?: \S+)*?)\s{2,}(\S.*)$")
 def explain_text(rule_id: str, rules_dir: Path | None = None) -> str:
     """What ``kvdoctor explain ID`` prints (no colour, lines not folded, trailing blanks gone).
     Raises RuntimeError with the command's message when it fails (unknown id, invalid rules)."""
-    from click.testing import CliRunner
-
     from kvdoctor.rules_cli import explain_command
 
     args = [rule_id] + (["--rules-dir", str(rules_dir)] if rules_dir else [])
-    result = CliRunner().invoke(explain_command, args, env={"COLUMNS": str(_WIDTH), "NO_COLOR": "1"})
+    result = cli_runner().invoke(explain_command, args, env={"COLUMNS": str(_WIDTH), "NO_COLOR": "1"})
     if result.exit_code != 0:
         raise RuntimeError(f"kvdoctor explain {rule_id} failed: {result.output.strip()[:500]}")
     return "\n".join(line.rstrip() for line in result.stdout.splitlines()).strip() + "\n"
