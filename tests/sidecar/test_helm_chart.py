@@ -150,6 +150,8 @@ def test_a_bad_workload_kind_is_one_clear_error() -> None:
     helm = need("helm_python")
     with pytest.raises(helm.HelmError, match="workloadKind must be Deployment or StatefulSet"):
         render({"workloadKind": "DaemonSet"})
+    with pytest.raises(helm.HelmError, match="holds a single quote"):
+        render({"vllm": {"args": ["--served-model-name", "it's"]}})
 
 
 def test_prometheus_rule_holds_the_generated_alerts(tmp_path: Path) -> None:
