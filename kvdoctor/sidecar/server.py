@@ -75,6 +75,17 @@ def _recent(timeline: Timeline, window_s: float) -> Timeline:
     return Timeline(snaps[i:], max_len=timeline.max_len)
 
 
+#: environment variables a pod spec sets from the downward API (fieldRef metadata.namespace /
+#: metadata.name): log field → variable
+POD_ENV = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME"}
+
+
+def pod_identity(env: dict[str, str]) -> dict[str, str]:
+    """``{"namespace": …, "pod": …}`` from ``env`` (:data:`POD_ENV`; unset or empty ones left
+    out, each value at most 253 characters: a Kubernetes name)."""
+    return {k: env[v][:253] for k, v in POD_ENV.items() if env.get(v)}
+
+
 def engine_indexes(snapshot: Snapshot, report: Report) -> dict[str, str]:
     """Report engine id → vLLM's engine index (the ``engine`` label of its /metrics series,
     "0"), where the cycle's pages name exactly one for it (matched by ``model_name``: the
@@ -117,9 +128,13 @@ class Sidecar:
         max_len: int = 720,
         out: IO[str] | None = None,
         clock: Callable[[], float] = time.time,
+        identity: dict[str, str] | None = None,
     ) -> None:
         from kvdoctor import __version__
 
+        #: fields every JSON log line starts with (the pod's namespace and name, from the
+        #: downward API: :func:`pod_identity`), so a log pipeline can tell the sidecars apart
+        self.identity = {k: v for k, v in (identity or {}).items() if v}
         self.feed = feed
         self.pipeline = pipeline
         self.interval_s = interval_s
@@ -151,7 +166,7 @@ class Sidecar:
         """Write one JSON line to stdout (flushed); never raises (a closed stdout is ignored)."""
         with self._out_lock:
             try:
-                self.out.write(event_line(event) + "\n")
+                self.out.write(event_line({**self.identity, **event} if self.identity else event) + "\n")
                 self.out.flush()
             except (OSError, ValueError):
                 pass

@@ -23,7 +23,8 @@ def assert_safe_vllm_pod(pod: dict[str, Any]) -> None:
       readinessProbe and no startupProbe: Kubernetes counts a native sidecar's readiness in the
       Pod's Ready condition, and a startupProbe holds vLLM's start; no container but vLLM has a
       readinessProbe, and vLLM's own probe is on vLLM's port;
-    - the sidecar takes no GPU, runs read-only, non-root, without privilege escalation, limited;
+    - the sidecar takes no GPU, runs read-only, non-root, without privilege escalation, limited,
+      and knows its pod (POD_NAMESPACE/POD_NAME from the downward API);
     - vLLM runs non-root with USER (torch's getpass.getuser() never reaches getpwuid()), a
       writable HOME and its caches on a writable volume;
     - the log vLLM writes is the one the sidecar follows, through a volume both mount.
@@ -42,6 +43,8 @@ def assert_safe_vllm_pod(pod: dict[str, Any]) -> None:
     assert sec["readOnlyRootFilesystem"] is True and sec["allowPrivilegeEscalation"] is False
     assert side["resources"]["limits"]["memory"] and side["resources"]["limits"]["cpu"]
     assert "nvidia.com/gpu" not in str(side["resources"])  # it must not take a GPU of its own
+    downward = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in side["env"]}
+    assert downward["POD_NAMESPACE"] == "metadata.namespace" and downward["POD_NAME"] == "metadata.name"
 
     vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
     side_port = str(side["ports"][0]["containerPort"])

@@ -133,7 +133,7 @@ def test_every_toggle_renders_valid_objects() -> None:
     assert_safe_vllm_pod(pod)
     side = pod["initContainers"][0]
     assert {"--listen=0.0.0.0:9479", "--interval=2", "--history=300", "--no-nvml"} <= set(side["args"])
-    assert "env" not in side  # no NVIDIA_VISIBLE_DEVICES without NVML
+    assert [e["name"] for e in side["env"]] == ["POD_NAMESPACE", "POD_NAME"]  # no NVIDIA_* without NVML
     assert side["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "kvdoctor"}
     vllm = pod["containers"][0]
     assert vllm["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": 1}

@@ -3,6 +3,7 @@ the transitions log, read-only endpoints; and as a process: SIGTERM/SIGINT exit 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.inputs import InputOptions, open_feed
+from kvdoctor.pipeline import Pipeline
 from kvdoctor.sidecar.server import Sidecar, parse_listen
 from tests.sidecar.conftest import DATA, FakeVllm, get, live_feed, wait_for
 
@@ -143,6 +145,21 @@ def test_readyz_is_503_without_an_engine_source(start_sidecar: Callable[..., Sid
     assert get(base + "/healthz").status_code == 200
     (err,) = [v for lb, v in series(base, "kvdoctor_source_errors_total") if lb["source"] == "metrics"]
     assert err >= 2
+
+
+def test_log_lines_name_the_pod_from_the_downward_api() -> None:
+    from kvdoctor.sidecar.server import pod_identity
+
+    ident = pod_identity({"POD_NAMESPACE": "ml", "POD_NAME": "vllm-0", "HOSTNAME": "x"})
+    assert ident == {"namespace": "ml", "pod": "vllm-0"}
+    assert pod_identity({"POD_NAME": ""}) == {}  # near miss: unset or empty adds nothing
+    out = io.StringIO()
+    sc = Sidecar(open_feed(InputOptions(bundle=B05)), Pipeline.load(), out=out, identity=ident)
+    try:
+        sc.log({"event": "fired", "rule": "r"})
+    finally:
+        sc.feed.close()
+    assert json.loads(out.getvalue()) == {"namespace": "ml", "pod": "vllm-0", "event": "fired", "rule": "r"}
 
 
 def test_parse_listen() -> None:

@@ -45,11 +45,17 @@ the Pod's Ready condition, and a startupProbe holds the next containers' start.
     {{- range .Values.kvdoctor.extraArgs }}
     - {{ . | quote }}
     {{- end }}
-  {{- if .Values.kvdoctor.nvml }}
   env:
+    {{- if .Values.kvdoctor.nvml }}
     - {name: NVIDIA_VISIBLE_DEVICES, value: all}
     - {name: NVIDIA_DRIVER_CAPABILITIES, value: utility}
-  {{- end }}
+    {{- end }}
+    # the downward API: every JSON log line of the sidecar names its pod (the series get
+    # namespace/pod from the scrape: the PodMonitor or the scrape config)
+    - name: POD_NAMESPACE
+      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
   ports:
     - {name: kvdoctor, containerPort: {{ .Values.kvdoctor.port }}}
   {{- if .Values.kvdoctor.livenessProbe.enabled }}
