@@ -21,7 +21,10 @@ Pod kinds (every 25th pod of each, the rest healthy): ``storm`` (30 preemptions 
 KV cache full), ``idle`` (the GPU's memory held, no request for the whole window), ``kvsat``
 (KV cache full, GPU 25 % busy), ``growth`` (GPU memory rising 6 GiB over the window).
 
-usage: .venv/bin/python bench/fleet.py [--pods 500] [--keep DIR]
+Baseline, in the same run: the same command with every pod's series in one range query (as
+kvdoctor did before it asked for 50 pods at a time).
+
+usage: .venv/bin/python bench/fleet.py [--pods 500] [--keep DIR] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -202,18 +205,36 @@ _RUN = (
     "    u = r.getrusage(r.RUSAGE_SELF)\n"
     "    sys.stderr.write('\\nmaxrss_kb=%d cpu_s=%.3f\\n' % (u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
     "atexit.register(_done)\n"
+    "batch = sys.argv.pop(1)\n"
+    "if batch != 'default':\n"
+    "    import kvdoctor.sources.prometheus as p; p.POD_BATCH = int(batch)\n"
     "sys.argv = ['kvdoctor'] + sys.argv[1:]\n"
     "runpy.run_module('kvdoctor', run_name='__main__')\n"
 )
 
 
-def diagnose(url: str, since: str = "15m") -> tuple[float, float, int, dict[str, Any] | None, str]:
-    """``kvdoctor diagnose --prometheus URL --since SINCE --format json`` as a subprocess:
-    (wall seconds, its CPU seconds and peak RSS in bytes (its own getrusage, written at exit),
-    the JSON report or None, stderr)."""
+def diagnose(
+    url: str, since: str = "15m", pod_batch: int | None = None
+) -> tuple[float, float, int, dict[str, Any] | None, str]:
+    """``kvdoctor diagnose --prometheus URL --since SINCE --format json`` as a subprocess
+    (``pod_batch``: its POD_BATCH, else the default): (wall seconds, its CPU seconds and peak RSS
+    in bytes (its own getrusage, written at exit), the JSON report or None, stderr)."""
     t0 = time.perf_counter()
+    batch = "default" if pod_batch is None else str(pod_batch)
     r = subprocess.run(
-        [sys.executable, "-c", _RUN, "diagnose", "--prometheus", url, "--since", since, "--format", "json"],
+        [
+            sys.executable,
+            "-c",
+            _RUN,
+            batch,
+            "diagnose",
+            "--prometheus",
+            url,
+            "--since",
+            since,
+            "--format",
+            "json",
+        ],
         capture_output=True,
         text=True,
     )
@@ -252,6 +273,9 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=500)
     ap.add_argument("--minutes", type=float, default=15.0)
     ap.add_argument("--keep", type=Path, help="keep the OpenMetrics and TSDB in this directory")
+    ap.add_argument(
+        "--no-baseline", dest="baseline", action="store_false", help="skip the one-query baseline run"
+    )
     args = ap.parse_args()
     if shutil.which("promtool") is None or shutil.which("prometheus") is None:
         print("needs promtool and prometheus (apt-get install prometheus)", file=sys.stderr)
@@ -268,16 +292,29 @@ def main() -> int:
           f"backfilled by promtool in {t2 - t1:.1f} s")  # fmt: skip
     port = _free_port()
     prom = start_prometheus(work / "tsdb", port, work)
+    url, since = f"http://127.0.0.1:{port}", f"{args.minutes:g}m"
     try:
-        wall, cpu, peak, report, err = diagnose(f"http://127.0.0.1:{port}", f"{args.minutes:g}m")
+        wall, cpu, peak, report, err = diagnose(url, since)
+        base = diagnose(url, since, pod_batch=10**9) if args.baseline else None
     finally:
         prom.terminate()
         prom.wait(timeout=30)
+    from kvdoctor.sources.prometheus import POD_BATCH
+
     print(
-        f"diagnose --prometheus: {wall:.1f} s wall, {cpu:.1f} s CPU ({cpu / args.pods * 1000:.0f} ms per pod), "
-        f"peak memory {peak / MiB:.0f} MiB (Prometheus' own CPU not counted; the load average was "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        f"diagnose --prometheus ({POD_BATCH} pods a query): {wall:.1f} s wall, {cpu:.1f} s CPU "
+        f"({cpu / args.pods * 1000:.0f} ms per pod), peak memory {peak / MiB:.0f} MiB (Prometheus' own CPU "
+        f"not counted; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
+    if base is not None:
+        b_wall, b_cpu, b_peak, b_report, b_err = base
+        verdict = (
+            f"{b_wall:.1f} s wall, {b_cpu:.1f} s CPU, peak memory {b_peak / MiB:.0f} MiB "
+            f"(x{b_peak / max(peak, 1):.1f} the memory)"
+            if b_report is not None
+            else f"failed after {b_wall:.1f} s, peak memory {b_peak / MiB:.0f} MiB: {b_err.splitlines()[-1][:200]}"
+        )
+        print(f"baseline, every pod in one query: {verdict}")
     if report is None:
         print(f"no report: {err[-500:]}")
         return 1
