@@ -104,7 +104,9 @@ def main() -> None:
     case = args.case.name
     print(f"python -c pass:                      {base * 1000:7.0f} ms")
     print(f"nvitop --help:                       {n * 1000:7.0f} ms   (baseline; CPU {nc * 1000:.0f} ms)")
-    print(f"kvdoctor diagnose, first run (cold file cache): {first * 1000:7.0f} ms   {first / n:4.2f}x nvitop")
+    print(
+        f"kvdoctor diagnose, first run (cold file cache): {first * 1000:7.0f} ms   {first / n:4.2f}x nvitop"
+    )
     print(
         f"kvdoctor diagnose --bundle {case} (editable install): {k * 1000:7.0f} ms   {k / n:4.2f}x nvitop"
         f"   (CPU {kc * 1000:.0f} ms, {kc / nc:4.2f}x)"
