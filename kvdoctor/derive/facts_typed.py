@@ -52,6 +52,8 @@ class Facts(TypedDict):
     colocated_desc: str | None
     #: bytes; Σ gmu × total of the awake colocated engines + Σ NVML bytes of the sleeping ones
     colocated_effective_bytes: int | None
+    #: list[bool]; per engine (colocated_gmus order): its --gpu-memory-utilization was given (command line / non-default args); False where vLLM's default was assumed, None when unknown
+    colocated_gmu_explicit: list[bool] | None
     #: fraction; their sum
     colocated_gmu_sum: float | None
     #: list[fraction]; each engine's --gpu-memory-utilization (its command line via ps.txt / cmdline.txt; else its used memory / total)

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Writes the bundles of tests/data/bundles/ named ``p2-*``: rules of families K/U/P/W on vLLM
+0.34 (spec/vllm-0.34.md §2, §3.1) and issue 24 kinds 3, 4, 7, 8, each one that fires and a near
+miss. The 0.34 log lines are vllm-facts §9's format strings, taken from
+tests/data/bundles-034/build.py (its ``Log``, ``smi`` and templates); 0.33 lines are the ones
+the existing r*/k* bundles carry.
+
+Run: ``python tests/data/build_p2_bundles.py`` (rewrites the p2-* directories).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).parent
+OUT = HERE / "bundles"
+_spec = importlib.util.spec_from_file_location("build034", HERE / "bundles-034" / "build.py")
+assert _spec is not None and _spec.loader is not None
+b34 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(b34)
+
+GiB, MiB = 2**30, 2**20
+T_MIB = 81090  # H100 80GB HBM3 as torch sees it (79.19 GiB)
+SMI_TOTAL = 81559
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def write(name: str, files: dict[str, str], expected: dict) -> None:
+    d = OUT / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    for rel, text in files.items():
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    (d / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+
+
+def smi(used: int, procs: list[tuple[int, str, int]], util: int = 0) -> str:
+    return b34.smi("NVIDIA H100 80GB HBM3", used, SMI_TOTAL, procs).replace(
+        "|      0%      Default", f"|    {util:>3}%      Default"
+    )
+
+
+def ps(rows: list[tuple[int, int, str]]) -> str:
+    head = "    PID    PPID %CPU   RSS     ELAPSED COMMAND         COMMAND\n"
+    return head + "".join(
+        f"{pid:7d} {ppid:7d}  3.1 2911232    01:12:44 {cmd.split()[0][-15:]:<15} {cmd}\n"
+        for pid, ppid, cmd in rows
+    )
+
+
+def ext_engine_log(
+    api: int, core: int, args: str, *, pool_mib: int, f1_mib: int, kept_mib: int = 1900, tail: list[str] = ()
+) -> str:
+    """A healthy 0.34 extensible Llama-3.1-8B start on one H100 (§9.2's engine), then ``tail``."""
+    log = b34.Log("12-07")
+    log.banner(api, "0.34.0", LLAMA, args)
+    log.engine(core, "0.34.0", LLAMA, 131072)
+    log.add("EngineCore", core, b34.BACKEND, src="cuda.py:549")
+    log.add(
+        "EngineCore",
+        core,
+        "Model loading took 14.99 GiB memory and 5.604417 seconds",
+        src="model_runner.py:441",
+    )
+    log.add("EngineCore", core, b34.AVAILABLE % b34.gib(T_MIB - 16000 - 1400), src="gpu_worker.py:795")
+    log.add("EngineCore", core, b34.GRAPHS % (9, 576 / 1024), src="model_runner.py:1216")
+    n = pool_mib // 8
+    cap = 16100 + f1_mib - pool_mib - 512
+    log.add(
+        "EngineCore",
+        core,
+        b34.AFTER_WARMUP
+        % (b34.gib(f1_mib), b34.gib(64), b34.gib(kept_mib), b34.gib(1700), b34.gib(kept_mib), n,
+           b34.gib(pool_mib), b34.gib(T_MIB), b34.gib(cap)),
+        src="extensible_kv_cache.py:693",
+    )  # fmt: skip
+    tokens, conc = b34.cap_tokens(n, 131072, 64)
+    log.add(
+        "EngineCore",
+        core,
+        b34.CAPACITY % ("GPU", f"{tokens:,}", f"{131072:,}", conc),
+        src="kv_cache_utils.py:1168",
+    )
+    log.add("EngineCore", core, b34.EXTENDED % (n, pool_mib / 1024), src="extensible_kv_cache.py:536")
+    log.add(
+        "EngineCore",
+        core,
+        "init engine (profile, create kv cache, warmup model) took 50.62 s",
+        src="core.py:450",
+    )
+    log.add("APIServer", api, "Starting vLLM server on http://0.0.0.0:8000", src="entry.py:139")
+    for line in tail:
+        log.add("APIServer", api, line, src="loggers.py:336")
+    return log.text()
+
+
+CONFIG = json.dumps(b34.LLAMA_8B, indent=1) + "\n"
+UNSET_ARGS = "{'model_tag': 'meta-llama/Llama-3.1-8B-Instruct'}"
+
+
+def n1_bundles() -> None:
+    """N1 shared-gpu-gmu-unset: a notebook beside a gmu-unset 0.34 engine (warning), the same with
+    the engine's run-time OOM at < 1 GiB free (critical), and near misses: explicit gmu, a
+    monitoring tool's 200 MiB context, the same notebook beside a 0.33 engine."""
+    pool = 60608  # 59.19 GiB
+    log = ext_engine_log(2041, 2187, UNSET_ARGS, pool_mib=pool, f1_mib=63740, tail=[b34.HEALTHY_TRAFFIC])
+    engine_used = 16100 + pool + 1900
+    note_mib = 2970
+    procs = [(2187, "VLLM::EngineCore", engine_used), (7311, "/opt/conda/bin/python3.11", note_mib)]
+    table = ps([(2041, 1, f"/opt/venv/bin/python /opt/venv/bin/vllm serve {LLAMA}"), (2187, 2041, "VLLM::EngineCore"),
+                (7311, 7002, "/opt/conda/bin/python3.11 -m ipykernel_launcher -f kernel-3.json")])  # fmt: skip
+    gmu = int((T_MIB - note_mib - 512) / T_MIB * 100) / 100
+    write(
+        "p2-v34-n1-notebook-beside-gmu-unset",
+        {
+            "vllm.log": log,
+            "cmdline.txt": f"vllm serve {LLAMA}\n",
+            "nvidia-smi.txt": smi(engine_used + note_mib + 10, procs),
+            "ps.txt": table,
+            "config.json": CONFIG,
+        },
+        {
+            "fires": ["shared-gpu-gmu-unset"],
+            "not_fires": [
+                "gpu-shared-with-foreign-process",
+                "colocated-engines-overcommit",
+                "orphaned-engine-processes",
+            ],
+            "flags": {"shared-gpu-gmu-unset": {"--gpu-memory-utilization": [gmu - 0.01, gmu]}},
+            "max_health": "warning",
+            "note": (
+                "vLLM 0.34, gmu unset, extensible (Memory after warmup logged): Llama-3.1-8B commits 59.19 GiB of KV on"
+                f" one H100 while a Jupyter kernel (pid 7311) holds {note_mib} MiB. spec/vllm-0.34.md N1: warning"
+                f" (nothing failed yet), fix gmu = floor_0.01((T - {note_mib} MiB - 0.5 GiB)/T) = {gmu}; the gmu rule"
+                " of 0.33 (gpu-shared-with-foreign-process) gives way."
+            ),
+        },
+    )
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19"
+        " GiB of which 412.00 MiB is free. Process 7311 has 6.20 GiB memory in use. Including non-PyTorch memory,"
+        " this process has 72.45 GiB memory in use. Of the allocated memory 70.10 GiB is allocated by PyTorch, with"
+        " 61.20 GiB allowed; and 1.21 GiB is reserved by PyTorch but unallocated."
+    )
+    traffic = (
+        "Engine 000: Avg prompt throughput: 8123.0 tokens/s, Avg generation throughput: 412.0 tokens/s, Running: 48"
+        " reqs, Waiting: 0 reqs, GPU KV cache usage: 41.0%, Prefix cache hit rate: 0.0%"
+    )
+    log_oom = ext_engine_log(2041, 2187, UNSET_ARGS, pool_mib=pool, f1_mib=63740, tail=[traffic])
+    log_oom += (
+        "(EngineCore pid=2187) ERROR 12-07 10:05:10 [core.py:1011] EngineCore encountered a fatal error.\n"
+    )
+    log_oom += f"(EngineCore pid=2187) ERROR 12-07 10:05:10 [core.py:1011] {oom}\n"
+    note_big = 6350
+    write(
+        "p2-v34-n1-notebook-grew-engine-oom",
+        {
+            "vllm.log": log_oom,
+            "cmdline.txt": f"vllm serve {LLAMA}\n",
+            "nvidia-smi.txt": smi(
+                engine_used + note_big + 10,
+                [(2187, "VLLM::EngineCore", engine_used), (7311, "/opt/conda/bin/python3.11", note_big)],
+                util=97,
+            ),
+            "ps.txt": table,
+            "config.json": CONFIG,
+        },
+        {
+            "fires": ["shared-gpu-gmu-unset"],
+            "not_fires": ["gpu-shared-with-foreign-process", "idle-preallocation"],
+            "flags": {"shared-gpu-gmu-unset": {"--gpu-memory-utilization": [0.9, 0.92]}},
+            "note": (
+                "The same engine and notebook; the notebook grew to 6.2 GiB and the engine's next step ran out of"
+                " memory with 412 MiB free (spec N1 critical evidence (b)). gmu = floor_0.01((79.19 - 6.2 - 0.5)/79.19)"
+                " = 0.91, as in spec §3.1's worked example."
+            ),
+        },
+    )
+    expl = ext_engine_log(2041, 2187, "{'model_tag': 'meta-llama/Llama-3.1-8B-Instruct', 'gpu_memory_utilization': 0.9}",
+                          pool_mib=54336, f1_mib=63740, tail=[b34.HEALTHY_TRAFFIC])  # fmt: skip
+    used9 = 16100 + 54336 + 1900
+    write(
+        "p2-v34-n1-near-miss-explicit-gmu",
+        {
+            "vllm.log": expl,
+            "cmdline.txt": f"vllm serve {LLAMA} --gpu-memory-utilization 0.9\n",
+            "nvidia-smi.txt": smi(
+                used9 + note_mib + 10,
+                [(2187, "VLLM::EngineCore", used9), (7311, "/opt/conda/bin/python3.11", note_mib)],
+            ),
+            "ps.txt": table.replace(
+                f"vllm serve {LLAMA}", f"vllm serve {LLAMA} --gpu-memory-utilization 0.9"
+            ),
+            "config.json": CONFIG,
+        },
+        {
+            "fires": ["gpu-shared-with-foreign-process"],
+            "not_fires": ["shared-gpu-gmu-unset"],
+            "max_health": "warning",
+            "note": (
+                "Near miss for N1: the 0.34 engine has an explicit gmu 0.9 (vLLM's cap WARNING would be expected), so"
+                " it is capped and the notebook keeps its room; gpu-shared-with-foreign-process keeps the NVML evidence"
+                " (spec §2) and says the gmu is a cap, not a fit to free memory."
+            ),
+        },
+    )
+    write(
+        "p2-v34-n1-near-miss-monitoring-context",
+        {
+            "vllm.log": log,
+            "cmdline.txt": f"vllm serve {LLAMA}\n",
+            "nvidia-smi.txt": smi(
+                engine_used + 210,
+                [(2187, "VLLM::EngineCore", engine_used), (7311, "/usr/bin/dcgm-exporter", 200)],
+            ),
+            "ps.txt": table.replace(
+                "/opt/conda/bin/python3.11 -m ipykernel_launcher -f kernel-3.json", "/usr/bin/dcgm-exporter"
+            ),
+            "config.json": CONFIG,
+        },
+        {
+            "fires": [],
+            "not_fires": ["shared-gpu-gmu-unset", "gpu-shared-with-foreign-process"],
+            "max_health": "info",
+            "note": "Near miss for N1: the only other process is a 200 MiB CUDA context of a monitoring tool (< 0.25 GiB).",
+        },
+    )
+
+
+if __name__ == "__main__":
+    n1_bundles()
