@@ -42,6 +42,13 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         f" ({na(f['stacked_desc'])}) while GPU(s) {empty} hold nothing: the device pinning"
         f" (CUDA_VISIBLE_DEVICES) is wrong. Start the second engine with CUDA_VISIBLE_DEVICES={target}."
     )
+    gmu_sum = f["colocated_gmu_sum"]
+    if gmu_sum is not None and f["colocated_gpu"] == stacked and gmu_sum > 0.95:
+        # The overcommit (colocated-engines-overcommit) is this stacking's consequence.
+        summary += (
+            f" Together they ask for gmu {gmu_sum:.2f} of the one card: that overcommit goes away with the"
+            " move, so splitting the gmu is only the fallback."
+        )
     evidence = [
         Evidence(
             "engines on one GPU", na(f["stacked_desc"]), "nvidia-smi Processes / NVML compute processes"
@@ -66,6 +73,6 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("gpus",),
-    explains=("colocated-engines-overcommit",),
+    explains=("colocated-engines-overcommit", "shared-gpu-gmu-unset"),
     flags=("CUDA_VISIBLE_DEVICES",),
 )

@@ -233,5 +233,66 @@ def n1_bundles() -> None:
     )
 
 
+def _from_r10(name: str, edits: dict[str, list[tuple[str, str]]], expected: dict) -> None:
+    """A copy of r10-two-engines-stacked-gpu0 (two 0.33 engines unpinned on a 2 x L40S host) with
+    textual edits per file."""
+    src = OUT / "r10-two-engines-stacked-gpu0"
+    files = {p.name: p.read_text() for p in src.iterdir() if p.name != "expected.json"}
+    for fname, pairs in edits.items():
+        for old, new in pairs:
+            assert old in files[fname], (fname, old)
+            files[fname] = files[fname].replace(old, new)
+    write(name, files, expected)
+
+
+def stacked_bundles() -> None:
+    """Issue 24 kind 4: stacking is the cause, overcommit its consequence."""
+    gmus = [
+        ("--port 8000 --gpu-memory-utilization 0.45", "--port 8000 --gpu-memory-utilization 0.5"),
+        ("--port 8001 --gpu-memory-utilization 0.45", "--port 8001 --gpu-memory-utilization 0.48"),
+    ]
+    smi_edits = [
+        ("   41690MiB /  46068MiB", "   45120MiB /  46068MiB"),
+        ("VLLM::EngineCore                      20610MiB", "VLLM::EngineCore                      22900MiB"),
+        ("VLLM::EngineCore                      20590MiB", "VLLM::EngineCore                      22210MiB"),
+    ]
+    apps = [("5120, VLLM::EngineCore, 20610 MiB", "5120, VLLM::EngineCore, 22900 MiB"),
+            ("5388, VLLM::EngineCore, 20590 MiB", "5388, VLLM::EngineCore, 22210 MiB")]  # fmt: skip
+    edits = {"cmdline.txt": gmus, "ps.txt": gmus, "nvidia-smi.txt": smi_edits, "compute-apps.csv": apps}
+    _from_r10(
+        "p2-stacked-engines-overcommit-gpu1-idle",
+        edits,
+        {
+            "fires": ["engines-stacked-on-one-gpu", "colocated-engines-overcommit"],
+            "not_fires": ["gpu-shared-with-foreign-process", "orphaned-engine-processes"],
+            "flags": {"engines-stacked-on-one-gpu": {"CUDA_VISIBLE_DEVICES": "1"}},
+            "caused_by": {"colocated-engines-overcommit": "engines-stacked-on-one-gpu"},
+            "note": (
+                "Issue 24 kind 4: two unpinned 0.33 engines (gmu 0.5 + 0.48 = 0.98 > 0.95) on GPU 0 of a 2 x L40S"
+                " host while GPU 1 is empty. Stacking is the cause (CUDA_VISIBLE_DEVICES=1 for one engine), the"
+                " overcommit its consequence: colocated-engines-overcommit is caused_by engines-stacked-on-one-gpu."
+            ),
+        },
+    )
+    gpu1 = [("|      0%      Default |", "|     91%      Default |"),
+            ("       1MiB /  46068MiB", "   30411MiB /  46068MiB")]  # fmt: skip
+    proc = "|    0   N/A  N/A             5388      C   VLLM::EngineCore                      22210MiB|"
+    job = "\n|    1   N/A  N/A             9001      C   /usr/bin/python3 train.py              30400MiB|"
+    _from_r10(
+        "p2-stacked-near-miss-overcommit-gpu1-busy",
+        {**edits, "nvidia-smi.txt": [*smi_edits, *gpu1, (proc, proc + job)]},
+        {
+            "fires": ["colocated-engines-overcommit"],
+            "not_fires": ["engines-stacked-on-one-gpu"],
+            "flags": {"colocated-engines-overcommit": {"--gpu-memory-utilization": [0.46, 0.49]}},
+            "note": (
+                "Near miss for kind 4: the same overcommitted pair, but GPU 1 runs a training job (30 GiB, 91 %):"
+                " nowhere to move an engine, so the overcommit is the root finding with its gmu split."
+            ),
+        },
+    )
+
+
 if __name__ == "__main__":
     n1_bundles()
+    stacked_bundles()
