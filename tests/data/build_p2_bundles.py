@@ -293,6 +293,56 @@ def stacked_bundles() -> None:
     )
 
 
+SLEEP_LOG = """\
+(APIServer pid=5011) INFO 12-07 09:00:01 [api_server.py:1] vLLM API server version 0.33.0
+(APIServer pid=5011) INFO 12-07 09:00:01 [startup.py:96] non-default args: {'model_tag': 'meta-llama/Llama-3.1-8B-Instruct', 'port': 8000, 'enable_sleep_mode': True, 'gpu_memory_utilization': 0.6, 'max_model_len': 16384}
+(EngineCore pid=5120) INFO 12-07 09:00:09 [core.py:133] Initializing a V1 LLM engine (v0.33.0) with config: model='meta-llama/Llama-3.1-8B-Instruct', dtype=torch.bfloat16, max_seq_len=16384, tensor_parallel_size=1, pipeline_parallel_size=1, enforce_eager=False, kv_cache_dtype=auto, served_model_name=meta-llama/Llama-3.1-8B-Instruct
+(EngineCore pid=5120) INFO 12-07 09:00:30 [core.py:450] init engine (profile, create kv cache, warmup model) took 20.10 s
+(APIServer pid=5011) INFO 12-07 09:00:31 [entry.py:139] Starting vLLM server on http://0.0.0.0:8000
+(APIServer pid=6011) INFO 12-07 09:02:01 [api_server.py:1] vLLM API server version 0.33.0
+(APIServer pid=6011) INFO 12-07 09:02:01 [startup.py:96] non-default args: {'model_tag': 'Qwen/Qwen3-4B', 'port': 8001, 'enable_sleep_mode': True, 'gpu_memory_utilization': 0.6, 'max_model_len': 16384}
+(EngineCore pid=6120) INFO 12-07 09:02:09 [core.py:133] Initializing a V1 LLM engine (v0.33.0) with config: model='Qwen/Qwen3-4B', dtype=torch.bfloat16, max_seq_len=16384, tensor_parallel_size=1, pipeline_parallel_size=1, enforce_eager=False, kv_cache_dtype=auto, served_model_name=Qwen/Qwen3-4B
+(EngineCore pid=6120) INFO 12-07 09:02:30 [core.py:450] init engine (profile, create kv cache, warmup model) took 20.10 s
+(APIServer pid=6011) INFO 12-07 09:02:31 [entry.py:139] Starting vLLM server on http://0.0.0.0:8001
+(EngineCore pid=6120) INFO 12-07 09:03:02 [abstract.py:409] It took 1.204311 seconds to fall asleep.
+"""
+WAKE = "(EngineCore pid=6120) INFO 12-07 09:20:02 [abstract.py:440] It took 3.104311 seconds to wake up tags None.\n"
+
+
+def sleep_swap_bundles() -> None:
+    """Issue 24 kind 7: two sleep-mode engines on one H100 (gmu 0.6 each), sleep state per engine
+    from their own lines of one journald log (no /metrics)."""
+    src = OUT / "c2-sleep-swap-pair-state-unknown"
+    files = {n: (src / n).read_text() for n in ("cmdline.txt", "nvidia-smi.txt", "ps.txt")}
+    write(
+        "p2-sleep-swap-pair-asleep-by-log",
+        {**files, "vllm.log": SLEEP_LOG},
+        {
+            "fires": [],
+            "not_fires": ["colocated-engines-overcommit", "low-util-host-bound", "idle-preallocation",
+                          "orphaned-engine-processes", "gpu-shared-with-foreign-process"],
+            "note": (
+                "Issue 24 kind 7: c2-sleep-swap-pair-state-unknown with the two servers' journald log: Qwen3-4B's"
+                " own engine core (pid 6120) logged 'It took 1.20 s to fall asleep.' and no wake-up, so it is asleep"
+                " and holds 1.30 GiB: 0.6 x 79.65 + 1.30 GiB fits 0.95 x T. Engines that alternate are no overcommit."
+            ),
+        },
+    )  # fmt: skip
+    write(
+        "p2-sleep-swap-near-miss-woke-again",
+        {**files, "vllm.log": SLEEP_LOG + WAKE},
+        {
+            "fires": ["colocated-engines-overcommit"],
+            "not_fires": ["orphaned-engine-processes"],
+            "note": (
+                "Near miss for kind 7: the same log, but Qwen3-4B woke up again (full wake, 'It took 3.10 s to wake"
+                " up tags None.') while Llama is awake: both hold gmu 0.6 of the card, 1.20 > 0.95."
+            ),
+        },
+    )
+
+
 if __name__ == "__main__":
     n1_bundles()
     stacked_bundles()
+    sleep_swap_bundles()
