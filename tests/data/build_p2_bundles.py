@@ -342,7 +342,98 @@ def sleep_swap_bundles() -> None:
     )
 
 
+def _dp_metrics(page: str, running: list[int], kv: list[float]) -> str:
+    """One scrape of c2-dp-engine-load-skew-dp8-v014 with nothing waiting and the given running
+    requests and KV usage per engine."""
+    import re
+
+    def sub(metric: str, values: list) -> None:
+        nonlocal page
+        for i, x in enumerate(values):
+            page = re.sub(
+                rf'^({re.escape(metric)}\{{engine="{i}",[^}}]*\}}) \S+$',
+                rf"\g<1> {float(x)}",
+                page,
+                flags=re.M,
+            )
+
+    sub("vllm:num_requests_running", running)
+    sub("vllm:num_requests_waiting", [0] * len(running))
+    sub("vllm:kv_cache_usage_perc", kv)
+    return page
+
+
+def dp_running_skew_bundles() -> None:
+    """Issue 24 kind 8: DP engines with nothing waiting, running requests concentrated on some."""
+    src = OUT / "c2-dp-engine-load-skew-dp8-v014"
+    base = {n: (src / n).read_text() for n in ("cmdline.txt", "config.json", "nvidia-smi.txt", "vllm.log")}
+    pages = sorted((src / "metrics").iterdir())
+    skew = [[52, 49, 0, 0, 1, 0, 0, 0], [55, 47, 0, 1, 0, 0, 0, 0], [50, 51, 0, 0, 0, 1, 0, 0]]
+    kv = [0.31, 0.29, 0.0, 0.0, 0.01, 0.0, 0.0, 0.0]
+    smi0 = base["nvidia-smi.txt"]
+    busy_smi = smi0.replace("|      0%      Default |", "|     97%      Default |", 2)
+    even_smi = smi0.replace("|      0%      Default |", "|     58%      Default |")
+    write(
+        "p2-dp-running-skew-nothing-waiting",
+        {
+            **base,
+            "nvidia-smi.txt": busy_smi,
+            **{
+                f"metrics/{p.name}": _dp_metrics(p.read_text(), r, kv)
+                for p, r in zip(pages, skew, strict=True)
+            },
+        },
+        {
+            "fires": ["dp-engine-load-skew"],
+            "not_fires": ["low-util-kv-saturated", "low-util-host-bound"],
+            "note": (
+                "Issue 24 kind 8 (vllm#48808): dp 8 of Qwen3-4B on vLLM 0.14, nothing waiting on any engine in three"
+                " scrapes over 30 s, but engines 0 and 1 run 47-55 requests each while engines 2-7 run 0-1. No queue"
+                " and no full KV, yet the load sits on two of eight GPUs (97 % busy; the others idle)."
+            ),
+        },
+    )
+    even = [
+        [13, 12, 14, 12, 13, 11, 12, 14],
+        [12, 13, 12, 14, 13, 12, 11, 13],
+        [14, 12, 13, 12, 12, 13, 12, 12],
+    ]
+    write(
+        "p2-dp-running-even-near-miss",
+        {
+            **base,
+            "nvidia-smi.txt": even_smi,
+            **{
+                f"metrics/{p.name}": _dp_metrics(p.read_text(), r, [0.1] * 8)
+                for p, r in zip(pages, even, strict=True)
+            },
+        },
+        {
+            "fires": [],
+            "not_fires": ["dp-engine-load-skew"],
+            "note": "Near miss for kind 8: the same dp 8 with nothing waiting and 11-14 requests running on every engine.",
+        },
+    )
+    trickle = [[2, 1, 0, 0, 0, 0, 0, 0], [1, 2, 0, 0, 0, 0, 0, 0], [2, 0, 1, 0, 0, 0, 0, 0]]
+    write(
+        "p2-dp-running-trickle-near-miss",
+        {
+            **base,
+            **{
+                f"metrics/{p.name}": _dp_metrics(p.read_text(), r, [0.01] * 8)
+                for p, r in zip(pages, trickle, strict=True)
+            },
+        },
+        {
+            "fires": [],
+            "not_fires": ["dp-engine-load-skew"],
+            "note": "Near miss for kind 8: a trickle (3 requests over 8 engines): an uneven spread of so few means nothing.",
+        },
+    )
+
+
 if __name__ == "__main__":
     n1_bundles()
     stacked_bundles()
     sleep_swap_bundles()
+    dp_running_skew_bundles()
