@@ -432,8 +432,92 @@ def dp_running_skew_bundles() -> None:
     )
 
 
+def _hist(name: str, model: str, buckets: list[tuple[str, int]], total: float) -> str:
+    lab = f'engine="0",model_name="{model}"'
+    rows = [f"# TYPE {name} histogram"]
+    rows += [f'{name}_bucket{{{lab},le="{le}"}} {float(c)}' for le, c in buckets]
+    rows += [f"{name}_count{{{lab}}} {float(buckets[-1][1])}", f"{name}_sum{{{lab}}} {total}"]
+    return "\n".join(rows) + "\n"
+
+
+def _kv_page(
+    model: str, scale: int, kv: float, running: int, waiting: int, prompt_mid: int, gen_mid: int
+) -> str:
+    """A 0.34 /metrics page: cache_config_info (block 64, extensible), usage gauges and the
+    request length histograms (most requests near ``prompt_mid`` / ``gen_mid`` tokens)."""
+    lab = f'engine="0",model_name="{model}"'
+    les = ["1", "2", "5", "10", "20", "50", "100", "200", "500", "1000", "2000", "5000", "10000", "+Inf"]
+
+    def counts(mid: int) -> list[tuple[str, int]]:
+        out, acc = [], 0
+        for le in les:
+            top = float("inf") if le == "+Inf" else float(le)
+            acc = (
+                scale
+                if top >= 2 * mid
+                else (scale // 10 if top >= mid else (scale // 50 if top >= mid / 2 else 0))
+            )
+            out.append((le, acc))
+        return out
+
+    return (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="64",cache_dtype="auto",enable_extensible_kv_cache="True",engine="0",'
+        'gpu_memory_utilization="None",kv_cache_memory_bytes="None",num_gpu_blocks="7576"} 1.0\n'
+        f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{{lab}}} {kv}\n"
+        f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{lab}}} {float(running)}\n"
+        f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{{lab}}} {float(waiting)}\n"
+        f"# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{{{lab}}} 0.0\n"
+        f"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{{lab}}} {float(scale * prompt_mid)}\n"
+        f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{lab}}} {float(scale * gen_mid)}\n"
+        + _hist("vllm:request_prompt_tokens", model, counts(prompt_mid), float(scale * prompt_mid))
+        + _hist("vllm:request_generation_tokens", model, counts(gen_mid), float(scale * gen_mid))
+    )
+
+
+def kv_occupancy_bundles() -> None:
+    """Issue 28 item 5 for low-util-kv-saturated: a 0.34 engine (block 64, FLASH_ATTN) whose "KV 96 %"
+    is a quarter padding (short chat requests), and a near miss with long requests."""
+    log = ext_engine_log(2041, 2187, UNSET_ARGS, pool_mib=60608, f1_mib=63740)
+    used = 16100 + 60608 + 1900
+    for name, prompt, gen, note in (
+        (
+            "p2-v34-kv-saturated-short-requests-block64",
+            30,
+            12,
+            "vLLM 0.34 (block 64, FLASH_ATTN): GPU 24 % busy, KV 96 % (block usage) with 30 waiting; typical request"
+            " ~105 tokens from the length histograms, so (64 - 1)/2 = 31.5 padding tokens per request make the"
+            " token/block ratio ~0.77 < 0.8: token occupancy ~74 %, and --block-size 16 (valid on FLASH_ATTN) is"
+            " among the fixes (tests/rules/test_low_util_kv_saturated_occupancy.py).",
+        ),
+        (
+            "p2-v34-kv-saturated-long-requests-near-miss",
+            1500,
+            600,
+            "Near miss for the --block-size 16 advice: the same 0.34 engine with ~2,100-token requests; padding is"
+            " ~1.5 %, so the finding stands without --block-size 16.",
+        ),
+    ):
+        pages = {
+            f"metrics/{1796000000 + 15 * i}.txt": _kv_page(LLAMA, 1000 + 50 * i, 0.96, 180, 30, prompt, gen)
+            for i in range(4)
+        }
+        write(
+            name,
+            {
+                "vllm.log": log,
+                "cmdline.txt": f"vllm serve {LLAMA}\n",
+                "nvidia-smi.txt": smi(used, [(2187, "VLLM::EngineCore", used)], util=24),
+                "config.json": CONFIG,
+                **pages,
+            },
+            {"fires": ["low-util-kv-saturated"], "not_fires": ["idle-preallocation"], "note": note},
+        )
+
+
 if __name__ == "__main__":
     n1_bundles()
     stacked_bundles()
     sleep_swap_bundles()
     dp_running_skew_bundles()
+    kv_occupancy_bundles()
