@@ -154,7 +154,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             f" or stop {other} first{f' ({kill})' if kill else ''}."
         )
         fixes.append(
-            Fix(flags={GMU: str(flag_value(fix))}, why="a budget that fits beside the other process")
+            Fix(flags={GMU: str(flag_value(fix))}, why="a budget that fits the memory free at startup")
         )
         fixes += stop
     elif wanted is not None:

@@ -515,9 +515,38 @@ def kv_occupancy_bundles() -> None:
         )
 
 
+def held_outside_bundles() -> None:
+    """Issue 24 kind 3: "another process" only when one is visible. b05's startup refusal (0.9.1)
+    with an nvidia-smi that lists no process (a container without host pids): the memory is held
+    outside vLLM, and nothing names "the other process"."""
+    src = HERE / "cases" / "b05-foreign-process-blocks-startup"
+    files = {n: (src / n).read_text() for n in ("cmdline.txt", "vllm.log", "nvidia-smi.txt")}
+    row = "|    0   N/A  N/A           48213      C   /opt/conda/bin/python3.10             15790MiB |"
+    assert row in files["nvidia-smi.txt"]
+    files["nvidia-smi.txt"] = files["nvidia-smi.txt"].replace(
+        row, "|  No running processes found                                                             |"
+    )
+    write(
+        "p2-free-below-util-no-process-visible",
+        files,
+        {
+            "fires": ["gpu-shared-with-foreign-process"],
+            "not_fires": ["orphaned-engine-processes", "weights-not-sharded"],
+            "flags": {"gpu-shared-with-foreign-process": {"--gpu-memory-utilization": [0.55, 0.66]}},
+            "note": (
+                "Issue 24 kind 3: b05's refusal ('Free memory on device … 31.44/47.38 GiB … less than desired GPU"
+                " memory utilization (0.95 …)') but nvidia-smi inside a container lists no process: the finding is"
+                " titled 'Memory on the engine's GPU is held outside vLLM' and never says 'another process'. b05 itself"
+                " (pid 48213 visible) is the near miss that keeps 'Another process holds memory'."
+            ),
+        },
+    )
+
+
 if __name__ == "__main__":
     n1_bundles()
     stacked_bundles()
     sleep_swap_bundles()
     dp_running_skew_bundles()
     kv_occupancy_bundles()
+    held_outside_bundles()
