@@ -543,6 +543,72 @@ def held_outside_bundles() -> None:
     )
 
 
+def rank_imbalance_bundles() -> None:
+    """spec §2 parallel-rank-imbalance on 0.34: Llama-3.1-8B TP 2 on two H100s, each rank's own
+    'Memory after warmup' line; rank 1 shares its GPU with something vLLM measured (no nvidia-smi
+    in the bundle), so it commits fewer blocks and bounds the pool."""
+    for name, n1, fires, note in (
+        ("p2-v34-tp2-rank1-fewer-blocks-after-warmup", 6400, True,
+         "TP 2, vLLM 0.34 extensible, log only: rank 0 measures 7,576 blocks of 4 MiB after warm-up, rank 1 6,400;"
+         " the pool is the minimum (6,400), so rank 0 leaves (7,576 - 6,400) x 4 MiB = 4.59 GiB unused."),
+        ("p2-v34-tp2-ranks-even-near-miss", 7540, False,
+         "Near miss: the same TP 2 engine with 7,576 and 7,540 blocks per rank (0.14 GiB apart)."),
+    ):  # fmt: skip
+        log = b34.Log("12-07")
+        log.banner(
+            900,
+            "0.34.0",
+            LLAMA,
+            "{'model_tag': 'meta-llama/Llama-3.1-8B-Instruct', 'tensor_parallel_size': 2}",
+        )
+        log.add(
+            "EngineCore",
+            910,
+            f"Initializing a V1 LLM engine (v0.34.0) with config: model='{LLAMA}', dtype=torch.bfloat16,"
+            " max_seq_len=131072, tensor_parallel_size=2, pipeline_parallel_size=1, enforce_eager=False,"
+            " kv_cache_dtype=auto",
+            src="core.py:153",
+        )
+        for rank, n in ((0, 7576), (1, n1)):
+            pool = n * 4
+            log.add(
+                f"Worker_TP{rank}",
+                920 + rank,
+                "Model loading took 7.50 GiB memory and 4.1 seconds",
+                src="model_runner.py:441",
+            )
+            log.add(
+                f"Worker_TP{rank}",
+                920 + rank,
+                b34.AFTER_WARMUP
+                % (b34.gib(pool + 3200), b34.gib(64), b34.gib(1900), b34.gib(1700), b34.gib(1900), n,
+                   b34.gib(pool), b34.gib(T_MIB), b34.gib(pool + 9000)),
+                src="extensible_kv_cache.py:693",
+            )  # fmt: skip
+        n_min = min(7576, n1)
+        log.add("EngineCore", 910, b34.EXTENDED % (n_min, n_min * 4 / 1024), src="extensible_kv_cache.py:536")
+        log.add(
+            "EngineCore",
+            910,
+            "init engine (profile, create kv cache, warmup model) took 61.0 s",
+            src="core.py:450",
+        )
+        log.add("APIServer", 900, "Starting vLLM server on http://0.0.0.0:8000", src="entry.py:139")
+        write(
+            name,
+            {
+                "vllm.log": log.text(),
+                "cmdline.txt": f"vllm serve {LLAMA} --tensor-parallel-size 2\n",
+                "config.json": CONFIG,
+            },
+            {
+                "fires": ["parallel-rank-imbalance"] if fires else [],
+                "not_fires": [] if fires else ["parallel-rank-imbalance"],
+                "note": note,
+            },
+        )
+
+
 if __name__ == "__main__":
     n1_bundles()
     stacked_bundles()
@@ -550,3 +616,4 @@ if __name__ == "__main__":
     dp_running_skew_bundles()
     kv_occupancy_bundles()
     held_outside_bundles()
+    rank_imbalance_bundles()
