@@ -78,6 +78,18 @@ def _gmu_share(f: Facts, t: Thresholds, neighbours: int, ext: bool) -> float | N
     return best
 
 
+def _awake_neighbour(f: Facts) -> bool:
+    """Another awake vLLM engine shares this GPU (its memory is in the used figure; the
+    colocation rules own the finding), or, on 0.34 extensible with gmu unset, another process
+    does (shared-gpu-gmu-unset owns it)."""
+    own, asleep = f["colocated_self"], f["colocated_sleeping"] or []
+    n = f["colocated_count"] or 0
+    if n >= 2 and any(i != own and not (i < len(asleep) and asleep[i]) for i in range(n)):
+        return True
+    ext_unset = bool(f["vllm_v34"]) and f["vllm_sizing_mode"] == "extensible" and f["gmu_explicit"] is False
+    return ext_unset and (f["foreign_bytes"] or 0) >= 2**30 // 4
+
+
 def _sleeping_neighbours(f: Facts) -> tuple[int, str | None]:
     """Bytes and names of the other engines on this GPU that are asleep (their gauge)."""
     own, names = f["colocated_self"], f["colocated_names"] or []
@@ -111,6 +123,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         or f["oom_count"]
         or f["orphan_pids"]
         or f["asleep"]
+        or _awake_neighbour(f)
     ):
         return None
     ext = bool(f["vllm_v34"]) and f["vllm_sizing_mode"] == "extensible"

@@ -146,6 +146,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         and f["colocated_self"] is not None
         and not any(f["colocated_gmu_explicit"] or [True])
     )
+    explicit = f["colocated_gmu_explicit"] or []
+    if all(o.vllm for o in others) and any(x is not False for x in explicit):
+        # Only vLLM engines beside it and one of them has an explicit gmu:
+        # colocated-engines-overcommit's split over their gmu (this one's resolved to 1.0) owns it.
+        return None
     fixes: list[Fix] = []
     if all_vllm_unset:
         split = gmu_split(f["colocated_gmus"], t.max_gmu_sum)

@@ -609,6 +609,75 @@ def rank_imbalance_bundles() -> None:
         )
 
 
+def two_034_engines_bundles() -> None:
+    """spec §2 colocated-engines-overcommit and §3.1 N1 with two 0.34 engines on one H100: Qwen3-4B
+    (explicit gmu 0.5) started first; Llama-3.1-8B (gmu unset = 1.0, extensible) started beside it and
+    committed what Qwen left. Its log is the bundle's vllm.log."""
+    qwen_mib = 40200
+    pool = 19000
+    log = ext_engine_log(
+        6011, 6120, UNSET_ARGS, pool_mib=pool, f1_mib=pool + 3200, tail=[b34.HEALTHY_TRAFFIC]
+    )
+    llama_mib = 16100 + pool + 1900
+    rows = [
+        (
+            5011,
+            1,
+            "/opt/venv/bin/python /opt/venv/bin/vllm serve Qwen/Qwen3-4B --port 8001 --gpu-memory-utilization 0.5",
+        ),
+        (5120, 5011, "VLLM::EngineCore"),
+        (6011, 1, f"/opt/venv/bin/python /opt/venv/bin/vllm serve {LLAMA} --port 8000"),
+        (6120, 6011, "VLLM::EngineCore"),
+    ]
+    procs = [(5120, "VLLM::EngineCore", qwen_mib), (6120, "VLLM::EngineCore", llama_mib)]
+    write(
+        "p2-v34-two-engines-one-gmu-unset-overcommit",
+        {
+            "vllm.log": log,
+            "cmdline.txt": f"vllm serve Qwen/Qwen3-4B --port 8001 --gpu-memory-utilization 0.5\nvllm serve {LLAMA} --port 8000\n",
+            "ps.txt": ps(rows),
+            "nvidia-smi.txt": smi(qwen_mib + llama_mib + 10, procs),
+            "config.json": CONFIG,
+        },
+        {
+            "fires": ["colocated-engines-overcommit"],
+            "not_fires": [
+                "shared-gpu-gmu-unset",
+                "gpu-shared-with-foreign-process",
+                "engines-stacked-on-one-gpu",
+            ],
+            "flags": {"colocated-engines-overcommit": {"--gpu-memory-utilization": [0.31, 0.64]}},
+            "note": (
+                "Two 0.34 engines on one H100, not pinned: Qwen3-4B at an explicit gmu 0.5, Llama-3.1-8B with gmu"
+                " unset (u = 1.0 on the extensible path, spec §1). The gmu sum with u resolved is 1.5 > 0.95: the"
+                " later engine got only what the first left (an 18.55 GiB pool, no startup refusal on 0.34). Split"
+                " proportionally: Qwen 0.31, Llama 0.63. One engine has an explicit gmu, so the split is"
+                " colocated-engines-overcommit's, not shared-gpu-gmu-unset's."
+            ),
+        },
+    )
+    rows_unset = [(pid, pp, c.replace(" --gpu-memory-utilization 0.5", "")) for pid, pp, c in rows]
+    write(
+        "p2-v34-two-engines-both-gmu-unset",
+        {
+            "vllm.log": log,
+            "cmdline.txt": f"vllm serve Qwen/Qwen3-4B --port 8001\nvllm serve {LLAMA} --port 8000\n",
+            "ps.txt": ps(rows_unset),
+            "nvidia-smi.txt": smi(qwen_mib + llama_mib + 10, procs),
+            "config.json": CONFIG,
+        },
+        {
+            "fires": ["shared-gpu-gmu-unset"],
+            "not_fires": ["colocated-engines-overcommit", "gpu-shared-with-foreign-process"],
+            "flags": {"shared-gpu-gmu-unset": {"--gpu-memory-utilization": [0.47, 0.47]}},
+            "note": (
+                "The same pair with both engines' gmu unset (1.0 + 1.0): spec §3.1 gives the colocated split"
+                " (0.47 each, sum 0.94) once, in shared-gpu-gmu-unset; colocated-engines-overcommit does not repeat it."
+            ),
+        },
+    )
+
+
 if __name__ == "__main__":
     n1_bundles()
     stacked_bundles()
@@ -617,3 +686,4 @@ if __name__ == "__main__":
     kv_occupancy_bundles()
     held_outside_bundles()
     rank_imbalance_bundles()
+    two_034_engines_bundles()
