@@ -199,12 +199,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
                     why=f"the other process on idle GPU {empty[0]}, each on its own card",
                 )
             )
-            advice += f" Or start the other process on idle GPU {empty[0]} (CUDA_VISIBLE_DEVICES={empty[0]})."
+            advice += f" {'Or s' if fixes[:-1] else 'S'}tart the other process on idle GPU {empty[0]} (CUDA_VISIBLE_DEVICES={empty[0]})."
         pids = f["foreign_pids"]
         if pids:
             kill = "kill " + " ".join(str(p) for p in dict.fromkeys(pids))
             fixes.append(Fix(commands=(kill,), why="frees the memory the other process holds"))
-            advice += f" Or stop it ({kill})."
+            advice += f" {'Or s' if fixes[:-1] else 'S'}top it ({kill})."
     if fixes and fixes[0].flags:
         advice += (
             f" vLLM then logs the WARNING '{CAP_WARNING}': expected, and the documented reason to keep"
@@ -213,12 +213,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     idle = f["idle_headroom_design_bytes"]
     headroom = f" ({gib_text(idle)} GiB here)" if idle is not None else ""
     gpus = sorted(set(f["engine_gpus"] or ()))
-    where = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus}" if gpus else "its GPU"
     why_critical = _critical(f, t)
     summary = (
         f"gpu_memory_utilization is unset, so this vLLM 0.34 engine (extensible KV cache) takes all the"
         f" memory it measures free after its warm-up and leaves only μ + kept{headroom}, while"
-        f" memory on {where} is also held by {'; '.join(o.desc for o in others)}."
+        f" memory on its GPU is also held by {'; '.join(o.desc for o in others)}."
         f" {'Critical: ' + why_critical + '. ' if why_critical else 'A process that starts or grows there later runs out of memory. '}"
         f"{advice}"
     )

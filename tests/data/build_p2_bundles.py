@@ -678,6 +678,61 @@ def two_034_engines_bundles() -> None:
     )
 
 
+def n1_after_warmup_bundle() -> None:
+    """N1 critical evidence (a): a training job (visible, 52 GiB) started first; the 0.34 engine with
+    gmu unset started beside it and failed after warm-up with the H3 hint (vllm-facts §9.4)."""
+    log = b34.Log("12-07")
+    log.banner(2041, "0.34.0", LLAMA, UNSET_ARGS)
+    log.engine(2187, "0.34.0", LLAMA, 131072)
+    log.add("EngineCore", 2187, b34.BACKEND, src="cuda.py:549")
+    log.add(
+        "EngineCore",
+        2187,
+        "Model loading took 14.99 GiB memory and 5.604417 seconds",
+        src="model_runner.py:441",
+    )
+    f0 = T_MIB - 53248 - 560
+    a = f0 - 16000 - 1400
+    log.add("EngineCore", 2187, b34.AVAILABLE % b34.gib(a), src="gpu_worker.py:795")
+    log.add("EngineCore", 2187, b34.GRAPHS % (9, 576 / 1024), src="model_runner.py:1216")
+    n = 1040  # 8 MiB blocks: 8,320 MiB
+    log.add("EngineCore", 2187,
+            b34.AFTER_WARMUP % (b34.gib(n * 8 + 3100), b34.gib(64), b34.gib(1900), b34.gib(1700), b34.gib(1900), n,
+                                b34.gib(n * 8), b34.gib(T_MIB), b34.gib(16100 + n * 8 + 2000)),
+            src="extensible_kv_cache.py:693")  # fmt: skip
+    err = b34.TO_SERVE % (131072, "16.0", b34.gib((n - 1) * 8), (n - 1) * 64, b34.H3_AFTER)
+    log.add("EngineCore", 2187, "EngineCore failed to start.", "ERROR", "core.py:1757")
+    log.add("EngineCore", 2187, f"ValueError: {err}", "ERROR", "core.py:1757")
+    log.raw(
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+    )
+    table = ps([(2041, 1, f"/opt/venv/bin/python /opt/venv/bin/vllm serve {LLAMA}"),
+                (8800, 1, "/usr/bin/python3 train.py --config sft.yaml")])  # fmt: skip
+    write(
+        "p2-v34-n1-engine-failed-after-warmup-beside-job",
+        {
+            "vllm.log": log.text(),
+            "cmdline.txt": f"vllm serve {LLAMA}\n",
+            "nvidia-smi.txt": smi(53248 + 10, [(8800, "/usr/bin/python3", 53248)], util=88),
+            "ps.txt": table,
+            "config.json": CONFIG,
+        },
+        {
+            "fires": ["shared-gpu-gmu-unset", "max-model-len-exceeds-kv-capacity"],
+            "not_fires": ["gpu-shared-with-foreign-process", "orphaned-engine-processes"],
+            "flags": {"max-model-len-exceeds-kv-capacity": {"--max-model-len": [8192, (n - 1) * 64]}},
+            "note": (
+                "spec N1 critical evidence (a): a training job (pid 8800, 52 GiB, listed in ps as no vLLM process) held"
+                " the H100 first; Llama-3.1-8B on vLLM 0.34 with gmu unset committed the 1,040 blocks left after its"
+                " warm-up and failed with 'To serve at least one request … The extensible KV cache already takes all"
+                " device memory left after the model, its activations, CUDA graphs and warmup'. The engine has exited;"
+                " the job is foreign because the process table says so. No gmu leaves room for both (the job takes"
+                " 52 GiB): move it or stop it."
+            ),
+        },
+    )
+
+
 if __name__ == "__main__":
     n1_bundles()
     stacked_bundles()
@@ -687,3 +742,4 @@ if __name__ == "__main__":
     held_outside_bundles()
     rank_imbalance_bundles()
     two_034_engines_bundles()
+    n1_after_warmup_bundle()
