@@ -4,7 +4,13 @@ Two or more serving engines hold memory on the same GPU while another visible GP
 ## Why
 Each vLLM engine preallocates gmu × total of *its* GPU. Two engines started without distinct
 `CUDA_VISIBLE_DEVICES` both land on GPU 0: the second one fails its startup memory check or
-both run with a fraction of the KV cache they could have.
+both run with a fraction of the KV cache they could have. On vLLM 0.34 with the extensible KV
+cache there is no startup check: the later engine fails after warm-up (`No available memory for
+the cache blocks. The extensible KV cache already takes all device memory left after the model,
+its activations, CUDA graphs and warmup; …` or `To serve at least one request …` with that hint)
+or starts with a small `Extended KV cache` pool. The gmu overcommit that follows
+(`colocated-engines-overcommit`, `shared-gpu-gmu-unset`) is this stacking's consequence: the
+move is the fix, a gmu split only the fallback.
 
 ## How to confirm
 `nvidia-smi` lists two engine processes on one GPU; another GPU shows only a few MiB.

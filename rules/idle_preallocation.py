@@ -94,11 +94,11 @@ def _sleeping_neighbours(f: Facts) -> tuple[int, str | None]:
     """Bytes and names of the other engines on this GPU that are asleep (their gauge)."""
     own, names = f["colocated_self"], f["colocated_names"] or []
     asleep, held = f["colocated_sleeping"] or [], f["colocated_bytes"] or []
-    out = [
-        (names[i], held[i])
-        for i in range(min(len(names), len(asleep), len(held)))
-        if i != own and asleep[i] and held[i]
-    ]
+    out: list[tuple[str, int]] = []
+    for i in range(min(len(names), len(asleep), len(held))):
+        b = held[i]
+        if i != own and asleep[i] and b:
+            out.append((names[i], int(b)))
     if not out:
         return 0, None
     return sum(b for _, b in out), ", ".join(f"{n} {gib_text(b)} GiB" for n, b in out)

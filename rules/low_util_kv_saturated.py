@@ -87,7 +87,7 @@ def _seqs_fix(f: Facts) -> int | None:
     request, when vLLM accepts it and it is not the --max-num-seqs in effect."""
     by_blocks = f["kv_pool_requests_typical"]
     if by_blocks:
-        return by_blocks if is_valid(f, SEQS, by_blocks) else None
+        return int(by_blocks) if is_valid(f, SEQS, int(by_blocks)) else None
     cap, typical = f["kv_capacity_tokens"], f["typical_request_tokens"]
     if not cap or not typical or int(typical) < 1:
         return None

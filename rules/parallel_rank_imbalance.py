@@ -75,7 +75,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     ranks = _warmup_ranks(f)
     # The per-rank KV blocks after warm-up count where NVML per-GPU memory is not available;
     # the heaviest rank then leaves (N_max − N_min) × b of KV memory unused on the lightest.
-    block_spread = (max(ranks[0]) - ranks[0][ranks[1]]) * f["kv_block_bytes"] if ranks else None
+    b = f["kv_block_bytes"] or 0
+    block_spread = (max(ranks[0]) - ranks[0][ranks[1]]) * b if ranks else None
     nvml = spread is not None and spread > floor
     from_blocks = spread is None and block_spread is not None and total and block_spread > floor
     if tp_pp is None or tp_pp <= 1 or not total or not (nvml or from_blocks):

@@ -154,7 +154,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     fixes: list[Fix] = []
     if all_vllm_unset:
         split = gmu_split(f["colocated_gmus"], t.max_gmu_sum)
-        own = split[f["colocated_self"]] if split and f["colocated_self"] < len(split) else None
+        me = f["colocated_self"]
+        own = split[me] if split and me is not None and me < len(split) else None
         shares = ", ".join(
             f"{n} {flag_value(x)}" for n, x in zip(f["colocated_names"] or [], split or [], strict=False)
         )
