@@ -266,6 +266,8 @@ class Facts(TypedDict):
     kv_cache_dtype: str | None
     #: bool; --kv-cache-memory-bytes is given (gmu does not size the KV cache)
     kv_cache_memory_bytes_set: bool | None
+    #: bytes per GPU; --kv-cache-memory-bytes in effect (the flag or 'non-default args' kv_cache_memory_bytes), None when unset
+    kv_cache_memory_bytes_value: int | None
     #: bool; --kv-cache-memory-bytes (or --num-gpu-blocks-override) is set on a 0.34 engine: it turned the extensible KV cache off (budget 0.92 when gmu is unset, startup free check back, torch uncapped)
     kv_cache_memory_disables_extensible: bool | None
     #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size
