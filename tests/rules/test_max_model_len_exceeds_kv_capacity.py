@@ -100,3 +100,55 @@ def test_per_gpu_rank_only_with_parallelism_and_never_na() -> None:
 def test_near_miss_capacity_above_the_length_does_not_fire() -> None:
     ev = _evaluate(mml_error=False, mml_error_estimate=None, kv_capacity_tokens=200_000)
     assert ev.findings == [] and not ev.errors
+
+
+# vLLM 0.34 (spec/vllm-0.34.md §2, max-model-len-exceeds-kv-capacity row)
+
+
+def _ext(**values: Any) -> rulekit.Evaluation:
+    """The handed 0.34 case: Qwen3-8B at 40,960 on an RTX 4090, after-warm-up error, gmu unset."""
+    base: dict[str, Any] = dict(
+        vllm_version="0.34.0",
+        vllm_v34=True,
+        vllm_sizing_mode="extensible",
+        max_model_len=40960,
+        mml_error_max_model_len=40960,
+        mml_error_needed_bytes=int(5.62 * GiB),
+        mml_error_available_bytes=int(5.33 * GiB),
+        mml_error_estimate=38848,
+        block_size=64,
+        gmu=1.0,
+        gmu_resolved=1.0,
+        gmu_explicit=False,
+        gpu_total_bytes=int(23.64 * GiB),
+        fp8_supported=True,
+    )
+    base.update(values)
+    return _evaluate(**base)
+
+
+def test_034_ext_gmu_unset_has_no_gmu_fix() -> None:
+    (f,) = _ext().findings
+    assert [x.flags for x in f.fixes] == [{"--max-model-len": "38848"}, {"--kv-cache-dtype": "fp8"}]
+
+
+def test_034_ext_explicit_gmu_below_one_gets_one_unless_another_process_is_there() -> None:
+    (f,) = _ext(gmu=0.9, gmu_resolved=0.9, gmu_explicit=True).findings
+    assert {"--gpu-memory-utilization": "1"} in [x.flags for x in f.fixes]
+    (g,) = _ext(gmu=0.9, gmu_resolved=0.9, gmu_explicit=True, foreign_bytes=3 * GiB).findings
+    assert all("--gpu-memory-utilization" not in x.flags for x in g.fixes)
+
+
+def test_034_length_is_a_multiple_of_the_block_size_in_effect() -> None:
+    # no estimate logged: the committed pool's longest length, rounded down to a multiple of 64
+    (f,) = _ext(mml_error_estimate=None, max_model_len_fit_pool=38850).findings
+    assert f.fixes[0].flags == {"--max-model-len": "38848"}
+    # never from the reservation A: without the pool nothing is sized from mml_error_available_bytes
+    (g,) = _ext(mml_error_estimate=None, max_model_len_fit_pool=None, kv_capacity_tokens=None).findings
+    assert all("--max-model-len" not in x.flags for x in g.fixes)
+
+
+def test_033_keeps_its_gmu_fix() -> None:
+    # 0.33 behaviour: the gmu whose budget holds the missing KV, ≤ 0.95
+    (f,) = _evaluate(mml_error_needed_bytes=4 * GiB, mml_error_available_bytes=int(3.87 * GiB)).findings
+    assert any("--gpu-memory-utilization" in x.flags for x in f.fixes)
