@@ -161,7 +161,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             Evidence(
                 "KV cache capacity",
                 f"{na(f['kv_capacity_tokens'], ',')} tokens",
-                "vllm:cache_config_info / 'GPU KV cache size' log line",
+                "vllm.log 'Maximum concurrency for L tokens per request: Cx' × L (vLLM 0.9–0.20 logs a hybrid"
+                " model's 'GPU KV cache size' as low as a quarter of the capacity)"
+                if f["kv_capacity_from_concurrency"]
+                else "vllm:cache_config_info / 'GPU KV cache size' log line",
             )
         )
     return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))

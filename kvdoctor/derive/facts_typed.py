@@ -270,7 +270,9 @@ class Facts(TypedDict):
     kv_cache_memory_bytes_value: int | None
     #: bool; --kv-cache-memory-bytes (or --num-gpu-blocks-override) is set on a 0.34 engine: it turned the extensible KV cache off (budget 0.92 when gmu is unset, startup free check back, torch uncapped)
     kv_cache_memory_disables_extensible: bool | None
-    #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size
+    #: bool; kv_capacity_tokens is the log's 'Maximum concurrency for L tokens per request: Cx' × L, because on vLLM 0.9–0.20 the logged 'GPU KV cache size' (num_blocks // num_groups × min block size) differs from it by more than 10 %: a hybrid model's size is logged as low as a quarter of the real capacity (vllm-facts §2.4, issue 24 kind 9)
+    kv_capacity_from_concurrency: bool | None
+    #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size (vLLM 0.9–0.20: the logged concurrency × its max_model_len where the two differ, see kv_capacity_from_concurrency)
     kv_capacity_tokens: int | None
     #: bool; the last KV-fit error was raised after CUDA-graph capture and warm-up (its hint names 'CUDA graphs and warmup', 'CUDA graph capture and warmup left no memory for the KV cache', or it follows 'Memory after warmup')
     kv_error_after_warmup: bool | None
@@ -320,6 +322,10 @@ class Facts(TypedDict):
     log_gen_throughput_max: float | None
     #: str; the GPU name the log's capability line gives ('Tesla V100-SXM2-32GB'), for the catalogue when nvidia-smi is missing
     log_gpu_name: str | None
+    #: requests; C of 'Maximum concurrency for L tokens per request: Cx' (num_blocks / blocks per request, vllm-facts §2.4)
+    log_kv_concurrency: float | None
+    #: tokens; L of that line (the max_model_len it was computed for)
+    log_kv_concurrency_len: int | None
     #: int; its line
     log_kv_line: int | None
     #: tokens; 'GPU KV cache size: N tokens' (V0: '# GPU blocks' × block_size)

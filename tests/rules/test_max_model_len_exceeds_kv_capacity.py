@@ -152,3 +152,40 @@ def test_033_keeps_its_gmu_fix() -> None:
     # 0.33 behaviour: the gmu whose budget holds the missing KV, ≤ 0.95
     (f,) = _evaluate(mml_error_needed_bytes=4 * GiB, mml_error_available_bytes=int(3.87 * GiB)).findings
     assert any("--gpu-memory-utilization" in x.flags for x in f.fixes)
+
+
+# issue 24 kind 9: hybrid models on vLLM 0.9–0.20 log a KV cache size as low as a quarter
+
+
+def test_kind9_capacity_from_concurrency_is_named_in_the_evidence() -> None:
+    ev = _evaluate(
+        mml_error=None,
+        mml_error_max_model_len=None,
+        mml_error_needed_bytes=None,
+        mml_error_available_bytes=None,
+        mml_error_estimate=None,
+        vllm_version="0.15.1",
+        max_model_len=131072,
+        kv_capacity_tokens=100597,
+        kv_capacity_from_concurrency=True,
+    )
+    (f,) = ev.findings
+    (cap,) = [e for e in f.evidence if e.fact == "KV cache capacity"]
+    assert "Maximum concurrency" in cap.source and "100,597" in cap.value
+
+
+def test_kind9_hybrid_bundle_is_not_short() -> None:
+    from pathlib import Path
+
+    from tests.rule_contexts import all_contexts
+    from tests.test_cases import diagnose_json
+
+    name = "k1-hybrid-v015-kv-size-quarter-not-short"
+    bundle = Path(__file__).resolve().parent.parent / "data" / "bundles" / name
+    _code, report = diagnose_json(bundle)
+    assert all(x["rule"] != "max-model-len-exceeds-kv-capacity" for x in report["findings"])
+    (v,) = [v for b, _e, v, _i in all_contexts() if b == name]
+    assert v["kv_capacity_tokens"] == int(3.07 * 32768) and v["kv_capacity_from_concurrency"] is True
+    # a single-group model on the same versions keeps the logged size (they agree within 10 %)
+    others = [v for b, _e, v, _i in all_contexts() if b == "r19-v092-dual-kv-gauges-host-bound"]
+    assert others and all(v["log_kv_concurrency"] and not v["kv_capacity_from_concurrency"] for v in others)
