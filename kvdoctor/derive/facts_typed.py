@@ -310,6 +310,18 @@ class Facts(TypedDict):
     kv_usage_max: float | None
     #: fraction; smallest KV usage in the window
     kv_usage_min: float | None
+    #: list[str]; the launch's flags that its vLLM version does not have ('--swap-space' on 0.18+), from the version read (log, metrics) or the image tag vllm/vllm-openai:vX.Y.Z; empty when the version is unknown
+    launch_flags_unavailable: list[str] | None
+    #: tokens; --max-model-len as given on the launch command (None when not given, or auto/-1)
+    launch_max_model_len: int | None
+    #: bool; the launch's tensor_parallel_size does not divide the model's attention heads (nor its KV heads, or is no multiple of fewer KV heads): vLLM's ValueError 'Total number of attention heads … must be divisible by tensor parallel size' (kvmath.valid_tensor_parallel_size)
+    launch_tp_invalid: bool | None
+    #: list[int]; the tensor-parallel sizes vLLM accepts for the model, up to 16
+    launch_tp_valid_sizes: list[int] | None
+    #: str; the vLLM version the flag check used ('0.34.0'), or None
+    launch_version: str | None
+    #: str; where it came from: 'engine' (log / metrics) or 'image tag'
+    launch_version_source: str | None
     #: str; --limit-mm-per-prompt as given (None when unset)
     limit_mm_per_prompt: str | None
     #: bytes; smallest 'Available KV cache memory: X GiB' over workers (may be negative)
@@ -354,6 +366,8 @@ class Facts(TypedDict):
     log_waiting_max: int | None
     #: bytes; bytes per logit: 2 for bf16/fp16 models, 4 for fp32
     logits_dtype_bytes: int | None
+    #: bool; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the engine's environment (vLLM then accepts a longer --max-model-len with a warning)
+    long_max_model_len_allowed: bool | None
     #: str; where it comes from ('prompt-length histogram', 'KV in use', 'max_model_len (no metrics)')
     longest_context_source: str | None
     #: tokens; the longest context in the traffic: upper edge of the highest non-empty vllm:request_prompt_tokens bucket, or the KV-in-use bound, else max_model_len
@@ -416,6 +430,8 @@ class Facts(TypedDict):
     model_known: bool | None
     #: int; log line of the last 'Model loading took'
     model_loading_line: int | None
+    #: tokens; the longest --max-model-len vLLM accepts for the model without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (config.json / the catalogue, rope scaling included; kvmath.derived_max_model_len)
+    model_max_model_len: int | None
     #: str; --model / served model name
     model_name: str | None
     #: str; 'config.json' or 'catalogue'
