@@ -178,9 +178,14 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     title = None
     if ext:
         summary = (
-            f"CUDA graph capture ran out of memory on the extensible KV cache (vLLM ≥ 0.34): graphs are captured"
-            f" with only the null KV block committed, so the weights, activations and about"
-            f" {gib_text(graph_bytes)} GiB of graphs exceeded the free memory; a lower gmu frees nothing before"
+            "CUDA graph capture ran out of memory on the extensible KV cache (vLLM ≥ 0.34): graphs are captured"
+            " with only the null KV block committed, so the weights, activations and"
+            + (
+                f" about {gib_text(captured)} GiB of graphs"
+                if captured
+                else " the graphs (their size is not logged)"
+            )
+            + " exceeded the free memory; a lower gmu frees nothing before"
             f" the KV cache is sized.{advice}"
         )
     elif capture:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kvdoctor.rules.cuda_graph_capture_oom import RULE
 
 from kvdoctor import rulekit
@@ -163,3 +164,18 @@ def test_bundle_k7_runtime_oom_and_kvdoctors_value() -> None:
     assert "run-time OOM" in f["title"]
     values = [a["flags"].get("--kv-cache-memory-bytes") for a in f["fixes"]]
     assert "3274571776" in values and "3274912563" not in values
+
+
+@pytest.mark.parametrize(
+    ("bundle", "fires"),
+    [("k1-v34-ext-capture-oom", True), ("k1-v34-ext-runtime-oom-not-capture", False)],
+)
+def test_034_extensible_bundles(bundle: str, fires: bool) -> None:
+    from tests.test_cases import diagnose_json
+
+    _code, report = diagnose_json(Path(__file__).resolve().parent.parent / "data" / "bundles" / bundle)
+    mine = [x for x in report["findings"] if x["rule"] == "cuda-graph-capture-oom"]
+    assert bool(mine) is fires
+    for f in mine:
+        flags = [a["flags"] for a in f["fixes"]]
+        assert all("--gpu-memory-utilization" not in x and "--kv-cache-memory-bytes" not in x for x in flags)
