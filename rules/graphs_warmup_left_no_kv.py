@@ -49,6 +49,8 @@ class Thresholds:
     foreign_min_gib: float = 0.25
     #: the smallest --max-num-batched-tokens worth suggesting
     min_batched_tokens: int = 2048
+    #: an auto-fit max_model_len below this many tokens is a warning (vLLM rejects longer requests)
+    short_len: int = 8192
 
 
 def _mib(nbytes: float | None) -> str:
@@ -80,6 +82,29 @@ def _terms(f: Facts) -> dict[str, int]:
     return out
 
 
+def _autofit_reduced(f: Facts, t: Thresholds) -> Hit | None:
+    """`--max-model-len auto` reduced after graph capture and warm-up, and the engine served: info,
+    a warning below ``short_len`` tokens, where vLLM rejects longer requests (spec §3.2 near misses)."""
+    final, start = f["autofit_final_len"], f["autofit_final_from"]
+    if not (final and start and final < start):
+        return None
+    short = bool(f["autofit_short"]) or final < t.short_len
+    g = f["graph_capture_bytes"]
+    summary = (
+        f"max_model_len auto was reduced from {start:,} to {final:,} tokens after CUDA graph capture and warm-up"
+        f" (vLLM ≥ 0.34, extensible KV cache){f', with {gib_text(g)} GiB of CUDA graphs' if g else ''}."
+        + (f" Requests longer than {final:,} tokens are rejected." if short else " The engine serves.")
+    )
+    line = "vllm.log ('--max-model-len auto reduced max_model_len from A to B')"
+    return Hit(
+        summary=summary,
+        evidence=[Evidence("max_model_len auto", f"{start:,} → {final:,} tokens", line)],
+        gpus=sorted(set(f["engine_gpus"] or ())),
+        severity="warning" if short else "info",
+        title="max_model_len auto was reduced after graph capture and warm-up",
+    )
+
+
 def check(f: Facts, t: Thresholds) -> Hit | None:
     if f["vllm_sizing_mode"] != "extensible":
         return None
@@ -92,7 +117,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     short_numbers = bool(shortfall is not None and shortfall > 0 and f["warmup_line"] is not None)
     if not (after_error or short_numbers):
-        return None
+        return _autofit_reduced(f, t)
     need = shortfall + (n - 1) * b if b and n and shortfall is not None else None
     a = f["kv_reservation_bytes"]
     if a is not None and b and need is not None and a - b < need:

@@ -150,3 +150,15 @@ def test_bundles(bundle: Path, fires: bool) -> None:
         mml = by_rule["max-model-len-exceeds-kv-capacity"]
         assert mml["caused_by"] == "graphs-warmup-left-no-kv"
         assert "kv-budget-exhausted" not in by_rule
+
+
+def test_autofit_reduced_but_served_is_info_and_a_warning_when_short() -> None:
+    served = dict(kv_error_after_warmup=None, kv_hint_error=None, kv_shortfall_bytes=-100 * MiB)
+    f = finding(RULE, _rtx4090(**served, autofit_final_from=40960, autofit_final_len=38848))
+    assert f is not None and f.severity == "info" and f.fixes == []
+    g = finding(
+        RULE, _rtx4090(**served, autofit_final_from=40960, autofit_final_len=6144, autofit_short=True)
+    )
+    assert g is not None and g.severity == "warning" and "longer than 6,144" in g.summary
+    # not reduced: nothing to say
+    assert finding(RULE, _rtx4090(**served, autofit_final_len=40960)) is None
