@@ -117,7 +117,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
                 )
     # 2. a KV byte size in effect (or applied from a persisted startup plan)
     size = in_effect if in_effect is not None else plan
-    if size is not None and v34:
+    # the extensible KV cache exists only on CUDA/ROCm: a byte size on a CPU/XPU engine turns nothing off
+    on_gpu = f["kv_cache_device"] in (None, "GPU")
+    if size is not None and v34 and on_gpu:
         same = any(abs(size - x) <= t.same_mib * _MiB for x in suggested if x is not size)
         origin = (
             "applied from a persisted startup plan (VLLM_ENABLE_STARTUP_PLAN=1)"

@@ -262,6 +262,8 @@ class Facts(TypedDict):
     kv_bytes_per_token: int | None
     #: bytes per token; KV per token per GPU rank with fp8 KV (kvmath)
     kv_bytes_per_token_fp8: int | None
+    #: str; the device of the log's '<DEV> KV cache size' line, upper-case ('GPU' on CUDA/ROCm, 'CPU', 'XPU', …): the extensible KV cache exists only on CUDA/ROCm
+    kv_cache_device: str | None
     #: str; --kv-cache-dtype
     kv_cache_dtype: str | None
     #: bool; --kv-cache-memory-bytes is given (gmu does not size the KV cache)

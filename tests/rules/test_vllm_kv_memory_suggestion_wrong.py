@@ -143,3 +143,8 @@ def test_bundles(bundle: Path, fires: bool) -> None:
             # never vLLM's own --kv-cache-memory number, from any rule
             value = (alt.get("flags") or {}).get("--kv-cache-memory-bytes")
             assert value is None or int(value) not in (7612661760, 7172259840)
+
+
+def test_a_byte_size_on_a_cpu_engine_turns_nothing_off() -> None:
+    v = _ext(kv_cache_memory_bytes_value=8 * GiB, vllm_kv_memory_fit_bytes=None, kv_cache_device="CPU")
+    assert finding(RULE, v) is None
