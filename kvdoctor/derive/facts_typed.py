@@ -264,13 +264,19 @@ class Facts(TypedDict):
     kv_bytes_per_token: int | None
     #: bytes per token; KV per token per GPU rank with fp8 KV (kvmath)
     kv_bytes_per_token_fp8: int | None
+    #: str; the device of the log's '<DEV> KV cache size' line, upper-case ('GPU' on CUDA/ROCm, 'CPU', 'XPU', …): the extensible KV cache exists only on CUDA/ROCm
+    kv_cache_device: str | None
     #: str; --kv-cache-dtype
     kv_cache_dtype: str | None
     #: bool; --kv-cache-memory-bytes is given (gmu does not size the KV cache)
     kv_cache_memory_bytes_set: bool | None
+    #: bytes per GPU; --kv-cache-memory-bytes in effect (the flag or 'non-default args' kv_cache_memory_bytes), None when unset
+    kv_cache_memory_bytes_value: int | None
     #: bool; --kv-cache-memory-bytes (or --num-gpu-blocks-override) is set on a 0.34 engine: it turned the extensible KV cache off (budget 0.92 when gmu is unset, startup free check back, torch uncapped)
     kv_cache_memory_disables_extensible: bool | None
-    #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size
+    #: bool; kv_capacity_tokens is the log's 'Maximum concurrency for L tokens per request: Cx' × L, because on vLLM 0.9–0.20 the logged 'GPU KV cache size' (num_blocks // num_groups × min block size) differs from it by more than 10 %: a hybrid model's size is logged as low as a quarter of the real capacity (vllm-facts §2.4, issue 24 kind 9)
+    kv_capacity_from_concurrency: bool | None
+    #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size (vLLM 0.9–0.20: the logged concurrency × its max_model_len where the two differ, see kv_capacity_from_concurrency)
     kv_capacity_tokens: int | None
     #: bool; the last KV-fit error was raised after CUDA-graph capture and warm-up (its hint names 'CUDA graphs and warmup', 'CUDA graph capture and warmup left no memory for the KV cache', or it follows 'Memory after warmup')
     kv_error_after_warmup: bool | None
@@ -308,6 +314,18 @@ class Facts(TypedDict):
     kv_usage_max: float | None
     #: fraction; smallest KV usage in the window
     kv_usage_min: float | None
+    #: list[str]; the launch's flags that its vLLM version does not have ('--swap-space' on 0.18+), from the version read (log, metrics) or the image tag vllm/vllm-openai:vX.Y.Z; empty when the version is unknown
+    launch_flags_unavailable: list[str] | None
+    #: tokens; --max-model-len as given on the launch command (None when not given, or auto/-1)
+    launch_max_model_len: int | None
+    #: bool; the launch's tensor_parallel_size does not divide the model's attention heads (nor its KV heads, or is no multiple of fewer KV heads): vLLM's ValueError 'Total number of attention heads … must be divisible by tensor parallel size' (kvmath.valid_tensor_parallel_size)
+    launch_tp_invalid: bool | None
+    #: list[int]; the tensor-parallel sizes vLLM accepts for the model, up to 16
+    launch_tp_valid_sizes: list[int] | None
+    #: str; the vLLM version the flag check used ('0.34.0'), or None
+    launch_version: str | None
+    #: str; where it came from: 'engine' (log / metrics) or 'image tag'
+    launch_version_source: str | None
     #: str; --limit-mm-per-prompt as given (None when unset)
     limit_mm_per_prompt: str | None
     #: bytes; smallest 'Available KV cache memory: X GiB' over workers (may be negative)
@@ -320,6 +338,10 @@ class Facts(TypedDict):
     log_gen_throughput_max: float | None
     #: str; the GPU name the log's capability line gives ('Tesla V100-SXM2-32GB'), for the catalogue when nvidia-smi is missing
     log_gpu_name: str | None
+    #: requests; C of 'Maximum concurrency for L tokens per request: Cx' (num_blocks / blocks per request, vllm-facts §2.4)
+    log_kv_concurrency: float | None
+    #: tokens; L of that line (the max_model_len it was computed for)
+    log_kv_concurrency_len: int | None
     #: int; its line
     log_kv_line: int | None
     #: tokens; 'GPU KV cache size: N tokens' (V0: '# GPU blocks' × block_size)
@@ -348,6 +370,8 @@ class Facts(TypedDict):
     log_waiting_max: int | None
     #: bytes; bytes per logit: 2 for bf16/fp16 models, 4 for fp32
     logits_dtype_bytes: int | None
+    #: bool; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the engine's environment (vLLM then accepts a longer --max-model-len with a warning)
+    long_max_model_len_allowed: bool | None
     #: str; where it comes from ('prompt-length histogram', 'KV in use', 'max_model_len (no metrics)')
     longest_context_source: str | None
     #: tokens; the longest context in the traffic: upper edge of the highest non-empty vllm:request_prompt_tokens bucket, or the KV-in-use bound, else max_model_len
@@ -410,6 +434,8 @@ class Facts(TypedDict):
     model_known: bool | None
     #: int; log line of the last 'Model loading took'
     model_loading_line: int | None
+    #: tokens; the longest --max-model-len vLLM accepts for the model without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (config.json / the catalogue, rope scaling included; kvmath.derived_max_model_len)
+    model_max_model_len: int | None
     #: str; --model / served model name
     model_name: str | None
     #: str; 'config.json' or 'catalogue'
