@@ -72,3 +72,20 @@ def test_a_gmu_below_zero_is_not_named() -> None:
 
 def test_fragmentation_is_not_this_rule() -> None:
     assert finding(RULE, _oom(oom_reserved_unallocated_bytes=2 * GiB)) is None
+
+
+def test_it_explains_long_request_spike_on_the_gh200_bundle() -> None:
+    """Issue 24 kind 4: capping max_model_len at a quarter of the KV does not stop a long prompt
+    that OOMs in chunked prefill's attention: long-context-prefill-oom is the root cause and
+    long-request-spike nests under it."""
+    from pathlib import Path
+
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.sources.bundle import load_bundle
+
+    bundle = Path(__file__).parents[1] / "data" / "bundles" / "c2-long-context-prefill-oom-gh200"
+    report = Pipeline.load().evaluate(load_bundle(bundle).timeline, now=0)
+    by_rule = {f.rule: f for f in report.findings}
+    assert "long-request-spike" in RULE.explains
+    assert by_rule["long-request-spike"].caused_by == "long-context-prefill-oom"
+    assert by_rule["long-context-prefill-oom"].caused_by is None
