@@ -498,6 +498,18 @@ class Facts(TypedDict):
     pooling_from: str | None
     #: int; --pipeline-parallel-size
     pp: int | None
+    #: count; preemptions in that episode (increase of vllm:num_preemptions_total, resets skipped)
+    preemption_episode_count: float | None
+    #: seconds; unix time of the episode's last rising scrape
+    preemption_episode_end: float | None
+    #: bool; the episode reaches into the rule window (its last rising scrape is not older than the window)
+    preemption_episode_in_window: bool | None
+    #: fraction; largest vllm:kv_cache_usage_perc during that episode
+    preemption_episode_kv_max: float | None
+    #: per minute; that episode's preemptions / its span in minutes (at least one minute)
+    preemption_episode_per_min: float | None
+    #: seconds; unix time of the scrape before the first preemption of the episode with the most preemptions in the whole recorded series (vllm:num_preemptions_total rising in consecutive scrapes, gaps ≤ 120 s)
+    preemption_episode_start: float | None
     #: count; increase of vllm:num_preemptions_total over the window
     preemptions_in_window: float | None
     #: per minute; rate(vllm:num_preemptions_total) over the window
@@ -534,6 +546,10 @@ class Facts(TypedDict):
     requests_per_s: float | None
     #: requests; vllm:num_requests_running, latest
     running: float | None
+    #: requests; the most requests running at once before the first trouble sample (preemptions rose, or requests waiting with KV usage ≥ 0.9) over the whole recorded series of this engine's scrapes (vllm:num_requests_running), else over the log's stats lines of the current run ('Running: N reqs'); the peak of every sample when no trouble is seen; None without either
+    running_before_trouble: float | None
+    #: str; where running_before_trouble comes from ('vllm:num_requests_running over N scrapes', 'stats lines')
+    running_before_trouble_source: str | None
     #: requests; last − first running in the window
     running_trend: float | None
     #: bool; an OOM after the engine was serving
