@@ -115,6 +115,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         fixes.append(
             Fix(flags={"--tensor-parallel-size": str(tp_up)}, why="the KV cache spread over twice the GPUs")
         )
+    if past and levers.startswith("fewer concurrent sequences, "):
+        levers = levers[len("fewer concurrent sequences, ") :]
     window = f["window_seconds"]
     when = _when(f["preemption_episode_start"], f["preemption_episode_end"])
     if present:
@@ -126,10 +128,14 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     else:
         assert ep_rate is not None and ep_kv is not None
+        ended = (
+            f"it has ended (under {t.min_per_min:.0f} per minute over the last {na(window, '.0f')} s)."
+            if f["preemption_episode_in_window"]
+            else f"it has ended (none in the last {na(window, '.0f')} s)."
+        )
         summary = (
             f"A preemption storm happened {when}: {f['preemption_episode_count'] or 0:,.0f} preemptions"
-            f" ({ep_rate:.0f} per minute) while the KV cache reached {ep_kv:.0%}; it has ended (none in the"
-            f" last {na(window, '.0f')} s). If it comes back, give each request slot more KV: {levers}."
+            f" ({ep_rate:.0f} per minute) while the KV cache reached {ep_kv:.0%}; {ended} If it comes back, give each request slot more KV: {levers}."
         )
     evidence = []
     if present:

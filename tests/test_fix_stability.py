@@ -49,3 +49,24 @@ def test_no_fix_value_flaps_over_the_watch_demo_replay() -> None:
             assert all(int(v) >= 8 for v in seq), (rule, seq)
     # the tail is capped at a quarter of the 194,384-token cache, a multiple of the 16-token block
     assert values[("preemption-storm", "--max-model-len")] == ["48592"]
+
+
+def test_seqs_step_rounds_down_by_at_most_an_eighth() -> None:
+    from kvdoctor.rule_functions import seqs_step
+
+    assert [seqs_step(n) for n in (0, 1, 2, 15, 16, 17, 31, 33, 111, 114, 178, 1000)] == [
+        1, 1, 2, 15, 16, 16, 30, 32, 104, 112, 176, 960,
+    ]  # fmt: skip
+    assert all(seqs_step(n) <= n and seqs_step(n) >= 0.875 * n for n in range(8, 5000))
+
+
+def test_concurrency_fix_refuses_a_mixed_median_and_a_serialising_value() -> None:
+    from kvdoctor.rule_functions import concurrency_fix
+
+    assert concurrency_fix(442192, 16637, None, 16000.0, 20000.0) == (26, "")
+    seqs, why = concurrency_fix(442192, 16637, 33, 16000.0, 20000.0)
+    assert seqs is None and "33 running before the trouble" in why
+    seqs, why = concurrency_fix(194384, 69404, None, 69000.0, 100000.0)
+    assert seqs == 2  # all huge (not mixed), nothing ran before: the contract decides
+    seqs, why = concurrency_fix(194384, 1700, 8, 1500.0, 100000.0)
+    assert seqs is None and "mixed" in why

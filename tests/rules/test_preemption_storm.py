@@ -62,3 +62,36 @@ def test_a_limit_that_already_fits_is_said_without_a_flag() -> None:
 
 def test_a_storm_below_a_full_cache_does_not_fire() -> None:
     assert finding(RULE, _storm(kv_usage_max=0.6)) is None
+
+
+def test_a_storm_that_ended_is_reported_as_history_with_when() -> None:
+    """Issue 24 kind 2: the forensic question scans the whole series; a storm that ended before
+    the bundle was taken is an info finding saying when, with no sequence limit sized from the
+    traffic after it."""
+    from kvdoctor.rules.preemption_storm import RULE as STORM
+
+    from tests.rules._words import facts, finding
+
+    past = facts(
+        preemptions_per_min=0.0,
+        kv_usage_max=0.3,
+        preemption_episode_count=40.0,
+        preemption_episode_per_min=28.9,
+        preemption_episode_kv_max=1.0,
+        preemption_episode_start=1773142800.0,
+        preemption_episode_end=1773142883.0,
+        preemption_episode_in_window=False,
+        kv_capacity_tokens=194384,
+        typical_request_tokens=1700,
+        max_num_seqs_effective=256,
+        kv_cache_dtype="auto",
+        window_seconds=300.0,
+    )
+    f = finding(STORM, past)
+    assert f is not None and f.severity == "info"
+    assert "A preemption storm happened from 2026-03-10 11:40:00 to 11:41:23 UTC" in f.summary
+    assert [x.flags for x in f.fixes] == [{"--kv-cache-dtype": "fp8"}]
+    # near miss: a few preemptions over the series is no storm
+    assert (
+        finding(STORM, {**past, "preemption_episode_count": 3.0, "preemption_episode_per_min": 3.0}) is None
+    )
