@@ -32,6 +32,7 @@ WRITES: dict[str, str] = {
     "preemption_episode_per_min": "per minute; that episode's preemptions / its span in minutes (at least one minute)",
     "preemption_episode_kv_max": "fraction; largest vllm:kv_cache_usage_perc during that episode",
     "preemption_episode_in_window": "bool; the episode reaches into the rule window (its last rising scrape is not older than the window)",
+    "log_prompt_throughput_last": "tokens/s; 'Avg prompt throughput' of the log's last stats line of this engine's current run (prefill was in the recent steps when > 0)",
 }
 READS: frozenset[str] = frozenset({"dp_engine"})
 
@@ -55,6 +56,10 @@ def _samples(s: Scope) -> list[Any]:
 def derive(s: Scope, v: Vars) -> None:
     """running_before_trouble and the largest preemption episode of the series."""
     samples = _samples(s)
+    if s.log is not None:
+        stats = engine_stats(s.log, v["dp_engine"])
+        if stats:
+            v["log_prompt_throughput_last"] = stats[-1].values.get("prompt_throughput")
     _running(s, v, samples)
     _episode(s, v, samples)
 

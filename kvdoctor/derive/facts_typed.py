@@ -328,6 +328,8 @@ class Facts(TypedDict):
     log_num_gpu_blocks: int | None
     #: int; Σ 'Preemptions: N' in stats lines (≥0.12) + V0 preemption warnings
     log_preemptions_sum: int | None
+    #: tokens/s; 'Avg prompt throughput' of the log's last stats line of this engine's current run (prefill was in the recent steps when > 0)
+    log_prompt_throughput_last: float | None
     #: tokens; median prompt length of the run's request lines (prompt_token_ids length / '<redacted N tokens>')
     log_prompt_tokens_median: float | None
     #: list[fraction]; 'GPU KV cache usage' of each stats line of the log's current run with requests waiting or pending
