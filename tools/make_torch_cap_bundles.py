@@ -27,7 +27,7 @@ A = "(APIServer pid=2041)"
 E = "(EngineCore pid=2187)"
 
 
-def log(extensible: bool, alloc: str, allowed: bool) -> str:
+def log(extensible: bool, alloc: str, allowed: bool, attention: bool = False) -> str:
     lines = [
         f"{A} INFO 12-07 10:00:01 [api_server.py:1] vLLM API server version 0.34.0",
         f"{A} INFO 12-07 10:00:02 [startup.py:96] non-default args: {{'model_tag': '{MODEL}'"
@@ -73,8 +73,18 @@ def log(extensible: bool, alloc: str, allowed: bool) -> str:
         f"{E} ERROR 12-07 10:30:19 [core.py:1102] Traceback (most recent call last):",
         f'{E} ERROR 12-07 10:30:19 [core.py:1102]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu/model_runner.py", line 1488, in execute_model',
         f"{E} ERROR 12-07 10:30:19 [core.py:1102]     hidden_states = self.model(",
-        f'{E} ERROR 12-07 10:30:19 [core.py:1102]   File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/activation.py", line 98, in forward_cuda',
-        f"{E} ERROR 12-07 10:30:19 [core.py:1102]     out = torch.empty(output_shape, dtype=x.dtype, device=x.device)",
+    ]
+    if attention:
+        lines += [
+            f'{E} ERROR 12-07 10:30:19 [core.py:1102]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/attention/backends/flash_attn.py", line 702, in forward',
+            f"{E} ERROR 12-07 10:30:19 [core.py:1102]     flash_attn_varlen_func(",
+        ]
+    else:
+        lines += [
+            f'{E} ERROR 12-07 10:30:19 [core.py:1102]   File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/activation.py", line 98, in forward_cuda',
+            f"{E} ERROR 12-07 10:30:19 [core.py:1102]     out = torch.empty(output_shape, dtype=x.dtype, device=x.device)",
+        ]
+    lines += [
         f"{E} ERROR 12-07 10:30:19 [core.py:1102] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"
         f" {alloc}. GPU 0 has a total capacity of 79.19 GiB of which {free} is free. Including non-PyTorch memory,"
         f" this process has {inuse} memory in use. "
@@ -119,6 +129,20 @@ def main() -> None:
             " allocate 1.50 GiB … of which 3.02 GiB is free … 18.34 GiB allowed; … 17.60 GiB is allocated by"
             " PyTorch, and 0.40 GiB is reserved … but unallocated'. Δ = 17.60 + 0.40 + 1.50 − 18.34 = 1.16 GiB;"
             " --max-num-batched-tokens 8192 → 4096, or gmu floor_0.01((79.19 − 1.16 − 0.5)/79.19) = 0.97.",
+        },
+    )
+    write(
+        "v34-long-context-prefill-oom-at-cap",
+        f"vllm serve {MODEL}",
+        log(True, "1.50 GiB", True, attention=True),
+        {
+            "fires": ["long-context-prefill-oom", "torch-cap-oom"],
+            "not_fires": ["allocator-fragmentation"],
+            "flags": {"long-context-prefill-oom": {"--max-num-batched-tokens": [4096, 4096]}},
+            "note": "spec/vllm-0.34.md long-context-prefill-oom row: the OOM of v34-torch-cap-oom-prefill, but in"
+            " flash-attention during chunked prefill of a long context (max_model_len 131,072 ≥ 4 × 8192, log only:"
+            " assumed). On the extensible cache P + A − B ≤ 0 (B = T), so E = 17.60 + 0.40 + 1.50 − 18.34 ="
+            " 1.16 GiB past the torch cap; long-context-prefill-oom is the root cause and explains torch-cap-oom.",
         },
     )
     write(
