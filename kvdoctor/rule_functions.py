@@ -325,6 +325,7 @@ def concurrency_fix(
     prompt_p50: float | None,
     prompt_tail: float | None,
     tail_ratio: float = 4,
+    fits: int | None = None,
 ) -> tuple[int | None, str]:
     """The ``--max-num-seqs`` that admits only what the KV cache holds at once, and why not when
     None (issue 24 kind 1: a fix that helps, never one that serialises the engine).
@@ -332,7 +333,9 @@ def concurrency_fix(
     ``kv_tokens``: KV capacity in tokens; ``typical_tokens``: a typical request (p50 prompt + p50
     generation); ``needed``: the requests running before the trouble (derive
     ``running_before_trouble``); ``prompt_p50`` / ``prompt_tail``: the prompt median and the
-    larger of p99 and the highest bucket. The value is kv // typical rounded down to
+    larger of p99 and the highest bucket; ``fits``: the requests the pool holds counted in
+    blocks where known (vLLM 0.34: (N − 1) // req_blocks(typical), derive
+    ``kv_pool_requests_typical``), else kv // typical. The value is that count rounded down to
     :func:`seqs_step`. None when the traffic is mixed (the tail ≥ ``tail_ratio`` × the median:
     a few huge requests are the problem, a limit from the median would only serialise the
     rest), or when the value is below ``needed`` (the cache cannot hold the concurrency the
@@ -344,10 +347,11 @@ def concurrency_fix(
             f"the prompts are mixed (p99 {prompt_tail:,.0f} vs median {prompt_p50:,.0f} tokens): a few huge"
             " requests fill the cache, and a limit from the median would only serialise the rest"
         )
-    seqs = seqs_step(kv_tokens // typical_tokens)
+    held = fits if fits is not None and fits >= 0 else kv_tokens // typical_tokens
+    seqs = seqs_step(held)
     if needed and seqs < needed:
         return None, (
-            f"the cache holds only about {kv_tokens // typical_tokens:,} such requests, below the"
+            f"the cache holds only about {held:,} such requests, below the"
             f" {needed:,.0f} running before the trouble: fewer sequences would serialise the traffic"
         )
     return seqs, ""

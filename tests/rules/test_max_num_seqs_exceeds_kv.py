@@ -143,3 +143,24 @@ def test_padding_in_64_token_blocks_is_not_pressure_and_block_size_16_is_offered
     assert_words_match_fixes(f)
     f = finding(RULE, _engine(**{**base, "kv_preempted": True, "block_size_16_valid": False}))
     assert f is not None and {"--block-size": "16"} not in [x.flags for x in f.fixes]
+
+
+def test_on_034_the_capacity_in_requests_is_counted_in_64_token_blocks() -> None:
+    """spec/vllm-0.34.md max-num-seqs-exceeds-kv row: --max-num-seqs = floor((N − 1) /
+    req_blocks(typical)); KV tokens ÷ typical tokens overstates it by up to 31.5 padding tokens a
+    request at B = 64. 100-token requests take 2 blocks (128 tokens): a 7,000-block pool holds
+    3,499 of them, not 448,000 / 100 = 4,480."""
+    f = finding(
+        RULE,
+        _engine(
+            max_num_seqs_effective=8192,
+            typical_request_tokens=100,
+            prompt_p50=80.0,
+            kv_capacity_tokens=448000,
+            block_size=64,
+            kv_pool_requests_typical=3499,
+        ),
+    )
+    assert f is not None
+    assert f.suggested_flags == {"--max-num-seqs": "3328"}  # 3,499 a step down (multiples of 256)
+    assert_words_match_fixes(f)
