@@ -103,7 +103,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
 
     needed = f["running_before_trouble"] or f["log_running_first"]
     # blocks, not tokens, run out: on 0.34 (64-token blocks) the pool's count in blocks
-    blocks_fit = f["kv_pool_requests_typical"]
+    pool_fit = f["kv_pool_requests_typical"]
+    blocks_fit = int(pool_fit) if pool_fit is not None else None
     seqs_fix, why_not = concurrency_fix(kv, tokens, needed, f["prompt_p50"], _tail(f), fits=blocks_fit)
     if seqs_fix is not None and (seqs_fix >= seqs or not is_valid(f, "--max-num-seqs", seqs_fix)):
         seqs_fix = None

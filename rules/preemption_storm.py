@@ -109,6 +109,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         fixes.append(
             Fix(flags={"--kv-cache-dtype": "fp8"}, why="about twice the KV tokens in the same memory")
         )
+    # padding in 64-token blocks: --block-size 16 where the backend takes it (vllm-facts §9.9)
+    pad, n, bs = f["kv_padding_tokens_per_request"], f["typical_request_tokens"], f["block_size"]
+    ratio = n / (n + pad) if pad and n and n > 0 else 1.0
+    if bs and bs > 16 and ratio < 0.8 and f["block_size_16_valid"] and is_valid(f, "--block-size", 16):
+        levers += f", --block-size 16 (about {1 - ratio:.0%} of each {bs}-token-block request is padding)"
+        fixes.append(Fix(flags={"--block-size": "16"}, why="smaller blocks, less padding per request"))
     levers += ", or more tensor parallelism"
     if tp_up is not None and is_valid(f, "--tensor-parallel-size", tp_up):
         levers += f" (--tensor-parallel-size {tp_up})"
@@ -213,5 +219,5 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("timeline",),
-    flags=("--max-num-seqs", "--max-model-len", "--kv-cache-dtype", "--tensor-parallel-size"),
+    flags=("--max-num-seqs", "--max-model-len", "--kv-cache-dtype", "--block-size", "--tensor-parallel-size"),
 )

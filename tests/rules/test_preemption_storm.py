@@ -95,3 +95,30 @@ def test_a_storm_that_ended_is_reported_as_history_with_when() -> None:
     assert (
         finding(STORM, {**past, "preemption_episode_count": 3.0, "preemption_episode_per_min": 3.0}) is None
     )
+
+
+def test_on_034_padding_in_64_token_blocks_offers_block_size_16_where_the_backend_takes_it() -> None:
+    """spec/vllm-0.34.md preemption-storm row (trigger unchanged: preemptions are block
+    exhaustion) and issue 28 item 5: with ~40-token requests in 64-token blocks 44 % of each
+    request's blocks is padding; --block-size 16 only where block_size_16_valid."""
+    from kvdoctor.rules.preemption_storm import RULE as STORM
+
+    from tests.rules._words import facts, finding
+
+    ctx = facts(
+        preemptions_per_min=20.0,
+        kv_usage_max=0.97,
+        kv_capacity_tokens=20000,
+        typical_request_tokens=40,
+        kv_padding_tokens_per_request=31.5,
+        block_size=64,
+        block_size_16_valid=True,
+        kv_cache_dtype="auto",
+        window_seconds=60.0,
+    )
+    f = finding(STORM, ctx)
+    assert f is not None and {"--block-size": "16"} in [x.flags for x in f.fixes]
+    assert any(e.fact == "token occupancy behind the KV usage" for e in f.evidence)
+    assert_words_match_fixes(f)
+    f = finding(STORM, {**ctx, "block_size_16_valid": False})  # FLASHMLA, CUTLASS_MLA, hybrid
+    assert f is not None and {"--block-size": "16"} not in [x.flags for x in f.fixes]
