@@ -64,8 +64,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     # the forensic question scans the whole recorded series: a storm usually ends before anyone
     # takes a bundle (issue 24 kind 2); it is then reported as history, with when it happened
     ep_rate, ep_kv = f["preemption_episode_per_min"], f["preemption_episode_kv_max"]
+    # only over a finished record (a bundle's saved scrapes): in a live view or a replay the
+    # finding clears when the storm leaves the window (issue 24: a finding whose cause is gone
+    # clears, in the sidecar too)
     past = (
         not present
+        and bool(f["series_saved"])
         and ep_rate is not None
         and ep_rate >= t.min_per_min
         and ep_kv is not None

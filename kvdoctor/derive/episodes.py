@@ -20,6 +20,8 @@ from kvdoctor.derive.engines import _pick
 #: KV usage at which waiting requests count as trouble for ``running_before_trouble`` (the
 #: KV-full threshold of max-num-seqs-exceeds-kv and preemption-storm)
 TROUBLE_KV = 0.9
+#: the origin the in-process vLLM plugin gives its scrapes (kvdoctor.integrations.vllm.ORIGIN)
+LIVE_PLUGIN_ORIGIN = "vllm in-process"
 #: two preempting samples further apart than this belong to different episodes (seconds)
 EPISODE_GAP_S = 120.0
 
@@ -32,6 +34,7 @@ WRITES: dict[str, str] = {
     "preemption_episode_per_min": "per minute; that episode's preemptions / its span in minutes (at least one minute)",
     "preemption_episode_kv_max": "fraction; largest vllm:kv_cache_usage_perc during that episode",
     "preemption_episode_in_window": "bool; the episode reaches into the rule window (its last rising scrape is not older than the window)",
+    "series_saved": "bool; this engine's scrapes were read from saved files (a bundle's metrics directory, a metrics file: every 'metrics' source origin is a path, not a URL nor the in-process plugin), so the whole series is a finished record a forensic question may scan; False for live scrapes and replayed recordings (their episodes clear as the window moves on)",
     "log_prompt_throughput_last": "tokens/s; 'Avg prompt throughput' of the log's last stats line of this engine's current run (prefill was in the recent steps when > 0)",
 }
 READS: frozenset[str] = frozenset({"dp_engine"})
@@ -56,6 +59,8 @@ def _samples(s: Scope) -> list[Any]:
 def derive(s: Scope, v: Vars) -> None:
     """running_before_trouble and the largest preemption episode of the series."""
     samples = _samples(s)
+    origins = [x.origin for x in s.snapshot.sources if x.kind == "metrics" and x.status == "ok"]
+    v["series_saved"] = bool(origins) and not any("://" in o or o == LIVE_PLUGIN_ORIGIN for o in origins)
     if s.log is not None:
         stats = engine_stats(s.log, v["dp_engine"])
         if stats:

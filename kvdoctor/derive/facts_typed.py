@@ -570,6 +570,8 @@ class Facts(TypedDict):
     sampler_oom_requests: int | None
     #: requests; N of the sampler warm-up, min(max_num_seqs, max_num_batched_tokens) (0.34 no longer prints it, gpu_worker.py:1184-1187)
     sampler_warmup_requests: float | None
+    #: bool; this engine's scrapes were read from saved files (a bundle's metrics directory, a metrics file: every 'metrics' source origin is a path, not a URL nor the in-process plugin), so the whole series is a finished record a forensic question may scan; False for live scrapes and replayed recordings (their episodes clear as the window moves on)
+    series_saved: bool | None
     #: bytes; the engine's processes' NVML used memory on its fullest GPU (its pids, else the GPU's used memory when it is the only process)
     sleep_engine_gpu_bytes: int | None
     #: bytes; F: smallest 'Sleep mode freed F GiB memory' over workers after the last sleep

@@ -86,11 +86,14 @@ def test_a_storm_that_ended_is_reported_as_history_with_when() -> None:
         max_num_seqs_effective=256,
         kv_cache_dtype="auto",
         window_seconds=300.0,
+        series_saved=True,
     )
     f = finding(STORM, past)
     assert f is not None and f.severity == "info"
     assert "A preemption storm happened from 2026-03-10 11:40:00 to 11:41:23 UTC" in f.summary
     assert [x.flags for x in f.fixes] == [{"--kv-cache-dtype": "fp8"}]
+    # live scrapes or a replay: the finding clears once the storm has left the window
+    assert finding(STORM, {**past, "series_saved": False}) is None
     # near miss: a few preemptions over the series is no storm
     assert (
         finding(STORM, {**past, "preemption_episode_count": 3.0, "preemption_episode_per_min": 3.0}) is None
