@@ -70,13 +70,16 @@ def _occupancy_factor(f: Facts) -> float:
 
 def _present_queue(f: Facts) -> list[float]:
     """KV usages (block occupancy) of the samples with requests waiting that say what is
-    happening now: the window's scrapes; the log's stats lines only when no scrape with vLLM
-    stats covers the window and the engine's last stats line is not idle (stats lines of an
-    earlier burst are history, issue 24 kind 2)."""
+    happening now: the window's scrapes; the log's stats lines (those in the window before the
+    last one, by their time) only when no scrape with vLLM stats covers the window and the
+    engine's last stats line is not idle (stats lines of an earlier burst are history, issue 24
+    kind 2)."""
     now_from_metrics = bool(f["metrics_present"]) and f["stats_enabled"] is not False
     samples = list(f["queued_kv_usages"] or [])
     if not now_from_metrics and (f["log_running_last"] or 0) > 0:
-        samples += list(f["log_queued_kv_usages"] or [])
+        # the stats lines in the window before the last one (by their time), else all of this run
+        recent = f["log_queued_kv_usages_recent"]
+        samples += list(recent if recent is not None else (f["log_queued_kv_usages"] or []))
     return samples
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvdoctor.derive.base import Family, Scope, Vars, engine_stats
 from kvdoctor.derive.engines import _pick
+from kvdoctor.derive.requests import _seconds
 
 #: KV usage at which waiting requests count as trouble for ``running_before_trouble`` (the
 #: KV-full threshold of max-num-seqs-exceeds-kv and preemption-storm)
@@ -35,6 +36,7 @@ WRITES: dict[str, str] = {
     "preemption_episode_kv_max": "fraction; largest vllm:kv_cache_usage_perc during that episode",
     "preemption_episode_in_window": "bool; the episode reaches into the rule window (its last rising scrape is not older than the window)",
     "series_saved": "bool; this engine's scrapes were read from saved files (a bundle's metrics directory, a metrics file: every 'metrics' source origin is a path, not a URL nor the in-process plugin), so the whole series is a finished record a forensic question may scan; False for live scrapes and replayed recordings (their episodes clear as the window moves on)",
+    "log_queued_kv_usages_recent": "list[fraction]; 'GPU KV cache usage' of the stats lines with requests waiting or pending in the window before the log's last stats line of this engine (by their 'MM-DD HH:MM:SS'; lines of an earlier burst are history); None when the lines carry no time",
     "log_prompt_throughput_last": "tokens/s; 'Avg prompt throughput' of the log's last stats line of this engine's current run (prefill was in the recent steps when > 0)",
 }
 READS: frozenset[str] = frozenset({"dp_engine"})
@@ -65,6 +67,15 @@ def derive(s: Scope, v: Vars) -> None:
         stats = engine_stats(s.log, v["dp_engine"])
         if stats:
             v["log_prompt_throughput_last"] = stats[-1].values.get("prompt_throughput")
+            last = _seconds(stats[-1])
+            if last is not None:
+                recent: list[float] = []
+                for e in stats:
+                    ev, at = e.values, _seconds(e)
+                    waiting = (ev.get("waiting") or 0) + (ev.get("pending") or 0)
+                    if at is not None and 0 <= last - at <= s.window_s and waiting > 0:
+                        recent.append(float(ev.get("kv_usage") or 0.0))
+                v["log_queued_kv_usages_recent"] = recent
     _running(s, v, samples)
     _episode(s, v, samples)
 

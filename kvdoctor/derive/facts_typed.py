@@ -336,6 +336,8 @@ class Facts(TypedDict):
     log_prompt_tokens_median: float | None
     #: list[fraction]; 'GPU KV cache usage' of each stats line of the log's current run with requests waiting or pending
     log_queued_kv_usages: list[float] | None
+    #: list[fraction]; 'GPU KV cache usage' of the stats lines with requests waiting or pending in the window before the log's last stats line of this engine (by their 'MM-DD HH:MM:SS'; lines of an earlier burst are history); None when the lines carry no time
+    log_queued_kv_usages_recent: list[float] | None
     #: int; request lines with a prompt length in the run
     log_request_count: int | None
     #: int; first Running

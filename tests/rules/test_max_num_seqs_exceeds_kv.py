@@ -164,3 +164,18 @@ def test_on_034_the_capacity_in_requests_is_counted_in_64_token_blocks() -> None
     assert f is not None
     assert f.suggested_flags == {"--max-num-seqs": "3328"}  # 3,499 a step down (multiples of 256)
     assert_words_match_fixes(f)
+
+
+def test_log_only_a_queue_older_than_the_window_before_the_last_stats_line_is_history() -> None:
+    # no scrapes: the log says what is now; its queue lines of an hour ago are not pressure
+    base = dict(
+        kv_preempted=False,
+        preemptions_in_window=None,
+        metrics_present=False,
+        log_running_last=3,
+        log_queued_kv_usages=[0.99, 0.99, 0.98],
+        log_queued_kv_usages_recent=[],
+    )
+    assert finding(RULE, _engine(**base)) is None
+    f = finding(RULE, _engine(**{**base, "log_queued_kv_usages_recent": [0.99, 0.98]}))
+    assert f is not None and f.severity == "warning"
