@@ -30,6 +30,7 @@ from kvdoctor.derive import (
     config,
     container,
     dp,
+    episodes,
     extensible,
     growth,
     hardware,
@@ -108,6 +109,8 @@ FAMILIES: tuple[Family, ...] = (
     extensible.FAMILY,
     # issue 24 kind 10: what vLLM would reject in the launch command
     preflight.FAMILY,
+    # issue 24: the whole recorded series (forensic episodes, the running count before the trouble)
+    episodes.FAMILY,
 )
 ORDER: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 

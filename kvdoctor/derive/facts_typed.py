@@ -352,10 +352,14 @@ class Facts(TypedDict):
     log_num_gpu_blocks: int | None
     #: int; Σ 'Preemptions: N' in stats lines (≥0.12) + V0 preemption warnings
     log_preemptions_sum: int | None
+    #: tokens/s; 'Avg prompt throughput' of the log's last stats line of this engine's current run (prefill was in the recent steps when > 0)
+    log_prompt_throughput_last: float | None
     #: tokens; median prompt length of the run's request lines (prompt_token_ids length / '<redacted N tokens>')
     log_prompt_tokens_median: float | None
     #: list[fraction]; 'GPU KV cache usage' of each stats line of the log's current run with requests waiting or pending
     log_queued_kv_usages: list[float] | None
+    #: list[fraction]; 'GPU KV cache usage' of the stats lines with requests waiting or pending in the window before the log's last stats line of this engine (by their 'MM-DD HH:MM:SS'; lines of an earlier burst are history); None when the lines carry no time
+    log_queued_kv_usages_recent: list[float] | None
     #: int; request lines with a prompt length in the run
     log_request_count: int | None
     #: int; first Running
@@ -526,6 +530,18 @@ class Facts(TypedDict):
     pooling_from: str | None
     #: int; --pipeline-parallel-size
     pp: int | None
+    #: count; preemptions in that episode (increase of vllm:num_preemptions_total, resets skipped)
+    preemption_episode_count: float | None
+    #: seconds; unix time of the episode's last rising scrape
+    preemption_episode_end: float | None
+    #: bool; the episode reaches into the rule window (its last rising scrape is not older than the window)
+    preemption_episode_in_window: bool | None
+    #: fraction; largest vllm:kv_cache_usage_perc during that episode
+    preemption_episode_kv_max: float | None
+    #: per minute; that episode's preemptions / its span in minutes (at least one minute)
+    preemption_episode_per_min: float | None
+    #: seconds; unix time of the scrape before the first preemption of the episode with the most preemptions in the whole recorded series (vllm:num_preemptions_total rising in consecutive scrapes, gaps ≤ 120 s)
+    preemption_episode_start: float | None
     #: count; increase of vllm:num_preemptions_total over the window
     preemptions_in_window: float | None
     #: per minute; rate(vllm:num_preemptions_total) over the window
@@ -562,6 +578,10 @@ class Facts(TypedDict):
     requests_per_s: float | None
     #: requests; vllm:num_requests_running, latest
     running: float | None
+    #: requests; the most requests running at once before the first trouble sample (preemptions rose, or requests waiting with KV usage ≥ 0.9) over the whole recorded series of this engine's scrapes (vllm:num_requests_running), else over the log's stats lines of the current run ('Running: N reqs'); the peak of every sample when no trouble is seen; None without either
+    running_before_trouble: float | None
+    #: str; where running_before_trouble comes from ('vllm:num_requests_running over N scrapes', 'stats lines')
+    running_before_trouble_source: str | None
     #: requests; last − first running in the window
     running_trend: float | None
     #: bool; an OOM after the engine was serving
@@ -580,6 +600,8 @@ class Facts(TypedDict):
     sampler_oom_requests: int | None
     #: requests; N of the sampler warm-up, min(max_num_seqs, max_num_batched_tokens) (0.34 no longer prints it, gpu_worker.py:1184-1187)
     sampler_warmup_requests: float | None
+    #: bool; this engine's scrapes were read from saved files (a bundle's metrics directory, a metrics file: every 'metrics' source origin is a path, not a URL nor the in-process plugin), so the whole series is a finished record a forensic question may scan; False for live scrapes and replayed recordings (their episodes clear as the window moves on)
+    series_saved: bool | None
     #: bytes; the engine's processes' NVML used memory on its fullest GPU (its pids, else the GPU's used memory when it is the only process)
     sleep_engine_gpu_bytes: int | None
     #: bytes; F: smallest 'Sleep mode freed F GiB memory' over workers after the last sleep

@@ -4,6 +4,7 @@ the log's stats lines where no scrape says."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvdoctor import timeline as tl
@@ -164,8 +165,10 @@ def _fallbacks(v: Vars) -> None:
 
 def _typical_request(v: Vars) -> None:
     """Tokens a typical request holds in the KV cache, for "how many sequences fit"."""
-    if v["prompt_p50"]:
-        v["typical_request_tokens"] = int(v["prompt_p50"] + (v["generation_p50"] or 0))
+    total = (v["prompt_p50"] or 0) + (v["generation_p50"] or 0)
+    # a quantile read off a +Inf bucket is no size (math.isfinite: int(inf) would raise)
+    if v["prompt_p50"] and math.isfinite(total):
+        v["typical_request_tokens"] = int(total)
         return
     running = v["running"] if v["running"] else v["log_running_last"]
     usage = v["kv_usage_max"]
