@@ -377,6 +377,88 @@ LLAMA_70B = {
 }
 
 
+WARMUP_MM_FRAMES = [
+    (
+        "v1/worker/gpu_worker.py",
+        1140,
+        "compile_or_warm_up_model",
+        "self.model_runner.run_kv_cache_sizing_warmup()",
+    ),
+    ("v1/worker/gpu/warmup.py", 214, "run_kv_cache_sizing_warmup", "self._warmup_step(batch)"),
+    (
+        "v1/worker/gpu/warmup.py",
+        171,
+        "_warmup_step",
+        "self.runner.execute_model(scheduler_output, dummy_run=True)",
+    ),
+    (
+        "v1/worker/gpu/model_runner.py",
+        1602,
+        "execute_model",
+        "mm_embeds = self.encoder_runner.execute_mm_encoder(",
+    ),
+    (
+        "v1/worker/gpu/mm/encoder_runner.py",
+        160,
+        "execute_mm_encoder",
+        "outputs = model.embed_multimodal(**mm_kwargs)",
+    ),
+    (
+        "model_executor/models/qwen2_vl.py",
+        1402,
+        "_process_image_input",
+        "image_embeds = self.visual(pixel_values, grid_thw=grid_thw)",
+    ),
+    (
+        "model_executor/models/qwen2_vl.py",
+        381,
+        "forward",
+        "attn_output = self.attn(q, k, v, cu_seqlens=cu_seqlens)",
+    ),
+]
+ENCODER_BUDGET = (
+    "Encoder cache will be initialized with a budget of 16384 tokens, and profiled with 1 image items of the maximum"
+    " feature size."
+)
+
+
+def mm_warmup_034() -> None:
+    """Qwen2-VL-7B on one L4 on 0.34 (gmu unset, extensible): profiling passed, the KV-sizing
+    warm-up reaches an encoder batch of four worst-case images and OOMs (gpu_worker.py:1024-1027)."""
+    log = b.Log("12-07")
+    log.banner(
+        3601,
+        "0.34.0",
+        "Qwen/Qwen2-VL-7B-Instruct",
+        "{'model_tag': 'Qwen/Qwen2-VL-7B-Instruct', 'max_model_len': 32768, 'limit_mm_per_prompt': {'image': 4}}",
+    )
+    log.engine(3610, "0.34.0", "Qwen/Qwen2-VL-7B-Instruct", 32768)
+    log.add("EngineCore", 3610, b.BACKEND, src="cuda.py:549")
+    log.add("EngineCore", 3610, LOADING % "15.52", src="model_runner.py:441")
+    log.add("EngineCore", 3610, ENCODER_BUDGET, src="encoder_runner.py:132")
+    log.add("EngineCore", 3610, b.AVAILABLE % "3.86", src="gpu_worker.py:795")
+    log.add("EngineCore", 3610, b.GRAPHS % (7, 0.31), src="model_runner.py:1216")
+    traceback(log, 3610, WARMUP_MM_FRAMES, torch_oom(5998, 22.05, 2310.0, 3610, 19.79, 18.92))
+    write(
+        "k2-v34-mm-warmup-oom",
+        {
+            "vllm.log": log.text(),
+            "cmdline.txt": "vllm serve Qwen/Qwen2-VL-7B-Instruct --max-model-len 32768 --limit-mm-per-prompt"
+            " '{\"image\":4}'\n",
+            "nvidia-smi.txt": b.smi("NVIDIA L4", 0, 23034, []),
+        },
+        {
+            "fires": ["multimodal-profile-oom"],
+            "not_fires": ["prefill-burst-oom", "sampler-warmup-oom", "torch-cap-oom", "long-request-spike"],
+            "flags": {"multimodal-profile-oom": {"--limit-mm-per-prompt": ['{"image":1}']}},
+            "note": "spec/vllm-0.34.md §2 multimodal-profile-oom: on the extensible KV cache the sizing warm-up reaches"
+            " encoder batches that profiling does not (gpu_worker.py:1024-1027), so the OOM comes from warm-up frames"
+            " (run_kv_cache_sizing_warmup) after graph capture, not from profile_run. Still a startup OOM of the"
+            " multimodal worst case, never a run-time OOM.",
+        },
+    )
+
+
 def main() -> None:
     gb10(
         "k2-v34-unified-gb10-gmu-unset",
@@ -405,6 +487,7 @@ def main() -> None:
     sampler_034("k2-v34-sampler-warmup-oom-frames", ext=True)
     sampler_034("k2-v34-estimate-sampler-warmup-oom-keeps-gmu", ext=False)
     weights_70b_034()
+    mm_warmup_034()
 
 
 if __name__ == "__main__":

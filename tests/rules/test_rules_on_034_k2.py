@@ -293,3 +293,43 @@ def test_unchanged_rules_give_the_same_finding_on_a_034_engine(rule: rulekit.Rul
             hits += 1
             assert [x.flags for x in a.fixes] == [x.flags for x in b.fixes]
     assert hits >= 1
+
+
+# --- multimodal-profile-oom on 0.34: warm-up frames ------------------------------------------------
+
+
+def test_multimodal_oom_in_the_034_sizing_warmup_is_startup_not_runtime() -> None:
+    from kvdoctor.rules.multimodal_profile_oom import RULE as MM
+
+    ((variables, hit),) = _findings(BUNDLES / "k2-v34-mm-warmup-oom", MM)
+    assert variables["oom_phases"] == ["kv_sizing_warmup"] and variables["startup_failed"]
+    assert hit.suggested_flags == {"--limit-mm-per-prompt": '{"image":1}'}
+    assert "warm-up before it sized the KV cache" in hit.summary
+    # the 0.33 profile-run OOM keeps its words
+    ((_v, old),) = _findings(BUNDLES / "r27-qwen2vl-mm-profile-oom-l4", MM)
+    assert "while profiling the multimodal encoder" in old.summary
+
+
+def test_warmup_frames_after_serving_stay_runtime() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of"
+        " 22.05 GiB of which 1.00 GiB is free. Including non-PyTorch memory, this process has 21.00 GiB memory in"
+        " use. Of the allocated memory 20.00 GiB is allocated by PyTorch, and 120.00 MiB is reserved by PyTorch"
+        " but unallocated."
+    )
+    frames = [
+        "ERROR 12-07 10:00:09 [core.py:1585] Traceback (most recent call last):",
+        'ERROR 12-07 10:00:09 [core.py:1585]   File "/x/vllm/v1/worker/gpu/warmup.py", line 214, in'
+        " run_kv_cache_sizing_warmup",
+        'ERROR 12-07 10:00:09 [core.py:1585]   File "/x/vllm/v1/worker/gpu/model_runner.py", line 1602, in'
+        " execute_model",
+        f"ERROR 12-07 10:00:09 [core.py:1585] {oom}",
+    ]
+    start = ["INFO 12-07 10:00:01 [api_server.py:1] vLLM API server version 0.34.0"]
+    serving = ["INFO 12-07 10:00:05 [api_server.py:1] Starting vLLM server on http://0.0.0.0:8000"]
+    before = parse_log("\n".join([*start, *frames]) + "\n")
+    after = parse_log("\n".join([*start, *serving, *frames]) + "\n")
+    assert [e.values["phase"] for e in before.events if e.kind == "cuda_oom"] == ["kv_sizing_warmup"]
+    assert [e.values["phase"] for e in after.events if e.kind == "cuda_oom"] == ["runtime"]
