@@ -459,6 +459,31 @@ def mm_warmup_034() -> None:
     )
 
 
+LLAMA_3B = {
+    **b.LLAMA_8B,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_attention_heads": 24,
+    "num_hidden_layers": 28,
+    "tie_word_embeddings": True,
+}
+
+
+def fp8_preflight(name: str, gpu: str, total_mib: int, dtype: str, expected: dict) -> None:
+    """A launch checked before it runs (cmdline.txt + nvidia-smi.txt, no log): the fp8 KV-cache
+    forms a GPU's attention backends take (issue 24 kind 6)."""
+    cmd = f"vllm serve meta-llama/Llama-3.2-3B-Instruct --max-model-len 32768 --kv-cache-dtype {dtype}"
+    write(
+        name,
+        {
+            "cmdline.txt": cmd + "\n",
+            "nvidia-smi.txt": b.smi(gpu, 0, total_mib, []),
+            "config.json": json.dumps(LLAMA_3B, indent=1) + "\n",
+        },
+        expected,
+    )
+
+
 def main() -> None:
     gb10(
         "k2-v34-unified-gb10-gmu-unset",
@@ -488,6 +513,41 @@ def main() -> None:
     sampler_034("k2-v34-estimate-sampler-warmup-oom-keeps-gmu", ext=False)
     weights_70b_034()
     mm_warmup_034()
+    fp8_preflight(
+        "k2-fp8-kv-a100-e4m3-use-e5m2",
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        "fp8",
+        {
+            "fires": ["invalid-kv-cache-dtype"],
+            "flags": {"invalid-kv-cache-dtype": {"--kv-cache-dtype": ["fp8_e5m2"]}},
+            "note": "Issue 24 kind 6: an A100 (Ampere, compute capability 8.0) takes an fp8 KV cache as fp8_e5m2;"
+            " 'fp8' (e4m3) needs native fp8 (≥ 8.9). The fix is fp8_e5m2 (still half the KV bytes), not auto.",
+        },
+    )
+    fp8_preflight(
+        "k2-fp8-kv-a100-e5m2-near-miss",
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        "fp8_e5m2",
+        {
+            "fires": [],
+            "not_fires": ["invalid-kv-cache-dtype"],
+            "note": "Issue 24 kind 6 near miss: fp8_e5m2 KV cache on an A100 is valid (Ampere converts e5m2).",
+        },
+    )
+    fp8_preflight(
+        "k2-fp8-kv-t4-refused",
+        "Tesla T4",
+        15360,
+        "fp8_e5m2",
+        {
+            "fires": ["invalid-kv-cache-dtype"],
+            "flags": {"invalid-kv-cache-dtype": {"--kv-cache-dtype": ["auto"]}},
+            "note": "Issue 24 kind 6: a T4 (Turing, compute capability 7.5) has no fp8 KV-cache kernel in vLLM's"
+            " attention backends, e5m2 included: auto.",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -333,3 +333,56 @@ def test_warmup_frames_after_serving_stay_runtime() -> None:
     after = parse_log("\n".join([*start, *serving, *frames]) + "\n")
     assert [e.values["phase"] for e in before.events if e.kind == "cuda_oom"] == ["kv_sizing_warmup"]
     assert [e.values["phase"] for e in after.events if e.kind == "cuda_oom"] == ["runtime"]
+
+
+# --- issue 24 kind 6: fp8 KV cache by compute capability -------------------------------------------
+
+
+def test_fp8_kv_forms_by_compute_capability() -> None:
+    from kvdoctor.devices import architecture_name, fp8_kv_cache_dtypes
+
+    assert fp8_kv_cache_dtypes((7, 0)) == () and fp8_kv_cache_dtypes((7, 5)) == ()
+    assert fp8_kv_cache_dtypes((8, 0)) == ("fp8_e5m2",) and fp8_kv_cache_dtypes((8, 6)) == ("fp8_e5m2",)
+    assert fp8_kv_cache_dtypes((8, 9))[0] == "fp8" and "fp8_e4m3" in fp8_kv_cache_dtypes((9, 0))
+    assert [architecture_name(c) for c in ((7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0))] == [
+        "Volta",
+        "Turing",
+        "Ampere",
+        "Ada",
+        "Hopper",
+        "Blackwell",
+    ]
+
+
+def test_fp8_kv_on_a100_is_e5m2_and_on_t4_none() -> None:
+    from kvdoctor.fix_validity import valid_fix
+
+    (a100,) = [v for _e, v, _i in _contexts(BUNDLES / "k2-fp8-kv-a100-e4m3-use-e5m2")]
+    assert (a100["fp8_kv_dtype"], a100["fp8_supported"], a100["gpu_architecture"]) == (
+        "fp8_e5m2",
+        True,
+        "Ampere",
+    )
+    assert (
+        valid_fix("--kv-cache-dtype", "fp8", a100)
+        == "Ampere (compute capability 8.0) backends take fp8 KV only as fp8_e5m2"
+    )
+    (t4,) = [v for _e, v, _i in _contexts(BUNDLES / "k2-fp8-kv-t4-refused")]
+    assert t4["fp8_kv_dtypes"] == [] and t4["fp8_kv_dtype"] is None and t4["fp8_supported"] is False
+    assert "no fp8 KV-cache kernel" in str(valid_fix("--kv-cache-dtype", "fp8_e5m2", t4))
+    # a rule's fp8 advice on a T4 is dropped; on an H100 it stands
+    h100 = {**t4, "fp8_kv_dtypes": ["fp8", "fp8_e4m3", "fp8_e5m2"], "fp8_kv_dtype": "fp8"}
+    assert valid_fix("--kv-cache-dtype", "fp8", h100) is None
+
+
+def test_invalid_kv_dtype_names_the_backend_and_the_capability() -> None:
+    ((_v, a100),) = _findings(BUNDLES / "k2-fp8-kv-a100-e4m3-use-e5m2", INVALID_KV)
+    assert a100.suggested_flags == {"--kv-cache-dtype": "fp8_e5m2"}
+    assert "Ampere, compute capability 8.0" in a100.summary and "no fp8 support" not in a100.summary
+    assert not _findings(BUNDLES / "k2-fp8-kv-a100-e5m2-near-miss", INVALID_KV)
+    ((_v, t4),) = _findings(BUNDLES / "k2-fp8-kv-t4-refused", INVALID_KV)
+    assert (
+        t4.suggested_flags == {"--kv-cache-dtype": "auto"} and "Turing, compute capability 7.5" in t4.summary
+    )
+    ((_v, v100),) = _findings(BUNDLES / "r15-fp8-kv-on-v100", INVALID_KV)
+    assert "the TRITON_ATTN attention backend has no fp8 KV-cache kernel" in v100.summary
