@@ -58,6 +58,8 @@ def _budget(f: Facts, total: int | None) -> tuple[float | None, str]:
         return None, ""
     budget = gmu * total
     how = f"gmu {gmu:g} × {gib_text(total, '.1f')} GiB"
+    if not f["gmu_explicit"] and not f["vllm_version_known"] and not f["vllm_v34"]:
+        how += f", vLLM version unknown: vLLM {f['vllm_defaults_version'] or '0.33'}'s default gmu assumed"
     f0 = f["startup_free_bytes"]
     if f["vllm_v34"]:
         how = f"u {float(gmu)!r} × {gib_text(total, '.1f')} GiB"

@@ -484,6 +484,57 @@ def fp8_preflight(name: str, gpu: str, total_mib: int, dtype: str, expected: dic
     )
 
 
+def v0_namespace_70b() -> None:
+    """vLLM 0.6.3 (V0): Llama-3.1-70B on one of four A100-80GB, gmu 0.85 only in the log's
+    'args: Namespace(…)' (no launch command): the load OOMs while the other GPUs are empty."""
+    day = "10-14 12:00"
+    lines = [
+        f"INFO {day}:01 api_server.py:528] vLLM API server version 0.6.3.post1",
+        f"INFO {day}:01 api_server.py:529] args: Namespace(host=None, port=8000, model='meta-llama/Llama-3.1-70B-Instruct',"
+        " max_model_len=8192, gpu_memory_utilization=0.85, tensor_parallel_size=1, pipeline_parallel_size=1)",
+        f"INFO {day}:02 api_server.py:179] Started engine process with PID 77",
+        f"INFO {day}:08 llm_engine.py:237] Initializing an LLM engine (v0.6.3.post1) with config:"
+        " model='meta-llama/Llama-3.1-70B-Instruct', dtype=torch.bfloat16, max_seq_len=8192, tensor_parallel_size=1,"
+        " pipeline_parallel_size=1, enforce_eager=False, kv_cache_dtype=auto",
+        f"INFO {day}:09 model_runner.py:1056] Starting to load model meta-llama/Llama-3.1-70B-Instruct...",
+        "Process SpawnProcess-1:",
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/worker/model_runner.py", line 1058, in load_model',
+        "    self.model = get_model(model_config=self.model_config,",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/model_loader/loader.py", line 402, in'
+        " load_model",
+        "    model.load_weights(self._get_all_weights(model_config, model))",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 0 has a total capacity of 79.25"
+        " GiB of which 301.69 MiB is free. Process 77 has 78.94 GiB memory in use. Of the allocated memory 78.42 GiB is"
+        " allocated by PyTorch, and 14.17 MiB is reserved by PyTorch but unallocated.",
+    ]
+    smi = b.smi("NVIDIA A100-SXM4-80GB", 4, 81920, [])
+    rows = smi.splitlines()
+    block = rows[8:12]
+    extra = [
+        x.replace("|   0  ", f"|   {i}  ").replace("00000000:19:00.0", f"00000000:{0x19 + i:02X}:00.0")
+        for i in (1, 2, 3)
+        for x in block
+    ]
+    smi = "\n".join([*rows[:12], *extra, *rows[12:]]) + "\n"
+    write(
+        "k2-v0-namespace-gmu-70b-unsharded",
+        {
+            "vllm.log": "\n".join(lines) + "\n",
+            "nvidia-smi.txt": smi,
+            "config.json": json.dumps({**LLAMA_70B, "max_position_embeddings": 131072}, indent=1) + "\n",
+        },
+        {
+            "fires": ["weights-not-sharded"],
+            "not_fires": ["gpu-shared-with-foreign-process", "orphaned-engine-processes"],
+            "flags": {"weights-not-sharded": {"--tensor-parallel-size": ["4"]}},
+            "note": "Issue 24 kind 3: a V0 engine (0.6.3) whose gmu 0.85 is only in 'args: Namespace(…)'. The evidence"
+            " gives the gmu in effect (0.85, not the version's default 0.9); the engine's own 78.94 GiB while loading is"
+            " never a foreign process.",
+        },
+    )
+
+
 def main() -> None:
     gb10(
         "k2-v34-unified-gb10-gmu-unset",
@@ -513,6 +564,7 @@ def main() -> None:
     sampler_034("k2-v34-estimate-sampler-warmup-oom-keeps-gmu", ext=False)
     weights_70b_034()
     mm_warmup_034()
+    v0_namespace_70b()
     fp8_preflight(
         "k2-fp8-kv-a100-e4m3-use-e5m2",
         "NVIDIA A100-SXM4-80GB",

@@ -386,3 +386,24 @@ def test_invalid_kv_dtype_names_the_backend_and_the_capability() -> None:
     )
     ((_v, v100),) = _findings(BUNDLES / "r15-fp8-kv-on-v100", INVALID_KV)
     assert "the TRITON_ATTN attention backend has no fp8 KV-cache kernel" in v100.summary
+
+
+# --- issue 24 kind 3: the gmu in effect, the version as known ---------------------------------------
+
+
+def test_v0_namespace_gmu_is_the_one_in_effect() -> None:
+    ((variables, hit),) = _findings(BUNDLES / "k2-v0-namespace-gmu-70b-unsharded", WEIGHTS)
+    assert variables["gmu"] == 0.85  # args: Namespace(… gpu_memory_utilization=0.85 …), not 0.6.3's 0.9
+    assert "gmu 0.85 × 80.0 GiB" in hit.summary and "foreign" not in hit.summary
+    (k1,) = [v for _e, v, _i in _contexts(BUNDLES / "k1-v0-engine-pid-foreign-job")]
+    assert k1["gmu"] == 0.8
+
+
+def test_weights_not_sharded_says_when_the_version_and_its_gmu_were_assumed() -> None:
+    f = finding(
+        WEIGHTS,
+        _weights(gmu=0.92, gmu_resolved=0.92, vllm_version_known=False, vllm_defaults_version="0.33"),
+    )
+    assert f is not None and "vLLM version unknown: vLLM 0.33's default gmu assumed" in f.summary
+    f = finding(WEIGHTS, _weights(gmu=0.92, gmu_resolved=0.92, gmu_explicit=True, vllm_version_known=False))
+    assert f is not None and "unknown" not in f.summary
