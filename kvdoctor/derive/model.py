@@ -145,9 +145,10 @@ def _kv_dtype(s: Scope, v: Vars) -> None:
         v["invalid_kv_dtype"], v["invalid_kv_dtype_value"] = True, dtype
         v["suggested_kv_dtype"] = v["fp8_kv_dtype"] or "auto"
     elif v["invalid_kv_dtype"] and v["invalid_kv_dtype_value"]:
-        v["suggested_kv_dtype"] = nearest_valid_kv_cache_dtype(
-            str(v["invalid_kv_dtype_value"]), v["vllm_version"]
-        )
+        nearest = nearest_valid_kv_cache_dtype(str(v["invalid_kv_dtype_value"]), v["vllm_version"])
+        if nearest in FP8_KV_PLAIN and takes is not None and nearest not in takes:
+            nearest = v["fp8_kv_dtype"] or "auto"  # the fp8 form this GPU takes, else none
+        v["suggested_kv_dtype"] = nearest
 
 
 FAMILY = Family("model", WRITES, READS, derive)

@@ -535,6 +535,25 @@ def v0_namespace_70b() -> None:
     )
 
 
+def int8_kv_034() -> None:
+    """The seed int8 case (tests/data/cases/seed-int8-kv-dtype) on 0.34: KV_CACHE_DTYPES is identical to
+    0.33 (config/cache.py:44-73), so the refusal and its fix are too."""
+    src = HERE / "cases" / "seed-int8-kv-dtype"
+    files = {n: (src / n).read_text() for n in ("cmdline.txt", "config.json", "nvidia-smi.txt", "vllm.log")}
+    files["vllm.log"] = files["vllm.log"].replace("version 0.33.0", "version 0.34.0")
+    write(
+        "k2-v34-int8-kv-dtype",
+        files,
+        {
+            "fires": ["invalid-kv-cache-dtype"],
+            "not_fires": ["weights-not-sharded", "kv-budget-exhausted", "max-model-len-exceeds-kv-capacity"],
+            "flags": {"invalid-kv-cache-dtype": {"--kv-cache-dtype": ["int8_per_token_head", "fp8_e5m2"]}},
+            "note": "spec/vllm-0.34.md §2 invalid-kv-cache-dtype (unchanged on 0.34): the seed int8 case with a 0.34"
+            " banner. On its two A100s (Ampere) an fp8 suggestion could only be fp8_e5m2.",
+        },
+    )
+
+
 def main() -> None:
     gb10(
         "k2-v34-unified-gb10-gmu-unset",
@@ -565,6 +584,7 @@ def main() -> None:
     weights_70b_034()
     mm_warmup_034()
     v0_namespace_70b()
+    int8_kv_034()
     fp8_preflight(
         "k2-fp8-kv-a100-e4m3-use-e5m2",
         "NVIDIA A100-SXM4-80GB",

@@ -407,3 +407,22 @@ def test_weights_not_sharded_says_when_the_version_and_its_gmu_were_assumed() ->
     assert f is not None and "vLLM version unknown: vLLM 0.33's default gmu assumed" in f.summary
     f = finding(WEIGHTS, _weights(gmu=0.92, gmu_resolved=0.92, gmu_explicit=True, vllm_version_known=False))
     assert f is not None and "unknown" not in f.summary
+
+
+def test_int8_on_ampere_before_int8_per_token_head_suggests_e5m2(tmp_path: Path) -> None:
+    # vLLM 0.15 has no int8_per_token_head: the nearest value is fp8, which an A100 takes only as e5m2
+    src = BUNDLES / "k2-v34-int8-kv-dtype"
+    for name in ("cmdline.txt", "config.json", "nvidia-smi.txt"):
+        (tmp_path / name).write_text((src / name).read_text())
+    (tmp_path / "vllm.log").write_text(
+        "(APIServer pid=1) INFO 11-27 09:41:02 [api_server.py:1] vLLM API server version 0.15.1\n"
+    )
+    (variables,) = [v for _e, v, _i in _contexts(tmp_path)]
+    assert (variables["invalid_kv_dtype"], variables["suggested_kv_dtype"]) == (True, "fp8_e5m2")
+    ((_v, hit),) = _findings(tmp_path, INVALID_KV)
+    assert hit.suggested_flags == {"--kv-cache-dtype": "fp8_e5m2"}
+
+
+def test_invalid_kv_dtype_on_a_034_bundle() -> None:
+    ((variables, hit),) = _findings(BUNDLES / "k2-v34-int8-kv-dtype", INVALID_KV)
+    assert variables["vllm_v34"] and hit.suggested_flags == {"--kv-cache-dtype": "int8_per_token_head"}
