@@ -426,3 +426,8 @@ def test_int8_on_ampere_before_int8_per_token_head_suggests_e5m2(tmp_path: Path)
 def test_invalid_kv_dtype_on_a_034_bundle() -> None:
     ((variables, hit),) = _findings(BUNDLES / "k2-v34-int8-kv-dtype", INVALID_KV)
     assert variables["vllm_v34"] and hit.suggested_flags == {"--kv-cache-dtype": "int8_per_token_head"}
+
+
+def test_sampler_warmup_oom_033_case_keeps_both_alternatives() -> None:
+    ((_v, hit),) = _findings(DATA / "cases" / "b23-sampler-warmup-oom-qwen3-32b", SAMPLER)
+    assert [x.flags for x in hit.fixes] == [{"--max-num-seqs": "256"}, {"--gpu-memory-utilization": "0.92"}]
