@@ -178,7 +178,7 @@ class Facts(TypedDict):
     fp8_kv_dtype: str | None
     #: list[str]; the plain fp8 --kv-cache-dtype values this GPU's backends take, preferred first (kvdoctor.devices.fp8_kv_cache_dtypes): all three from compute capability 8.9, only fp8_e5m2 on Ampere (8.0–8.7, also when the log says 'does not have native support for FP8'), none on Volta/Turing; None when the capability is unknown
     fp8_kv_dtypes: list[str] | None
-    #: bool; the GPU takes some fp8 KV cache (fp8_kv_dtypes not empty: compute capability ≥ 8.0, Ampere only as fp8_e5m2), the capability as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → Ampere), else the GPU catalogue's by name (its fp8 flag for a non-CUDA GPU); None when unknown
+    #: bool; the GPU takes --kv-cache-dtype fp8 (e4m3; compute capability ≥ 8.9; Ampere's fp8_e5m2 is fp8_kv_dtypes), the capability as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → Ampere), else the GPU catalogue's by name (its fp8 flag for a non-CUDA GPU); None when unknown
     fp8_supported: bool | None
     #: bool; 'Free memory on device … is less than desired GPU memory utilization' logged
     free_below_util: bool | None

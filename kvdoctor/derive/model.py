@@ -21,7 +21,7 @@ WRITES: dict[str, str] = {
     "weights_logged_bytes": "bytes; per-worker 'Model loading took X GiB' (V0 'Loading model weights took X GB')",
     "kv_bytes_per_token": "bytes per token; KV per token per GPU rank at the configured kv_cache_dtype (kvmath)",
     "kv_bytes_per_token_fp8": "bytes per token; KV per token per GPU rank with fp8 KV (kvmath)",
-    "fp8_supported": "bool; the GPU takes some fp8 KV cache (fp8_kv_dtypes not empty: compute capability ≥ 8.0, Ampere only as fp8_e5m2), the capability as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → Ampere), else the GPU catalogue's by name (its fp8 flag for a non-CUDA GPU); None when unknown",
+    "fp8_supported": "bool; the GPU takes --kv-cache-dtype fp8 (e4m3; compute capability ≥ 8.9; Ampere's fp8_e5m2 is fp8_kv_dtypes), the capability as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → Ampere), else the GPU catalogue's by name (its fp8 flag for a non-CUDA GPU); None when unknown",
     "log_compute_capability": "str; the compute capability the log states ('7.0', '12.0'): vLLM's 'Your … GPU has compute capability X.Y', PyTorch's 'with CUDA capability sm_NN', 'Using FlashInfer GDN prefill kernel on CUDA compute capability NN'",
     "log_gpu_name": "str; the GPU name the log's capability line gives ('Tesla V100-SXM2-32GB'), for the catalogue when nvidia-smi is missing",
     "invalid_kv_dtype": "bool; 'Invalid kv_cache_dtype' logged, or --kv-cache-dtype not valid for the version",
@@ -137,7 +137,7 @@ def _kv_dtype(s: Scope, v: Vars) -> None:
         v["gpu_architecture"] = architecture_name(cc)
         v["fp8_kv_dtypes"] = list(kv_fp8)
         v["fp8_kv_dtype"] = kv_fp8[0] if kv_fp8 else None
-        v["fp8_supported"] = bool(kv_fp8)
+        v["fp8_supported"] = "fp8" in kv_fp8  # the plain 'fp8' (e4m3) other rules suggest
     else:
         v["fp8_supported"] = spec.fp8 if spec is not None else None
     takes = v["fp8_kv_dtypes"]
