@@ -46,11 +46,13 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         return None
     v34 = bool(f["vllm_v34"])
     ext = v34 and f["vllm_sizing_mode"] == "extensible"
+    n: int | None
     if f["sampler_oom_requests"]:
         n = f["sampler_oom_requests"]
     elif v34:
         # 0.34 no longer prints N: min(max_num_seqs, max_num_batched_tokens) (gpu_worker.py:1184-1187)
-        n = f["sampler_warmup_requests"] or f["max_num_seqs_effective"]
+        seqs = f["sampler_warmup_requests"] or f["max_num_seqs_effective"]
+        n = int(seqs) if seqs else None
     else:
         n = f["max_num_seqs_effective"]
     gmu = f["gmu"]
