@@ -15,7 +15,9 @@ changes nothing"):
   more GPUs than are visible, or equals the TP in effect;
   ``--pipeline-parallel-size`` above the layer count or equal to the PP in effect;
 - ``--kv-cache-dtype`` not accepted by that vLLM version (unknown version → the values every
-  version accepts, vllm_flags ``valid_kv_cache_dtypes("0.0")``) or already in effect;
+  version accepts, vllm_flags ``valid_kv_cache_dtypes("0.0")``), an fp8 form the GPU's backends
+  refuse (``fp8_kv_dtypes``: e4m3 below compute capability 8.9, any fp8 below 8.0), or already
+  in effect;
 - ``--kv-cache-memory-bytes`` not positive, before vLLM 0.10.2 (the flag did not exist), or equal
   to the value in effect;
 - ``--enforce-eager`` when eager mode is on; ``PYTORCH_CUDA_ALLOC_CONF`` expandable segments when
@@ -40,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvdoctor.devices import FP8_KV_PLAIN
 from kvdoctor.kvmath import derived_max_model_len
 from kvdoctor.vllm_flags import FlagError, flag_available, lookup_option, valid_kv_cache_dtypes, version_tuple
 
@@ -139,6 +142,12 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
         valid = valid_kv_cache_dtypes(version if version else "0.0")
         if value not in valid:
             return "not a kv-cache dtype this vLLM version accepts"
+        takes = get("fp8_kv_dtypes")
+        if value in FP8_KV_PLAIN and isinstance(takes, (list, tuple)) and value not in takes:
+            cc, arch = get("compute_capability"), get("gpu_architecture")
+            if takes:
+                return f"{arch} (compute capability {cc}) backends take fp8 KV only as {', '.join(takes)}"
+            return f"no fp8 KV-cache kernel in vLLM's attention backends for {arch} (compute capability {cc})"
         if value == get("kv_cache_dtype"):
             return "already in effect"
     elif flag == "--kv-cache-memory-bytes":

@@ -72,6 +72,8 @@ class Facts(TypedDict):
     colocated_start_gap_s: float | None
     #: bytes; the card's total memory
     colocated_total_bytes: int | None
+    #: str; the engine GPU's compute capability ('8.0'): the log's, else the GPU catalogue's by name
+    compute_capability: str | None
     #: bool; C is the max_model_len / 2 assumption
     context_at_oom_assumed: bool | None
     #: tokens; C: the context at the OOM, bounded by vllm:kv_cache_usage_perc (last sample) × (blocks − 1) × block_size, else max_model_len / 2
@@ -174,7 +176,11 @@ class Facts(TypedDict):
     foreign_desc: str | None
     #: list[int]; processes on the engine's GPUs that are not this engine
     foreign_pids: list[int] | None
-    #: bool; the GPU supports fp8 KV: compute capability ≥ 8.9 as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → False), else the GPU catalogue by name; None when unknown
+    #: str; the fp8 --kv-cache-dtype to suggest on this GPU: 'fp8' from compute capability 8.9, 'fp8_e5m2' on Ampere; None on Volta/Turing or when unknown
+    fp8_kv_dtype: str | None
+    #: list[str]; the plain fp8 --kv-cache-dtype values this GPU's backends take, preferred first (kvdoctor.devices.fp8_kv_cache_dtypes): all three from compute capability 8.9, only fp8_e5m2 on Ampere (8.0–8.7, also when the log says 'does not have native support for FP8'), none on Volta/Turing; None when the capability is unknown
+    fp8_kv_dtypes: list[str] | None
+    #: bool; the GPU takes --kv-cache-dtype fp8 (e4m3; compute capability ≥ 8.9; Ampere's fp8_e5m2 is fp8_kv_dtypes), the capability as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → Ampere), else the GPU catalogue's by name (its fp8 flag for a non-CUDA GPU); None when unknown
     fp8_supported: bool | None
     #: bool; 'Free memory on device … is less than desired GPU memory utilization' logged
     free_below_util: bool | None
@@ -200,6 +206,8 @@ class Facts(TypedDict):
     gmu_explicit: bool | None
     #: fraction; u: the explicit --gpu-memory-utilization (flag, non-default args, cache_config_info label not 'None'), else 1.0 on 0.34 extensible, 0.92 on 0.34 estimate and 0.20–0.33, 0.9 before (vllm-facts §9.3); equals gmu
     gmu_resolved: float | None
+    #: str; its NVIDIA architecture name ('Volta', 'Turing', 'Ampere', 'Ada', 'Hopper', 'Blackwell')
+    gpu_architecture: str | None
     #: 'pid'|'gpu_uuid'; how GPU memory is matched to the engine: an engine pid among NVML's GPU processes, or the GPUs the engine's container was given by UUID (NVIDIA_VISIBLE_DEVICES via /proc/PID/environ, NVML nvmlDeviceGetUUID) when NVML's host pids are not in this PID namespace; None when neither
     gpu_attribution: str | None
     #: str; the engine GPU's compute capability ('9.0'): the one the log states (model family's log_compute_capability), else the GPU catalogue
