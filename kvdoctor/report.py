@@ -580,7 +580,10 @@ def _vllm_line(engine: dict[str, Any]) -> str | None:
         if v.get("gmu"):
             text += f"; gmu {v['gmu']}"
     if assumption:
-        text += f"; assumed: {assumption}"
+        said = str(assumption)
+        if said.startswith("vLLM version unknown: "):  # the version is said already
+            said = said[len("vLLM version unknown: ") :]
+        text += f"; {said}"
     return text
 
 
