@@ -76,6 +76,8 @@ class Facts(TypedDict):
     context_at_oom_tokens: int | None
     #: bytes; G: --cpu-offload-gb (launch flag or 'cpu_offload_gb' in non-default args) × 2**30
     cpu_offload_bytes: int | None
+    #: bool; the latest run logged an error a specific rule reads (any CUDA OOM, a KV sizing / memory check error, an invalid kv_cache_dtype, a cuMem / Triton / FlashInfer / 0.34 VMM error, …); None without a crash
+    crash_explained: bool | None
     #: bytes; X: 'CuMemAllocator: sleep freed X GiB memory in total'
     cumem_freed_bytes: int | None
     #: requests; n_dec, the widest decode CUDA graph with no capture sizes set: max_num_seqs on SM100 (B200/GB200/B300), min(max_num_seqs, 512) elsewhere (spec §1; 0.34)
@@ -106,8 +108,18 @@ class Facts(TypedDict):
     engine_budget_bytes: int | None
     #: percent of one core; engine processes' largest CPU use (psutil / ps.txt)
     engine_cpu_percent: float | None
+    #: int; log line of the crash evidence (the engine_failed line, else the exception line)
+    engine_crash_line: int | None
+    #: bool; the latest run died: engine_failed, or a traceback before serving after which the engine got no further
+    engine_crashed: bool | None
     #: dict[str, str]; the engine's environment: env.txt / live env, then the launch command's VAR=value prefix (which wins)
     engine_env: dict[str, str] | None
+    #: str; its exception class name ('RuntimeError', 'torch.distributed.DistBackendError')
+    engine_error_exception: str | None
+    #: int; its log line
+    engine_error_line: int | None
+    #: str; the last exception line of the crash's tracebacks that is not a wrapper (EngineDeadError, 'Engine core initialization failed'), redacted, ≤ 300 chars; else the wrapper's line
+    engine_error_text: str | None
     #: bool; the engine failed to start or died ('EngineCore failed to start', 'Engine core initialization failed', EngineDeadError)
     engine_failed: bool | None
     #: 'v0'|'v1'; from the log or /metrics names

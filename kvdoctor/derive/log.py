@@ -5,6 +5,8 @@ every form of CUDA OOM, the periodic stats lines). Events come parsed from
 from __future__ import annotations
 
 from kvdoctor.derive.base import Family, LogView, Scope, Vars, engine_stats
+from kvdoctor.facts import LogEvent
+from kvdoctor.sources.vllm_log import RECOGNISED_ERROR_KINDS
 
 WRITES: dict[str, str] = {
     # --- startup memory
@@ -52,6 +54,13 @@ WRITES: dict[str, str] = {
     "runtime_oom": "bool; an OOM after the engine was serving",
     "engine_failed": "bool; the engine failed to start or died ('EngineCore failed to start', 'Engine core initialization failed', EngineDeadError)",
     "startup_failed": "bool; any evidence the engine did not come up: engine_failed, a startup-phase OOM, a KV/memory check error, an invalid flag",
+    # --- a crash (issue 24 kind 5): what killed the engine, and whether a specific error explains it
+    "engine_crashed": "bool; the latest run died: engine_failed, or a traceback before serving after which the engine got no further",
+    "engine_crash_line": "int; log line of the crash evidence (the engine_failed line, else the exception line)",
+    "engine_error_text": "str; the last exception line of the crash's tracebacks that is not a wrapper (EngineDeadError, 'Engine core initialization failed'), redacted, ≤ 300 chars; else the wrapper's line",
+    "engine_error_line": "int; its log line",
+    "engine_error_exception": "str; its exception class name ('RuntimeError', 'torch.distributed.DistBackendError')",
+    "crash_explained": "bool; the latest run logged an error a specific rule reads (any CUDA OOM, a KV sizing / memory check error, an invalid kv_cache_dtype, a cuMem / Triton / FlashInfer / 0.34 VMM error, …); None without a crash",
     # --- periodic stats lines (percent → fraction)
     "log_stats_count": "int; periodic stats lines",
     "log_kv_usage_max": "fraction; largest 'GPU KV cache usage' in the stats lines",
@@ -72,6 +81,7 @@ def derive(s: Scope, v: Vars) -> None:
     _startup(v, log)
     _ooms(v, log)
     _stats(v, log, v["dp_engine"])
+    _crash(v, log)
 
 
 def _startup(v: Vars, log: LogView) -> None:
@@ -186,6 +196,62 @@ def _stats(v: Vars, log: LogView, dp_label: str | None) -> None:
         v["log_gen_throughput_max"] = max(gens) if gens else None
     pre = sum(int(e.values.get("preemptions") or 0) for e in stats) + len(log.of("preempted_v0"))
     v["log_preemptions_sum"] = pre
+
+
+#: exception classes and words that only wrap the real error (the API server re-raising the
+#: engine core's death): quoted only when nothing else was raised.
+_WRAPPER_EXCEPTIONS = (
+    "EngineDeadError",
+    "EngineGenerateError",
+    "CancelledError",
+    "SystemExit",
+    "KeyboardInterrupt",
+)
+_WRAPPER_WORDS = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "Engine process failed to start",
+    "See root cause above",
+    "See stack trace (above)",
+    "Worker failed with error",
+    "please check the stack trace above",
+)
+#: events that show an engine got further after a startup traceback (it was not fatal)
+_PROGRESS_KINDS = frozenset(
+    {"stats", "request", "model_loading", "available_kv_memory", "kv_cache_size", "graph_capture_done"}
+)
+
+
+def _is_wrapper(e: LogEvent) -> bool:
+    name = str(e.values.get("exception") or "")
+    return name.rsplit(".", 1)[-1] in _WRAPPER_EXCEPTIONS or any(w in e.text for w in _WRAPPER_WORDS)
+
+
+def _crash(v: Vars, log: LogView) -> None:
+    """Whether the run crashed, the error line it died of, and whether a specific error explains it."""
+    failed = log.of("engine_failed")
+    exceptions = log.of("exception")
+    crash: LogEvent | None = failed[0] if failed else None
+    if crash is None:
+        # a traceback before serving after which the engine got no further: a startup crash
+        startup = [e for e in exceptions if not e.values.get("serving")]
+        if startup:
+            last = startup[-1].line
+            if not any(e.line > last for k in _PROGRESS_KINDS for e in log.of(k)):
+                crash = startup[-1]
+    v["engine_crashed"] = crash is not None
+    if crash is None:
+        return
+    v["engine_crash_line"] = crash.line
+    real = [e for e in exceptions if not _is_wrapper(e)]
+    picked = real[-1] if real else (exceptions[-1] if exceptions else crash)
+    v["engine_error_text"] = picked.text[:300]
+    v["engine_error_line"] = picked.line
+    v["engine_error_exception"] = picked.values.get("exception")
+    v["crash_explained"] = any(
+        log.of(kind) and (kind != "swap_space_too_large" or any(e.values.get("fatal") for e in log.of(kind)))
+        for kind in RECOGNISED_ERROR_KINDS
+    )
 
 
 FAMILY = Family("log", WRITES, READS, derive)

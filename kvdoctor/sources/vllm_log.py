@@ -91,7 +91,11 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 - ``invalid_kv_cache_dtype`` {value, valid}: pydantic "Invalid kv_cache_dtype: 'int8'. Valid values
   are: [...]" and argparse "argument --kv-cache-dtype: invalid choice: 'int8' (choose from …)" (§4.1).
 - ``engine_failed`` {reason}: "EngineCore failed to start", "Engine core initialization failed",
-  "EngineDeadError", "EngineCore encountered a fatal error" / "an issue" (§3.5).
+  "EngineDeadError", "EngineCore encountered a fatal error" / "an issue" (§3.5), V0's "Engine
+  process failed to start".
+- ``exception`` {exception, serving}: a traceback's exception line ("RuntimeError: NCCL error …",
+  the dotted class name in ``exception``; ``serving``: the server was up when it was raised); the
+  event's text is the line, redacted, at most 300 characters.
 - ``stats`` {engine, prompt_throughput, generation_throughput, running, waiting, swapped, pending,
   deferred, preemptions, kv_usage, cpu_kv_usage, prefix_cache_hit_rate, device, num_engines}: every
   periodic-line form of §3.4 (V0 with Swapped/Pending, 0.9–0.11, ≥0.12 with Preemptions, "N Engines
@@ -147,7 +151,7 @@ from kvdoctor.sources.log_prefixes import strip_prefixes
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
 
-__all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
+__all__ = ["RECOGNISED_ERROR_KINDS", "LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
 
 # --------------------------------------------------------------------------- line prefix
 
@@ -660,6 +664,11 @@ _RE: _LazyPatterns = _LazyPatterns(
             r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
         ),
         "hybrid_bs": _pattern(r"Setting attention block size to (\d+) tokens"),
+        # "RuntimeError: NCCL error …", "torch.distributed.DistBackendError: …": a dotted class
+        # name ending in Error/Exception at the start of a traceback line (bounded: ≤ 8 dots)
+        "exception_line": _pattern(
+            r"((?:[A-Za-z_]\w{0,60}\.){0,8}[A-Za-z_]\w{0,80}(?:Error|Exception))(?::|$)"
+        ),
         "mamba_pad": _pattern(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
         "pad_layers": _pattern(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
     }
@@ -677,6 +686,9 @@ _STATS_WORDS = {
     "st_preempt": "Preemptions: ",
     "st_prefix": "Prefix cache hit rate: ",
 }
+
+#: characters of a traceback's exception line kept in an ``exception`` event (redacted)
+_EXCEPTION_CHARS = 300
 
 _ERROR_KINDS = frozenset(
     {
@@ -699,6 +711,9 @@ _ERROR_KINDS = frozenset(
 _ERROR_KINDS |= log_catalogue2.ERROR_KINDS
 # vLLM 0.34's errors (sources/log_v034.py) too
 _ERROR_KINDS |= log_v034.ERROR_KINDS
+#: errors a specific rule reads: an engine that died after one is not ``engine-crashed``'s
+#: (an unrecognised crash); ``swap_space_too_large`` counts only when fatal.
+RECOGNISED_ERROR_KINDS = (_ERROR_KINDS - {"engine_failed"}) | {"swap_space_too_large"}
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",
@@ -1284,6 +1299,19 @@ class _Parser:
                         )
                 return
 
+        # --- the exception line of a traceback ("RuntimeError: NCCL error …"): engine-crashed
+        # quotes the last one; the line goes on below (an OOM is also a cuda_oom)
+        if block is not None and ("Error" in msg[:120] or "Exception" in msg[:120]):
+            m = R["exception_line"].match(msg)
+            if m:
+                self._emit(
+                    "exception",
+                    pl,
+                    key,
+                    {"exception": m.group(1)[-120:], "serving": self._serving},
+                    text=redact(msg[:_EXCEPTION_CHARS]),
+                )
+
         # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
         for kind, values in log_catalogue2.match(msg):
             self._emit_catalogue2(kind, values, pl, key, block)
@@ -1692,6 +1720,7 @@ class _Parser:
             ("EngineCore encountered a fatal error", "EngineCore encountered a fatal error"),
             ("EngineDeadError", "EngineDeadError"),
             ("EngineCore encountered an issue", "EngineDeadError"),
+            ("Engine process failed to start", "Engine process failed to start"),
         ):
             if needle in msg:
                 self._emit("engine_failed", pl, key, {"reason": reason})
