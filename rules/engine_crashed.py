@@ -51,8 +51,9 @@ def _gpus(indices: Iterable[int] | None) -> list[int]:
 
 def check(f: Facts, t: Thresholds) -> Hit | None:
     # a specific rule explains it: an error it reads in the log (crash_explained), a
-    # --kv-cache-dtype the version or the GPU rejects (invalid-kv-cache-dtype)
-    if not f["engine_crashed"] or f["crash_explained"] or f["invalid_kv_dtype"]:
+    # --kv-cache-dtype the version or the GPU rejects (invalid-kv-cache-dtype), a failed wake
+    # (wake-up-oom)
+    if not f["engine_crashed"] or f["crash_explained"] or f["invalid_kv_dtype"] or f["wake_oom"]:
         return None
     engine_gpus = set(f["engine_gpus"] or ())
     failing = set(f["hw_error_gpus"] or ()) if (f["xid_hw_count"] or f["ecc_gpus"]) else set()

@@ -572,6 +572,10 @@ class Facts(TypedDict):
     sleep_graph_kept_bytes: int | None
     #: bytes; U: 'U GiB memory is still in use' (the whole device, neighbours included)
     sleep_in_use_bytes: int | None
+    #: bytes; K per worker: on vLLM 0.34's extensible KV cache the committed pool (smallest 'Extended KV cache to N blocks (X GiB)', else 'Memory after warmup … N KV cache blocks (X GiB)'; 'Available KV cache memory' is only an address reservation there, vllm-facts §9.2), else 'Available KV cache memory' (≥ 0)
+    sleep_kv_bytes: int | None
+    #: bool; K is an extensible KV pool (0.34): it lives outside the cuMem pool, so 'CuMemAllocator: sleep freed X' excludes it and a wake maps it back with recommit (vllm-facts §9.7)
+    sleep_kv_extensible: bool | None
     #: int; 1 (weights_offloaded) or 2 (discard_all), None when unknown
     sleep_level: int | None
     #: int; log line of the last 'It took … seconds to fall asleep.'
@@ -582,7 +586,7 @@ class Facts(TypedDict):
     sleep_nccl_suspend: bool | None
     #: bool; --sleep-mode-offload-cudagraph given
     sleep_offload_cudagraph: bool | None
-    #: bytes; W + K per worker: 'Model loading took' + 'Available KV cache memory'
+    #: bytes; W + K per worker: 'Model loading took' + sleep_kv_bytes
     sleep_pool_bytes: int | None
     #: bytes; what a partial wake brought back by design (W for ['weights'], K for ['kv_cache'])
     sleep_resident_bytes: int | None
@@ -754,8 +758,12 @@ class Facts(TypedDict):
     wake_neighbours_bytes: int | None
     #: str; 'pid 5120 (VLLM::EngineCore) 22.10 GiB asleep, …'
     wake_neighbours_desc: str | None
-    #: bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames)
+    #: bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames), or on vLLM 0.34 'GPU driver error 2: out of memory' (the KV recommit) after a wake-up, a checkpoint restore or a KV loan
     wake_oom: bool | None
+    #: 'wake'|'checkpoint_restore'|'kv_loan'; what the failed mapping followed
+    wake_oom_after: str | None
+    #: 'cumem'|'vmm'; which text failed the wake: the cuMem allocator's (weights and, before 0.34, the KV) or 0.34's VMM driver error (the extensible KV's recommit)
+    wake_oom_error: str | None
     #: int; its log line
     wake_oom_line: int | None
     #: list[str]; tags of the failed wake ([] for a full wake)

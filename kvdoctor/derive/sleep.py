@@ -24,13 +24,17 @@ WRITES: dict[str, str] = {
     "sleep_freed_bytes": "bytes; F: smallest 'Sleep mode freed F GiB memory' over workers after the last sleep",
     "sleep_in_use_bytes": "bytes; U: 'U GiB memory is still in use' (the whole device, neighbours included)",
     "cumem_freed_bytes": "bytes; X: 'CuMemAllocator: sleep freed X GiB memory in total'",
-    "sleep_pool_bytes": "bytes; W + K per worker: 'Model loading took' + 'Available KV cache memory'",
+    "sleep_pool_bytes": "bytes; W + K per worker: 'Model loading took' + sleep_kv_bytes",
+    "sleep_kv_bytes": "bytes; K per worker: on vLLM 0.34's extensible KV cache the committed pool (smallest 'Extended KV cache to N blocks (X GiB)', else 'Memory after warmup … N KV cache blocks (X GiB)'; 'Available KV cache memory' is only an address reservation there, vllm-facts §9.2), else 'Available KV cache memory' (≥ 0)",
+    "sleep_kv_extensible": "bool; K is an extensible KV pool (0.34): it lives outside the cuMem pool, so 'CuMemAllocator: sleep freed X' excludes it and a wake maps it back with recommit (vllm-facts §9.7)",
     "sleep_graph_kept_bytes": "bytes; G_kept: 'Graph capturing finished … took G GiB', 0 with --sleep-mode-offload-cudagraph",
     "sleep_resident_bytes": "bytes; what a partial wake brought back by design (W for ['weights'], K for ['kv_cache'])",
     "sleep_engine_gpu_bytes": "bytes; the engine's processes' NVML used memory on its fullest GPU (its pids, else the GPU's used memory when it is the only process)",
     "sleep_offload_cudagraph": "bool; --sleep-mode-offload-cudagraph given",
     "sleep_nccl_suspend": "bool; --enable-nccl-comm-suspend given",
-    "wake_oom": "bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames)",
+    "wake_oom": "bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames), or on vLLM 0.34 'GPU driver error 2: out of memory' (the KV recommit) after a wake-up, a checkpoint restore or a KV loan",
+    "wake_oom_error": "'cumem'|'vmm'; which text failed the wake: the cuMem allocator's (weights and, before 0.34, the KV) or 0.34's VMM driver error (the extensible KV's recommit)",
+    "wake_oom_after": "'wake'|'checkpoint_restore'|'kv_loan'; what the failed mapping followed",
     "wake_oom_line": "int; its log line",
     "wake_tags": "list[str]; tags of the failed wake ([] for a full wake)",
     "wake_need_bytes": "bytes; what the wake maps back: W + K (full), W (['weights']), K (['kv_cache']), plus G with offloaded graphs",
@@ -74,9 +78,10 @@ def derive(s: Scope, v: Vars) -> None:
     v["sleep_offload_cudagraph"] = bool(args.get("sleep_mode_offload_cudagraph"))
     v["sleep_nccl_suspend"] = bool(args.get("enable_nccl_comm_suspend"))
     log = s.log
-    w, k = v["weights_logged_bytes"], v["log_available_kv_bytes"]
+    _kv(v, log)
+    w, k = v["weights_logged_bytes"], v["sleep_kv_bytes"]
     if w is not None and k is not None:
-        v["sleep_pool_bytes"] = w + max(0, k)
+        v["sleep_pool_bytes"] = w + k
     v["sleep_graph_kept_bytes"] = 0 if v["sleep_offload_cudagraph"] else (v["graph_capture_bytes"] or 0)
     level = _gauge_asleep(s.series[-1].sleep_state) if s.series else None
     sleep_lines = bool(log is not None and (log.of("fell_asleep") or log.of("sleep_freed")))
@@ -89,6 +94,28 @@ def derive(s: Scope, v: Vars) -> None:
     _engine_bytes(s, v)
     _wake(s, v)
     _colocated(s, v)
+
+
+def _kv(v: Vars, log: Any) -> None:
+    """K: the committed extensible pool where the log shows one (0.34), else the reservation
+    that is the pool before 0.34 ('Available KV cache memory')."""
+    committed: list[int] = []
+    if log is not None:
+        committed = [
+            e.values["bytes"] for e in log.of("kv_extended") if isinstance(e.values.get("bytes"), int)
+        ]
+        if not committed:
+            committed = [
+                e.values["blocks_bytes"]
+                for e in log.of("memory_after_warmup")
+                if isinstance(e.values.get("blocks_bytes"), int)
+            ]
+    if committed:
+        v["sleep_kv_bytes"], v["sleep_kv_extensible"] = min(committed), True
+        return
+    k = v["log_available_kv_bytes"]
+    v["sleep_kv_bytes"] = max(0, k) if k is not None else None
+    v["sleep_kv_extensible"] = False if k is not None else None
 
 
 def _log_sleep(v: Vars, log: Any, level: int | None) -> None:
@@ -112,12 +139,12 @@ def _log_sleep(v: Vars, log: Any, level: int | None) -> None:
     pool = [e for e in log.of("cumem_sleep") if e.line > prev_wake]
     if pool:
         v["cumem_freed_bytes"] = min(e.values.get("freed_bytes") or 0 for e in pool)
-    w, k = v["weights_logged_bytes"], v["log_available_kv_bytes"]
+    w, k = v["weights_logged_bytes"], v["sleep_kv_bytes"]
     resident = 0
     if "weights" in v["woken_tags"] and w:
         resident += w
     if "kv_cache" in v["woken_tags"] and k:
-        resident += max(0, k)
+        resident += k
     v["sleep_resident_bytes"] = resident
 
 
@@ -156,23 +183,37 @@ def _wake(s: Scope, v: Vars) -> None:
     log = s.log
     if log is None:
         return
-    ooms = log.of("cumem_oom")
+    # the cuMem allocator's OOM (weights; the KV too before 0.34) or 0.34's VMM driver OOM (the
+    # extensible KV's recommit, vllm-facts §9.4 / §9.7)
+    ooms = [(e, "cumem") for e in log.of("cumem_oom")]
+    ooms += [(e, "vmm") for e in log.of("vmm_driver_error") if e.values.get("oom")]
     if not ooms:
         v["wake_oom"] = False
         return
-    ev = ooms[-1]
+    ev, error = max(ooms, key=lambda x: x[0].line)
     reqs = [e for e in log.of("wake_up_request") if e.line < ev.line]
     prior_sleep = [e for e in log.of("fell_asleep") if e.line < ev.line]
     in_wake = "wake_up" in (ev.values.get("frames") or [])
-    v["wake_oom"] = bool(v["sleep_mode_on"] and (reqs or prior_sleep or in_wake))
+    # a checkpoint restore wakes ['kv_cache']; a KV loan recommits after a weight update (§9.7)
+    restore = [e for e in log.of("checkpoint_restore") if e.line < ev.line] if error == "vmm" else []
+    loan = [e for e in log.of("kv_loan") if e.line < ev.line] if error == "vmm" else []
+    woke = bool(reqs or prior_sleep or in_wake)
+    v["wake_oom"] = bool((v["sleep_mode_on"] or restore) and (woke or restore)) or bool(loan)
     if not v["wake_oom"]:
         return
-    v["wake_oom_line"] = ev.line
-    tags = list(reqs[-1].values.get("tags") or []) if reqs else []
+    v["wake_oom_line"], v["wake_oom_error"] = ev.line, error
+    last_wake = max([e.line for e in (*reqs, *prior_sleep)], default=0)
+    after = max(
+        [(last_wake, "wake"), (max([e.line for e in restore], default=-1), "checkpoint_restore")]
+        + [(max([e.line for e in loan], default=-1), "kv_loan")]
+    )
+    v["wake_oom_after"] = after[1]
+    tags = list(reqs[-1].values.get("tags") or []) if reqs and after[1] == "wake" else []
+    if after[1] != "wake":
+        tags = ["kv_cache"]  # a restore wakes ['kv_cache']; a loan recommits the KV only
     v["wake_tags"] = tags
-    w, k = v["weights_logged_bytes"], v["log_available_kv_bytes"]
+    w, k = v["weights_logged_bytes"], v["sleep_kv_bytes"]
     if w is not None and k is not None:
-        k = max(0, k)
         need = w if tags == ["weights"] else k if tags == ["kv_cache"] else w + k
         if v["sleep_offload_cudagraph"]:
             need += v["graph_capture_bytes"] or 0

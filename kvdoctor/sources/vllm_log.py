@@ -712,8 +712,11 @@ _ERROR_KINDS |= log_catalogue2.ERROR_KINDS
 # vLLM 0.34's errors (sources/log_v034.py) too
 _ERROR_KINDS |= log_v034.ERROR_KINDS
 #: errors a specific rule reads: an engine that died after one is not ``engine-crashed``'s
-#: (an unrecognised crash); ``swap_space_too_large`` counts only when fatal.
-RECOGNISED_ERROR_KINDS = (_ERROR_KINDS - {"engine_failed"}) | {"swap_space_too_large"}
+#: (an unrecognised crash); ``swap_space_too_large`` counts only when fatal. Not 0.34's VMM
+#: driver error (a rule reads it only after a wake: wake-up-oom) nor the hint a KV error carries.
+RECOGNISED_ERROR_KINDS = (_ERROR_KINDS - {"engine_failed", "vmm_driver_error", "kv_hint"}) | {
+    "swap_space_too_large"
+}
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",

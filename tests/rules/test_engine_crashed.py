@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from kvdoctor.rules.engine_crashed import RULE
 
 from kvdoctor.cli import cli
 from kvdoctor.derive.base import LogView
 from kvdoctor.derive.log import _crash
 from kvdoctor.sources.vllm_log import parse_log
-from rules.engine_crashed import RULE
 from tests.rules._words import facts, finding
 
 BUNDLES = Path(__file__).parent.parent / "data" / "bundles"
