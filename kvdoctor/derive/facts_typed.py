@@ -450,6 +450,8 @@ class Facts(TypedDict):
     offloaded_bytes: int | None
     #: int; log line of 'Offloader set to UVAOffloader|PrefetchOffloader' or 'Total CPU offloaded parameters'
     offloader_line: int | None
+    #: bytes; 'Of the allocated memory X is allocated by PyTorch' of the last OOM (legacy: 'X already allocated')
+    oom_allocated_bytes: int | None
     #: bytes; the last torch OOM's 'X allowed' part (torch's per-process cap, present under 0.34's torch cap)
     oom_allowed_bytes: int | None
     #: bool; the last torch OOM is in the run-time phase (its phase, or a line after runtime_start_line)

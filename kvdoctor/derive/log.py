@@ -49,6 +49,7 @@ WRITES: dict[str, str] = {
     "oom_total_bytes": "bytes; 'total capacity of X'",
     "oom_reserved_unallocated_bytes": "bytes; 'X is reserved by PyTorch but unallocated' (legacy: reserved − allocated)",
     "oom_gpu": "int; 'GPU N'",
+    "oom_allocated_bytes": "bytes; 'Of the allocated memory X is allocated by PyTorch' of the last OOM (legacy: 'X already allocated')",
     "weight_loading_oom": "bool; an OOM while loading weights (or 'Failed to load model - not enough GPU memory')",
     "graph_capture_oom": "bool; an OOM during CUDA graph capture",
     "runtime_oom": "bool; an OOM after the engine was serving",
@@ -160,6 +161,8 @@ def _ooms(v: Vars, log: LogView) -> None:
         v["oom_total_bytes"] = last.get("total_bytes")
         v["oom_reserved_unallocated_bytes"] = last.get("reserved_unallocated_bytes")
         v["oom_gpu"] = last.get("gpu")
+        allocated = last.get("allocated_by_pytorch_bytes")
+        v["oom_allocated_bytes"] = allocated if allocated is not None else last.get("already_allocated_bytes")
     phases = set(v["oom_phases"])
     v["weight_loading_oom"] = "weight_loading" in phases or bool(log.of("load_model_oom"))
     v["graph_capture_oom"] = "cuda_graph_capture" in phases
