@@ -306,6 +306,8 @@ class Facts(TypedDict):
     kv_pool_source: str | None
     #: bool; requests were preempted: increase of vllm:num_preemptions_total in the window, or (without a metrics timeline) 'Preemptions: N' stats lines / V0 preemption warnings of the log's current run
     kv_preempted: bool | None
+    #: int; events after which the KV cache is mapped back while the engine lives: wake-ups ('It took … seconds to wake up', the API server's 'wake up the engine'), checkpoint restores, KV loans for weight updates (vllm-facts §9.7)
+    kv_recommits: int | None
     #: bytes per GPU; on 0.34 extensible the smallest 'Available KV cache memory: X GiB' over workers: an address-space reservation R − C − P, NOT the KV pool (vllm-facts §9.2 step 3); None in estimate mode (there it is the pool: log_available_kv_bytes)
     kv_reservation_bytes: int | None
     #: bytes; S = b × req_blocks(max_model_len) − (kv_pool_blocks − 1) × b: what one max_model_len request lacks in the pool (≤ 0: it fits; spec N2)
@@ -382,6 +384,8 @@ class Facts(TypedDict):
     mem_growth_gpu: int | None
     #: bytes; total − last used memory of that GPU (None when its total is unknown)
     mem_growth_headroom_bytes: int | None
+    #: bytes; the largest rise between two consecutive readings of that GPU (a step: a KV commit, a wake's recommit, a restore)
+    mem_growth_max_step_bytes: int | None
     #: str; its node (nodes/<host>/ bundles, host-named tables; None on one node)
     mem_growth_node: str | None
     #: int; readings of it over time (evenly spaced, at most 60)

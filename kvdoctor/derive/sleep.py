@@ -33,6 +33,7 @@ WRITES: dict[str, str] = {
     "sleep_offload_cudagraph": "bool; --sleep-mode-offload-cudagraph given",
     "sleep_nccl_suspend": "bool; --enable-nccl-comm-suspend given",
     "wake_oom": "bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames), or on vLLM 0.34 'GPU driver error 2: out of memory' (the KV recommit) after a wake-up, a checkpoint restore or a KV loan",
+    "kv_recommits": "int; events after which the KV cache is mapped back while the engine lives: wake-ups ('It took … seconds to wake up', the API server's 'wake up the engine'), checkpoint restores, KV loans for weight updates (vllm-facts §9.7)",
     "wake_oom_error": "'cumem'|'vmm'; which text failed the wake: the cuMem allocator's (weights and, before 0.34, the KV) or 0.34's VMM driver error (the extensible KV's recommit)",
     "wake_oom_after": "'wake'|'checkpoint_restore'|'kv_loan'; what the failed mapping followed",
     "wake_oom_line": "int; its log line",
@@ -91,6 +92,9 @@ def derive(s: Scope, v: Vars) -> None:
         v["sleep_level"] = level or None
     if log is not None:
         _log_sleep(v, log, level)
+        v["kv_recommits"] = sum(
+            len(log.of(k)) for k in ("woke_up", "wake_up_request", "checkpoint_restore", "kv_loan")
+        )
     _engine_bytes(s, v)
     _wake(s, v)
     _colocated(s, v)
