@@ -80,6 +80,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     held_now = f["sleep_source"] == "vllm:engine_sleep_state" and on_gpu is not None and on_gpu > kept + slack
     if not (f["sleep_mode_on"] and f["asleep"] and (freed_short or held_now)):
         return None
+    if f["wake_oom"] and not freed_short:
+        return None  # NVML shows what this engine's own failed wake mapped back (wake-up-oom)
     # held: NVML's reading when it shows too much, else what the log says stayed; the shortfall:
     # the log's when it fell short, else NVML's excess
     held: float
@@ -116,8 +118,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         f"The engine is asleep{f' (level {level})' if level else ''} ({na(f['sleep_source'])}), yet still holds"
         f" {fmt_bytes(held)} per GPU where about {fmt_bytes(kept + slack)} is expected (CUDA graphs"
         f" {fmt_bytes(graphs)}{f' + {fmt_bytes(resident)} woken on purpose' if resident else ''} + slack"
-        f" {fmt_bytes(slack)}): a shortfall of {fmt_bytes(shortfall)} of the {fmt_bytes(pool)} weights + KV it"
-        " should have released. "
+        f" {fmt_bytes(slack)}): a shortfall of {fmt_bytes(shortfall)} of the"
+        f"{' ' + fmt_bytes(pool) if pool else ''} weights + KV it should have released. "
     )
     # the cuMem pool holds W and K before 0.34; on the extensible KV cache only W (the KV lives
     # outside it, released by release_physical and counted in 'Sleep mode freed' only)

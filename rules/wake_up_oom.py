@@ -51,6 +51,9 @@ _AFTER = {
 class Thresholds:
     #: GiB kept free beside the neighbours when sizing this engine's gmu
     margin_gib: float = 0.5
+    #: GiB a sleeping neighbour holds beyond which the words point at it (an estimate: graphs
+    #: and the CUDA context; sleep-memory-not-released's slack floor)
+    sleeping_residual_gib: float = 2.0
 
 
 def _gpus(indices: Iterable[int] | None) -> list[int]:
@@ -63,6 +66,20 @@ def _awake_pids(f: Facts) -> list[object]:
         return [n["pid"] for n in f["wake_neighbours"] or [] if not n["asleep"]]
     except (KeyError, TypeError):  # a neighbour without those keys: none named
         return []
+
+
+def _heavy_sleepers(f: Facts, t: Thresholds) -> str:
+    """The sleeping neighbours (a sleep-swap set) that NVML shows holding more than
+    ``sleeping_residual_gib``: 'pid 5120 (35.00 GiB)', joined; '' when none."""
+    try:
+        heavy = [
+            f"pid {n['pid']} ({fmt_bytes(n['bytes'])})"
+            for n in f["wake_neighbours"] or []
+            if n["asleep"] and (n["bytes"] or 0) > t.sleeping_residual_gib * GiB
+        ]
+    except (KeyError, TypeError):
+        return ""
+    return ", ".join(heavy)
 
 
 def _why_no_gmu(gmu: float | None, gmu_fix: float | None) -> str:
@@ -106,6 +123,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     if desc:
         words += f"Other processes hold the GPU: {desc}. "
+    heavy = _heavy_sleepers(f, t)
+    if heavy:
+        words += (
+            f"Asleep, {heavy} should hold little more than its CUDA graphs and context: that is"
+            " sleep-memory-not-released on that engine; the size below counts what it holds now. "
+        )
     sleep_first = f"Make pid {', pid '.join(str(p) for p in awake)} sleep before this wake" if awake else ""
     fixes = []
     if gmu_fix is not None and gmu is not None and gmu_fix < gmu and is_valid(f, _GMU, gmu_fix):

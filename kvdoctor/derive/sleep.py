@@ -47,6 +47,7 @@ WRITES: dict[str, str] = {
 }
 READS: frozenset[str] = frozenset(
     {
+        "model_name",
         "weights_logged_bytes",
         "log_available_kv_bytes",
         "graph_capture_bytes",
@@ -78,13 +79,19 @@ def derive(s: Scope, v: Vars) -> None:
     args = s.cfg.args
     v["sleep_offload_cudagraph"] = bool(args.get("sleep_mode_offload_cudagraph"))
     v["sleep_nccl_suspend"] = bool(args.get("enable_nccl_comm_suspend"))
-    log = s.log
+    # a sleep-swap set with one engine's log: its sleep and wake lines are not the others'
+    log = s.log if _log_is_mine(s, v) else None
     _kv(v, log)
     w, k = v["weights_logged_bytes"], v["sleep_kv_bytes"]
-    if w is not None and k is not None:
+    if w is not None and k is not None and log is not None:
         v["sleep_pool_bytes"] = w + k
     v["sleep_graph_kept_bytes"] = 0 if v["sleep_offload_cudagraph"] else (v["graph_capture_bytes"] or 0)
     level = _gauge_asleep(s.series[-1].sleep_state) if s.series else None
+    if level is None and v["model_name"] is not None:
+        # several engines' gauges in one scrape (a sleep-swap set): this engine's by model_name
+        by_model = _asleep_by_model(s)
+        if v["model_name"] in by_model:
+            level = _gauge_level_by_model(s, str(v["model_name"]))
     sleep_lines = bool(log is not None and (log.of("fell_asleep") or log.of("sleep_freed")))
     v["sleep_mode_on"] = bool(args.get("enable_sleep_mode") or sleep_lines or level is not None)
     if level is not None:
@@ -96,8 +103,21 @@ def derive(s: Scope, v: Vars) -> None:
             len(log.of(k)) for k in ("woke_up", "wake_up_request", "checkpoint_restore", "kv_loan")
         )
     _engine_bytes(s, v)
-    _wake(s, v)
+    _wake(s, v, log)
     _colocated(s, v)
+
+
+def _log_is_mine(s: Scope, v: Vars) -> bool:
+    """The log's server serves this engine's model, or either is unknown (one engine's log in a
+    bundle of several engines names its model in its args: the others' sleep lines are not in it)."""
+    log, model = s.log, v["model_name"]
+    if log is None or model is None:
+        return True
+    args = log.args or {}
+    logged = args.get("served_model_name") or args.get("model") or args.get("model_tag")
+    if isinstance(logged, list):
+        return model in logged
+    return logged is None or logged == model
 
 
 def _kv(v: Vars, log: Any) -> None:
@@ -152,6 +172,39 @@ def _log_sleep(v: Vars, log: Any, level: int | None) -> None:
     v["sleep_resident_bytes"] = resident
 
 
+def _gauge_level_by_model(s: Scope, model: str) -> int | None:
+    """The sleep level (:func:`_gauge_asleep`) of the scrape series whose model_name is ``model``."""
+    for m in s.snapshot.metrics:
+        if m.model_name == model:
+            return _gauge_asleep(m.sleep_state)
+    return None
+
+
+def _model_of(snap: Any, pid: int) -> str | None:
+    """The model the vLLM server that launched ``pid`` serves: the process or an ancestor
+    (at most 8 up) with a ``launch_model`` (an EngineCore's parent ``vllm serve``)."""
+    procs = {p.pid: p for p in snap.processes}
+    cur = procs.get(pid)
+    for _ in range(8):
+        if cur is None:
+            return None
+        if cur.launch_model:
+            return str(cur.launch_model)
+        cur = procs.get(cur.ppid) if cur.ppid is not None else None
+    return None
+
+
+def _own(s: Scope, v: Vars, pid: int) -> bool:
+    """``pid`` is this engine's: by the model its server launches when GPU processes of
+    several engines are told apart that way (a sleep-swap set), else any engine pid."""
+    model = v["model_name"]
+    if model is not None:
+        launched = _model_of(s.snapshot, pid)
+        if launched is not None:
+            return launched == model
+    return pid in s.engine_pids
+
+
 def _engine_bytes(s: Scope, v: Vars) -> None:
     best = None
     for g in s.visible:
@@ -159,9 +212,7 @@ def _engine_bytes(s: Scope, v: Vars) -> None:
             continue
         # a `vllm preload` daemon's weights stay resident by design: not the engine's own bytes
         mine = [
-            p.used_bytes or 0
-            for p in g.processes
-            if p.pid in s.engine_pids and p.pid not in s.weight_daemon_pids
+            p.used_bytes or 0 for p in g.processes if _own(s, v, p.pid) and p.pid not in s.weight_daemon_pids
         ]
         if mine:
             got: int | None = sum(mine)
@@ -183,8 +234,7 @@ def _asleep_by_model(s: Scope) -> dict[str, bool]:
     return out
 
 
-def _wake(s: Scope, v: Vars) -> None:
-    log = s.log
+def _wake(s: Scope, v: Vars, log: Any) -> None:
     if log is None:
         return
     # the cuMem allocator's OOM (weights; the KV too before 0.34) or 0.34's VMM driver OOM (the
@@ -223,15 +273,15 @@ def _wake(s: Scope, v: Vars) -> None:
             need += v["graph_capture_bytes"] or 0
         v["wake_need_bytes"] = need
     asleep = _asleep_by_model(s)
-    names = {p.pid: p.launch_model for p in s.snapshot.processes if p.launch_model}
     neighbours: list[dict[str, Any]] = []
     for g in s.visible:
         if g.index not in (v["engine_gpus"] or []):
             continue
         for p in g.processes:
-            if p.pid in s.engine_pids:
+            # another engine of a sleep-swap set is a neighbour too (its server's model differs)
+            if _own(s, v, p.pid):
                 continue
-            model = names.get(p.pid)
+            model = _model_of(s.snapshot, p.pid)
             neighbours.append(
                 {"pid": p.pid, "name": model or p.name, "bytes": p.used_bytes or 0,
                  "asleep": asleep.get(model) if model else None}
