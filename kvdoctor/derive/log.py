@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from kvdoctor.derive.base import Family, LogView, Scope, Vars, engine_stats
 from kvdoctor.facts import LogEvent
-from kvdoctor.sources.vllm_log import RECOGNISED_ERROR_KINDS
 
 WRITES: dict[str, str] = {
     # --- startup memory
@@ -200,6 +199,39 @@ def _stats(v: Vars, log: LogView, dp_label: str | None) -> None:
     pre = sum(int(e.values.get("preemptions") or 0) for e in stats) + len(log.of("preempted_v0"))
     v["log_preemptions_sum"] = pre
 
+
+#: log error kinds (kvdoctor.sources.vllm_log) a specific rule reads: an engine that died after
+#: one is not engine-crashed's (an unrecognised crash); ``swap_space_too_large`` counts only when
+#: fatal. Not 0.34's VMM driver error (read only after a wake: wake-up-oom), nor the hint a KV
+#: error carries, nor the engine's death itself. tests/rules/test_engine_crashed.py holds this
+#: against the parser's error kinds.
+RECOGNISED_ERROR_KINDS = frozenset(
+    {
+        "autofit_failed",
+        "autofit_failed_after_warmup",
+        "cuda_error_oom",
+        "cuda_oom",
+        "cumem_oom",
+        "extensible_config_error",
+        "flashinfer_overflow",
+        "free_memory_below_util",
+        "invalid_kv_cache_dtype",
+        "load_model_oom",
+        "max_seq_len_exceeds_kv",
+        "no_available_kv_memory",
+        "profiling_assertion",
+        "sampler_warmup_oom",
+        "swap_space_too_large",
+        "torch_cap_rejected",
+        "triton_oom",
+        "user_max_model_len_too_large",
+        "v0_max_seq_len_exceeds_kv",
+        "v1_runner_removed",
+        "weight_update_no_room",
+    }
+)
+#: the parser's error kinds that are deliberately not in RECOGNISED_ERROR_KINDS
+UNRECOGNISED_ERROR_KINDS = frozenset({"engine_failed", "vmm_driver_error", "kv_hint"})
 
 #: exception classes and words that only wrap the real error (the API server re-raising the
 #: engine core's death): quoted only when nothing else was raised.

@@ -151,7 +151,7 @@ from kvdoctor.sources.log_prefixes import strip_prefixes
 from kvdoctor.units import GiB, parse_size
 from kvdoctor.vllm_flags import version_tuple
 
-__all__ = ["RECOGNISED_ERROR_KINDS", "LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
+__all__ = ["LogFollower", "parse_log", "parse_log_file", "parse_line", "redact"]
 
 # --------------------------------------------------------------------------- line prefix
 
@@ -711,12 +711,6 @@ _ERROR_KINDS = frozenset(
 _ERROR_KINDS |= log_catalogue2.ERROR_KINDS
 # vLLM 0.34's errors (sources/log_v034.py) too
 _ERROR_KINDS |= log_v034.ERROR_KINDS
-#: errors a specific rule reads: an engine that died after one is not ``engine-crashed``'s
-#: (an unrecognised crash); ``swap_space_too_large`` counts only when fatal. Not 0.34's VMM
-#: driver error (a rule reads it only after a wake: wake-up-oom) nor the hint a KV error carries.
-RECOGNISED_ERROR_KINDS = (_ERROR_KINDS - {"engine_failed", "vmm_driver_error", "kv_hint"}) | {
-    "swap_space_too_large"
-}
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",
@@ -1017,10 +1011,28 @@ class _Parser:
             self.log.engine_generation = "v1"
         try:
             self._match(pl, key, block)
+            if block is not None:
+                self._match_exception(pl, key)
         except Exception:
             # A half-written or mangled line costs that line, never the file: it gives no event.
             self.bad_lines += 1
         return self._new
+
+    def _match_exception(self, pl: ParsedLine, key: Any) -> None:
+        """The exception line of a traceback ("RuntimeError: NCCL error …"), after the line's
+        other events (an OOM is also a cuda_oom): engine-crashed quotes the last one."""
+        msg = pl.message
+        if len(msg) < 8 or msg[0] == " " or not ("Error" in msg[:120] or "Exception" in msg[:120]):
+            return
+        m = _RE["exception_line"].match(msg)
+        if m:
+            self._emit(
+                "exception",
+                pl,
+                key,
+                {"exception": m.group(1)[-120:], "serving": self._serving},
+                text=redact(msg[:_EXCEPTION_CHARS]),
+            )
 
     def feed_chunk(self, text: str) -> None:
         """Parse a chunk of whole lines ("\\n"-joined), the same as :meth:`feed` on each line,
@@ -1301,19 +1313,6 @@ class _Parser:
                             "request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt"
                         )
                 return
-
-        # --- the exception line of a traceback ("RuntimeError: NCCL error …"): engine-crashed
-        # quotes the last one; the line goes on below (an OOM is also a cuda_oom)
-        if block is not None and ("Error" in msg[:120] or "Exception" in msg[:120]):
-            m = R["exception_line"].match(msg)
-            if m:
-                self._emit(
-                    "exception",
-                    pl,
-                    key,
-                    {"exception": m.group(1)[-120:], "serving": self._serving},
-                    text=redact(msg[:_EXCEPTION_CHARS]),
-                )
 
         # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
         for kind, values in log_catalogue2.match(msg):

@@ -135,3 +135,12 @@ def test_a_quote_naming_a_flag_stays_in_the_evidence() -> None:
     assert "--dtype" not in f["summary"] and "ValueError" in f["summary"]
     assert "sk-live" not in json.dumps(report)
     assert any("--dtype=half" in str(e) for e in f["evidence"])
+
+
+def test_every_error_kind_of_the_parser_is_classified() -> None:
+    """A new error kind in the log parser must say whether a specific rule reads it."""
+    from kvdoctor.derive.log import RECOGNISED_ERROR_KINDS, UNRECOGNISED_ERROR_KINDS
+    from kvdoctor.sources.vllm_log import _ERROR_KINDS
+
+    assert _ERROR_KINDS <= RECOGNISED_ERROR_KINDS | UNRECOGNISED_ERROR_KINDS
+    assert not RECOGNISED_ERROR_KINDS & UNRECOGNISED_ERROR_KINDS
