@@ -1,7 +1,7 @@
 """What a rule reports: findings (a rule fired), skipped rules (an input was missing), health.
 
 Shapes follow spec/rules.md "What every finding carries" and the ``findings``/``skipped`` arrays
-of spec/report.md (schema ``kvdoctor.report/1``). Every value here is already rendered to text
+of spec/report.md (schema ``kvdoctor.report/2``). Every value here is already rendered to text
 by the rule engine (numbers formatted, units attached), so faces only lay them out.
 """
 

@@ -375,13 +375,25 @@ def _input_words(missing: str) -> str:
 
 
 def _skipped_text(skipped: list[Skipped]) -> str:
-    """ "no nvidia-smi/NVML: rule-a, rule-b; no /metrics: rule-c" (engine named only with several)."""
-    several = len({s.engine for s in skipped}) > 1
-    groups: dict[str, list[str]] = {}
+    """ "no nvidia-smi/NVML: rule-a, rule-b; no /metrics: rule-c"; with two or three engines each
+    rule names its engine (rule-a[e1]), with more it says on how many (rule-a on 25 engines)."""
+    engines = {s.engine for s in skipped}
+    groups: dict[str, dict[str, list[str | None]]] = {}
     for s in skipped:
-        name = f"{s.rule}[{s.engine}]" if several and s.engine else s.rule
-        groups.setdefault(", ".join(_input_words(m) for m in s.missing), []).append(name)
-    return "; ".join(f"no {missing}: {', '.join(rules)}" for missing, rules in groups.items())
+        missing = ", ".join(_input_words(m) for m in s.missing)
+        groups.setdefault(missing, {}).setdefault(s.rule, []).append(s.engine)
+    parts = []
+    for missing, rules in groups.items():
+        names = []
+        for rule, where in rules.items():
+            if len(engines) <= 1:
+                names.append(rule)
+            elif len(engines) <= 3:
+                names += [f"{rule}[{e}]" if e else rule for e in where]
+            else:
+                names.append(f"{rule} on {len(where)} engine{'s' if len(where) != 1 else ''}")
+        parts.append(f"no {missing}: {', '.join(names)}")
+    return "; ".join(parts)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -608,10 +620,16 @@ def render_text(report: Report, console: Console) -> None:
     configured = config_text(report.config)
     if configured:
         console.print(Text(f"  ⚙ {configured}", style="dim"), overflow="fold")
+    # each engine with a finding says what vLLM knowledge it got; those without one are counted
+    # on one line (a fleet of healthy pods would otherwise print one line each)
+    with_findings = {f.engine for f in report.findings}
+    quiet: list[str] = []
     for e in report.engines:
         vline = _vllm_line(e)
-        if vline:
+        if vline and (e.get("id") in with_findings or len(report.engines) <= 3):
             console.print(Text(f"  {vline}", style="dim"), overflow="fold")
+        elif vline:
+            quiet.append(str((e.get("vllm") or {}).get("assumption") or "vLLM 0.34 knowledge applied"))
         if e.get("attribution") in _ATTRIBUTION_TEXT:
             gpus = ", ".join(str(i) for i in e.get("gpus") or []) or "?"
             console.print(
@@ -621,6 +639,15 @@ def render_text(report: Report, console: Console) -> None:
                 ),
                 overflow="fold",
             )
+    if quiet:
+        console.print(
+            Text(
+                f"  {len(quiet)} engines without findings: {quiet[0]}"
+                + (" (and others)" if len(set(quiet)) > 1 else ""),
+                style="dim",
+            ),
+            overflow="fold",
+        )
     console.print()
     for f in report.findings:
         depth = depth_of(f, report.findings)

@@ -38,9 +38,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from kvdoctor.derive.facts_typed import Facts
 from kvdoctor.findings import (
     FAMILIES,
     SEVERITIES,
@@ -54,6 +53,13 @@ from kvdoctor.findings import (
 )
 from kvdoctor.fix_validity import valid_fix
 
+if TYPE_CHECKING:
+    from kvdoctor.derive.facts_typed import Facts
+else:
+    # The TypedDict of ~400 keys is for mypy only (a rule's ``f: Facts``); at run time a rule's
+    # variables are a plain dict, and building the class costs ~6 ms of every start.
+    Facts = dict
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "EvalError",
@@ -66,6 +72,7 @@ __all__ = [
     "RuleContext",
     "RuleFileError",
     "check_explains",
+    "check_rule",
     "evaluate",
     "flag_value",
     "gib_text",
@@ -138,7 +145,8 @@ class Rule(Generic[T]):
 
     def threshold_values(self) -> dict[str, Any]:
         """The effective thresholds, name → value."""
-        return dataclasses.asdict(self.thresholds)  # type: ignore[call-overload,no-any-return]
+        t: Any = self.thresholds
+        return dict(t._asdict()) if hasattr(t, "_asdict") else dataclasses.asdict(t)
 
     def with_thresholds(self, overrides: Mapping[str, Any]) -> Rule[T]:
         """A copy with some thresholds replaced. Raises KeyError for a name the rule lacks and
@@ -150,7 +158,8 @@ class Rule(Generic[T]):
             want, got = _kind(current[name]), _kind(value)
             if want != got:
                 raise TypeError(f"threshold {name!r} of rule {self.id!r} must be a {want}, got {value!r}")
-        new = dataclasses.replace(self.thresholds, **dict(overrides))  # type: ignore[type-var]
+        t: Any = self.thresholds
+        new = t._replace(**overrides) if hasattr(t, "_replace") else dataclasses.replace(t, **overrides)
         return dataclasses.replace(self, thresholds=new)
 
 
@@ -162,8 +171,9 @@ def _kind(value: Any) -> str:
     return "text" if isinstance(value, str) else type(value).__name__
 
 
-def _check_rule(rule: Any, where: str) -> Rule[Any]:
-    """``rule`` as a valid :class:`Rule`, else :class:`RuleFileError` naming ``where``."""
+def check_rule(rule: Any, where: str) -> Rule[Any]:
+    """``rule`` as a valid :class:`Rule` (its ``source`` set to ``where`` when empty), else
+    :class:`RuleFileError` naming ``where``."""
     if not isinstance(rule, Rule):
         raise RuleFileError(where, None, "no RULE = kvdoctor.rulekit.Rule(...) in the module")
 
@@ -176,8 +186,11 @@ def _check_rule(rule: Any, where: str) -> Rule[Any]:
         raise bad(f"family must be one of {', '.join(FAMILIES)}")
     if rule.severity not in SEVERITIES:
         raise bad(f"severity must be one of {', '.join(SEVERITIES)}")
-    if not dataclasses.is_dataclass(rule.thresholds) or isinstance(rule.thresholds, type):
-        raise bad("thresholds must be a dataclass instance")
+    t = rule.thresholds
+    if not (hasattr(t, "_asdict") and isinstance(t, tuple)) and not (
+        dataclasses.is_dataclass(t) and not isinstance(t, type)
+    ):
+        raise bad("thresholds must be a NamedTuple (or frozen dataclass) instance")
     if not callable(rule.check):
         raise bad("check is not callable")
     doc = rule.doc or ""
@@ -189,6 +202,8 @@ def _check_rule(rule: Any, where: str) -> Rule[Any]:
             raise bad(f"{flag!r} is neither a --flag nor an ENV_VAR")
     if rule.lifecycle not in ("stable", "preview", "deprecated"):
         raise bad("lifecycle must be stable, preview or deprecated")
+    if not (rule.for_s >= 0 and rule.clear_for_s >= 0):
+        raise bad("for_s and clear_for_s are seconds, not negative")
     return rule if rule.source else dataclasses.replace(rule, source=where)
 
 
@@ -203,7 +218,7 @@ def _builtin_rules() -> list[Rule[Any]]:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{package.__name__}.{info.name}")
-        out.append(_check_rule(getattr(module, "RULE", None), module.__name__))
+        out.append(check_rule(getattr(module, "RULE", None), module.__name__))
     return out
 
 
@@ -217,7 +232,7 @@ def _entry_point_rules() -> list[Rule[Any]]:
             obj = ep.load()
         except Exception as err:  # noqa: BLE001 - a broken plugin is a one-line error
             raise RuleFileError(where, None, f"cannot load: {type(err).__name__}: {err}") from None
-        out.append(_check_rule(getattr(obj, "RULE", obj), where))
+        out.append(check_rule(getattr(obj, "RULE", obj), where))
     return out
 
 
@@ -240,7 +255,7 @@ def _dir_rules(directory: Path) -> list[Rule[Any]]:
         except Exception as err:  # noqa: BLE001 - a broken rule file is a one-line error
             line = err.lineno if isinstance(err, SyntaxError) else None
             raise RuleFileError(path, line, f"{type(err).__name__}: {err}") from None
-        out.append(_check_rule(getattr(module, "RULE", None), str(path)))
+        out.append(check_rule(getattr(module, "RULE", None), str(path)))
     return out
 
 
