@@ -200,38 +200,45 @@ def _stats(v: Vars, log: LogView, dp_label: str | None) -> None:
     v["log_preemptions_sum"] = pre
 
 
-#: log error kinds (kvdoctor.sources.vllm_log) a specific rule reads: an engine that died after
-#: one is not engine-crashed's (an unrecognised crash); ``swap_space_too_large`` counts only when
-#: fatal. Not 0.34's VMM driver error (read only after a wake: wake-up-oom), nor the hint a KV
-#: error carries, nor the engine's death itself. tests/rules/test_engine_crashed.py holds this
-#: against the parser's error kinds.
+#: log error kinds (kvdoctor.sources.vllm_log) a specific rule reads as the cause of a failure:
+#: an engine that died after one is not engine-crashed's (an unrecognised crash);
+#: ``swap_space_too_large`` counts only when fatal. tests/rules/test_engine_crashed.py holds the
+#: two sets against the parser's error kinds.
 RECOGNISED_ERROR_KINDS = frozenset(
     {
-        "autofit_failed",
-        "autofit_failed_after_warmup",
-        "cuda_error_oom",
-        "cuda_oom",
+        "cuda_oom",  # the OOM rules (oom_* variables)
+        "flashinfer_overflow",  # flashinfer-workspace-overflow
+        "free_memory_below_util",  # free_below_util
+        "invalid_kv_cache_dtype",  # invalid-kv-cache-dtype
+        "load_model_oom",  # weight_loading_oom
+        "max_seq_len_exceeds_kv",  # mml_error
+        "no_available_kv_memory",  # no_kv_memory
+        "sampler_warmup_oom",  # sampler_oom
+        "swap_space_too_large",  # swap-space rules (fatal only)
+        "triton_oom",  # triton-autotune-oom
+        "v0_max_seq_len_exceeds_kv",  # mml_error
+        # the 0.34 rules of spec/vllm-0.34.md §3
+        "torch_cap_rejected",  # torch-cap-oom
+        "v1_runner_removed",  # v1-runner-env-removed
+        "autofit_failed_after_warmup",  # graphs-warmup-left-no-kv
+    }
+)
+#: the parser's error kinds no rule reads as the cause of a death (engine-crashed quotes them),
+#: and the engine's death itself; cumem_oom counts through wake_oom (wake-up-oom) in the rule
+UNRECOGNISED_ERROR_KINDS = frozenset(
+    {
+        "engine_failed",
+        "vmm_driver_error",
+        "kv_hint",
         "cumem_oom",
-        "extensible_config_error",
-        "flashinfer_overflow",
-        "free_memory_below_util",
-        "invalid_kv_cache_dtype",
-        "load_model_oom",
-        "max_seq_len_exceeds_kv",
-        "no_available_kv_memory",
+        "cuda_error_oom",
         "profiling_assertion",
-        "sampler_warmup_oom",
-        "swap_space_too_large",
-        "torch_cap_rejected",
-        "triton_oom",
         "user_max_model_len_too_large",
-        "v0_max_seq_len_exceeds_kv",
-        "v1_runner_removed",
+        "autofit_failed",
+        "extensible_config_error",
         "weight_update_no_room",
     }
 )
-#: the parser's error kinds that are deliberately not in RECOGNISED_ERROR_KINDS
-UNRECOGNISED_ERROR_KINDS = frozenset({"engine_failed", "vmm_driver_error", "kv_hint"})
 
 #: exception classes and words that only wrap the real error (the API server re-raising the
 #: engine core's death): quoted only when nothing else was raised.
