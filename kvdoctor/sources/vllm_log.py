@@ -93,7 +93,11 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 - ``invalid_kv_cache_dtype`` {value, valid}: pydantic "Invalid kv_cache_dtype: 'int8'. Valid values
   are: [...]" and argparse "argument --kv-cache-dtype: invalid choice: 'int8' (choose from …)" (§4.1).
 - ``engine_failed`` {reason}: "EngineCore failed to start", "Engine core initialization failed",
-  "EngineDeadError", "EngineCore encountered a fatal error" / "an issue" (§3.5).
+  "EngineDeadError", "EngineCore encountered a fatal error" / "an issue" (§3.5), V0's "Engine
+  process failed to start".
+- ``exception`` {exception, serving}: a traceback's exception line ("RuntimeError: NCCL error …",
+  the dotted class name in ``exception``; ``serving``: the server was up when it was raised); the
+  event's text is the line, redacted, at most 300 characters.
 - ``stats`` {engine, prompt_throughput, generation_throughput, running, waiting, swapped, pending,
   deferred, preemptions, kv_usage, cpu_kv_usage, prefix_cache_hit_rate, device, num_engines}: every
   periodic-line form of §3.4 (V0 with Swapped/Pending, 0.9–0.11, ≥0.12 with Preemptions, "N Engines
@@ -662,6 +666,11 @@ _RE: _LazyPatterns = _LazyPatterns(
             r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
         ),
         "hybrid_bs": _pattern(r"Setting attention block size to (\d+) tokens"),
+        # "RuntimeError: NCCL error …", "torch.distributed.DistBackendError: …": a dotted class
+        # name ending in Error/Exception at the start of a traceback line (bounded: ≤ 8 dots)
+        "exception_line": _pattern(
+            r"((?:[A-Za-z_]\w{0,60}\.){0,8}[A-Za-z_]\w{0,80}(?:Error|Exception))(?::|$)"
+        ),
         "mamba_pad": _pattern(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
         "pad_layers": _pattern(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
     }
@@ -679,6 +688,9 @@ _STATS_WORDS = {
     "st_preempt": "Preemptions: ",
     "st_prefix": "Prefix cache hit rate: ",
 }
+
+#: characters of a traceback's exception line kept in an ``exception`` event (redacted)
+_EXCEPTION_CHARS = 300
 
 _ERROR_KINDS = frozenset(
     {
@@ -1003,10 +1015,28 @@ class _Parser:
             self.log.engine_generation = "v1"
         try:
             self._match(pl, key, block)
+            if block is not None:
+                self._match_exception(pl, key)
         except Exception:
             # A half-written or mangled line costs that line, never the file: it gives no event.
             self.bad_lines += 1
         return self._new
+
+    def _match_exception(self, pl: ParsedLine, key: Any) -> None:
+        """The exception line of a traceback ("RuntimeError: NCCL error …"), after the line's
+        other events (an OOM is also a cuda_oom): engine-crashed quotes the last one."""
+        msg = pl.message
+        if len(msg) < 8 or msg[0] == " " or not ("Error" in msg[:120] or "Exception" in msg[:120]):
+            return
+        m = _RE["exception_line"].match(msg)
+        if m:
+            self._emit(
+                "exception",
+                pl,
+                key,
+                {"exception": m.group(1)[-120:], "serving": self._serving},
+                text=redact(msg[:_EXCEPTION_CHARS]),
+            )
 
     def feed_chunk(self, text: str) -> None:
         """Parse a chunk of whole lines ("\\n"-joined), the same as :meth:`feed` on each line,
@@ -1699,6 +1729,7 @@ class _Parser:
             ("EngineCore encountered a fatal error", "EngineCore encountered a fatal error"),
             ("EngineDeadError", "EngineDeadError"),
             ("EngineCore encountered an issue", "EngineDeadError"),
+            ("Engine process failed to start", "Engine process failed to start"),
         ):
             if needle in msg:
                 self._emit("engine_failed", pl, key, {"reason": reason})
