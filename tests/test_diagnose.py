@@ -167,7 +167,9 @@ def test_missing_bundle_is_a_one_line_error() -> None:
 
 
 def test_bad_rule_file_exits_3_with_file_and_line(tmp_path: Path) -> None:
-    (tmp_path / "oops.py").write_text("from kvdoctor.rulekit import Rule\n\n\ndef check(f, t):\n    return f[\n")
+    (tmp_path / "oops.py").write_text(
+        "from kvdoctor.rulekit import Rule\n\n\ndef check(f, t):\n    return f[\n"
+    )
     code, _, err = run("diagnose", "--bundle", str(HEALTHY), "--rules-dir", str(tmp_path))
     assert code == 3 and "oops.py:5" in err and "SyntaxError" in err
 

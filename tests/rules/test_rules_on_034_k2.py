@@ -20,7 +20,7 @@ from kvdoctor.rules.v1_runner_env_removed import RULE as V1_RUNNER
 from kvdoctor.rules.weights_not_sharded import RULE as WEIGHTS
 
 from kvdoctor import rulekit
-from kvdoctor.units import GiB, MiB
+from kvdoctor.units import GiB
 from tests.rule_contexts import DATA, bundle_dirs
 from tests.rules._words import facts, finding
 
@@ -78,8 +78,11 @@ def test_no_finding_forces_the_v1_runner_on_034_nor_forwards_vllm_kv_memory(bund
             if value is None:
                 continue
             printed = [variables.get("vllm_kv_memory_fit_bytes"), variables.get("vllm_kv_memory_full_bytes")]
+            # never vLLM's number itself; kvdoctor's own value (vLLM's + the graph estimate E,
+            # rounded down to whole KV blocks) lies within one block of it where E = 0 (0.33 with
+            # the graph estimate off: bundle k7-graph-oom-vllm-kv-memory-suggestion)
             for p in printed:
-                assert p is None or abs(int(value) - int(p)) > MiB, (f.rule, value, printed)
+                assert p is None or int(value) != int(p), (f.rule, value, printed)
 
 
 def test_the_every_bundle_check_has_034_engines_and_vllm_suggestions_to_hold() -> None:
