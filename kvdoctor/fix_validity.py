@@ -31,8 +31,7 @@ A value is also dropped when it would leave vLLM unable to serve (issue 24, the 
   start;
 - ``--max-num-seqs`` of 1 or 2 (the engine serialised) unless the KV cache holds fewer than three
   ``max_model_len`` requests, or below the concurrency the traffic needed before the trouble
-  (derive ``running_before_trouble``, else the running requests of the log's first stats line
-  of this run).
+  (derive ``running_before_trouble``; unknown when the series starts in trouble).
 
 The rule engine calls :func:`valid_fix` with the rule context's variables (derive's names).
 """
@@ -215,10 +214,8 @@ def _serialises(names: Mapping[str, Any], n: float) -> str | None:
     if n <= 2 and (holds is None or holds >= 3):
         return "serialises the engine (1 or 2 sequences at a time)"
     # the peak running before the trouble (derive episodes: scrapes over the whole series, else
-    # stats lines), else the log's first stats line of this run
+    # stats lines); unknown when the series starts in trouble (then nothing is refused here)
     before = get("running_before_trouble")
-    if not isinstance(before, (int, float)) or before <= 0:
-        before = get("log_running_first")
     if isinstance(before, (int, float)) and before > n:
         before = int(before)
         return f"below the {before} requests running before the trouble"
