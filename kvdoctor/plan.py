@@ -490,6 +490,16 @@ def render_text(plan: dict[str, Any]) -> None:
         con.print(f"[dim]note: {n}[/dim]")
 
 
+def _check_version(value: str | None) -> str | None:
+    """``--vllm-version``: a version kvdoctor can compare (0.33, v0.10.2, 0.11.0rc1), else a
+    one-line usage error."""
+    from kvdoctor.vllm_flags import parse_version
+
+    if value is not None and parse_version(value) is None:
+        raise click.BadParameter("not a vLLM version (e.g. 0.33 or 0.10.2)")
+    return value
+
+
 @click.command("plan", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model", required=False)
 @click.option(
@@ -518,7 +528,12 @@ def render_text(plan: dict[str, Any]) -> None:
 @click.option("--dtype", "dtype", help="Model dtype override (--dtype).")
 @click.option("--quantization", "quantization", help="Quantization override (awq, gptq, fp8, …).")
 @click.option("--enforce-eager", is_flag=True, help="No CUDA graphs (no graph memory estimate).")
-@click.option("--vllm-version", "vllm_version", help="vLLM version to model (default: 0.33).")
+@click.option(
+    "--vllm-version",
+    "vllm_version",
+    callback=lambda _c, _p, v: _check_version(v),
+    help="vLLM version to model (default: 0.33).",
+)
 @click.option("--no-grid", is_flag=True, help="Skip the TP × KV dtype grid.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def plan_command(

@@ -477,7 +477,8 @@ def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, expli
 
 def parse_version(version: str | None) -> Version | None:
     """``"0.10.1.1"`` → (0, 10, 1, 1); ``"v0.9.1"``, ``"0.11.0rc1"``, ``"0.6.3.post1"``,
-    ``"0.10.2+cu128"`` → their numeric release part. None or unparseable → None."""
+    ``"0.10.2+cu128"`` → their numeric release part. None or unparseable → None, and so is a
+    part of more than 9 digits (no real version has one; ``int()`` of thousands is an error)."""
     if not version:
         return None
     return _parse_version_text(str(version))
@@ -492,7 +493,7 @@ def _parse_version_text(text: str) -> Version | None:
     return tuple(int(p) for p in m.group(1).split("."))
 
 
-_VERSION_RE = re.compile(r"\A\s*v?(\d+(?:\.\d+)*)")
+_VERSION_RE = re.compile(r"\A\s*v?(\d{1,9}(?:\.\d{1,9})*)(?![\d.]*\d)")
 
 
 def _at_least(version: Version | None, ref: str) -> bool:

@@ -41,6 +41,7 @@ from kvdoctor.sources.limits import (
     MAX_TAR_MEMBERS,
     MAX_TEXT_BYTES,
     guarded,
+    load_yaml_bounded,
     read_text,
     reason_of,
 )
@@ -137,7 +138,7 @@ def _read_text(path: Path) -> str:
 
 
 def _metrics_timestamp(path: Path) -> float | None:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\.txt", path.name)
+    m = re.fullmatch(r"(\d{1,20}(?:\.\d{1,20})?)\.txt", path.name)
     return float(m.group(1)) if m else None
 
 
@@ -264,7 +265,10 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         if got is not None:
             cfgs, origin = got
             configs.extend(cfgs)
-            _status(snap, "cmdline", origin, "ok", f"{len(cfgs)} engine command(s)")
+            cut = next((str(c.args["_cut"]) for c in cfgs if c.args.get("_cut")), "")
+            _status(
+                snap, "cmdline", origin, "ok", f"{len(cfgs)} engine command(s)" + (f"; {cut}" if cut else "")
+            )
             for cfg in cfgs:
                 err = cfg.args.get("_config_error")
                 if err:  # a --config refused (outside the bundle) or unreadable
@@ -352,11 +356,9 @@ def _parse_cmdline(
     if path is not None and path.is_file():
         if path.suffix in (".json", ".yaml", ".yml"):
             raw = _read_text(path)
-            import yaml
-
             try:
-                mapping = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
-            except (json.JSONDecodeError, yaml.YAMLError, RecursionError):
+                mapping = json.loads(raw) if path.suffix == ".json" else load_yaml_bounded(raw, str(path))
+            except (json.JSONDecodeError, RecursionError):
                 # no parser message: YAML's quotes the line it choked on
                 raise SourceError(f"not valid {path.suffix[1:].upper()}", origin=str(path)) from None
             if not isinstance(mapping, dict):

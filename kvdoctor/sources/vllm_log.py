@@ -130,6 +130,7 @@ from kvdoctor.redact import MARK, is_secret_name, redact_text
 from kvdoctor.sources import log_catalogue2
 from kvdoctor.sources.limits import (
     MAX_DIGITS,
+    MAX_GZIP_RATIO,
     MAX_LINE_CHARS,
     MAX_LOG_BYTES,
     guarded,
@@ -464,6 +465,24 @@ def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
     for k in list(args):
         if is_secret_name(k) and args[k] not in (None, "", [], False):
             args[k] = MARK
+    return args
+
+
+#: args that name a server (the run identity kvdoctor compares across restarts): scalars only.
+_IDENTITY_ARGS = ("model", "model_tag", "served_model_name", "port", "host")
+
+
+def _scalar_identity(args: dict[str, Any]) -> dict[str, Any]:
+    """``served_model_name: ['qwen3', 'q']`` (vLLM's nargs='+') → its first name, the one vLLM
+    serves and labels metrics with; any other identity arg that is not a plain str/number (a
+    list, a dict from a garbled line) is dropped, so one odd line never breaks the comparison
+    of runs."""
+    for k in _IDENTITY_ARGS:
+        v = args.get(k)
+        if k == "served_model_name" and isinstance(v, (list, tuple)):
+            v = args[k] = v[0] if v else None
+        if v is not None and not isinstance(v, (str, int, float)):
+            del args[k]
     return args
 
 
@@ -1771,8 +1790,8 @@ class _Parser:
 
     def _set_version(self, version: str, gen: str | None, pl: ParsedLine, key: Any) -> None:
         version = version.lstrip("v").rstrip(",.")
-        if not version or not version[0].isdigit():
-            return
+        if not version or not version[0].isdigit() or version_tuple(version) is None:
+            return  # not a version kvdoctor can compare (e.g. a part of thousands of digits)
         self.log.vllm_version = version
         if not gen and not self._gen_strong and _version_tuple(version) >= (0, 11):
             self.log.engine_generation = "v1"  # the V0 engine was removed in 0.11
@@ -1784,7 +1803,7 @@ class _Parser:
         self._emit("version", pl, key, {"version": version})
 
     def _add_args(self, args: dict[str, Any], source: str, pl: ParsedLine, key: Any) -> None:
-        args = _redact_args(args)
+        args = _scalar_identity(_redact_args(args))
         if source != "engine_config":
             self._new_startup()
         self._emit("args", pl, key, {"args": args, "source": source})
@@ -2192,7 +2211,8 @@ def iter_log_chunks(
 
     Bytes are decoded as utf-8 with errors replaced; a line longer than :data:`MAX_LINE_CHARS`
     keeps its first part (the rest is skipped up to the next newline, never buffered). A gzip
-    log may decompress to at most :data:`MAX_LOG_BYTES`. ``on_bytes(n)`` is told the file
+    log may decompress to at most :data:`MAX_LOG_BYTES`, and past 8 MiB to at most
+    :data:`MAX_GZIP_RATIO` times its own size (a bomb). ``on_bytes(n)`` is told the file
     bytes consumed so far after each chunk (progress). Raises SourceError when the file cannot
     be read, is not a regular file, is binary, or its gzip data is corrupt or too large.
     """
@@ -2221,7 +2241,7 @@ def iter_log_chunks(
             return
         chunks: Iterator[bytes] = itertools.chain([first], source)
         if first[:2] == b"\x1f\x8b":
-            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin)
+            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin, max_ratio=MAX_GZIP_RATIO)
         buf = b""
         overlong = False
         checked = False

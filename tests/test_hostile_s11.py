@@ -1,0 +1,230 @@
+"""Hostile input, faults and big logs (issue 27): what a fresh fuzz and a fault soak broke.
+
+One section per item of the issue. Each failure has a seed in ``tests/data/hostile`` that the
+fuzz harness (tests/fuzz_harness.py) mutates too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvdoctor.cli import cli
+from kvdoctor.facts import SourceError
+
+DATA = Path(__file__).parent / "data"
+HOSTILE = DATA / "hostile"
+HEALTHY = DATA / "bundles" / "healthy-idle-gmu092"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    """The CLI in-process; an exception escaping a command fails the test (the real entry point
+    would turn it into "internal error")."""
+    r = CliRunner().invoke(cli, list(args))
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return r.exit_code, r.stdout, r.stderr
+
+
+def sources_of(out: str) -> list[dict[str, str]]:
+    return json.loads(out)["sources"]
+
+
+# --------------------------------------------------------------------------- 1. one odd line
+
+
+@pytest.mark.parametrize("seed", ["args-list-restart.log", "namespace-list-restart.log"])
+def test_list_valued_identity_args_in_a_restart_keep_the_diagnosis(seed: str) -> None:
+    # 'served_model_name': ['qwen3'] (vLLM's nargs='+') in the second run's args dump once ended
+    # the run with "internal error (TypeError)"
+    code, out, _ = run("diagnose", "--log", str(HOSTILE / seed), "--format", "json")
+    assert code in (0, 1, 2, 3)
+    log = next(s for s in sources_of(out) if s["kind"] == "log")
+    assert log["status"] == "ok"
+
+
+def test_served_model_name_list_is_its_first_name() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    log = parse_log((HOSTILE / "args-list-restart.log").read_text())
+    args = [e.values["args"] for e in log.events if e.kind == "args"]
+    assert args[-1]["served_model_name"] == "qwen3"
+    # near miss: a plain string stays as it is
+    one = parse_log(
+        "INFO 11-29 17:58:01 [a.py:1] non-default args: {'served_model_name': 'q', 'port': 8001}\n"
+    )
+    assert [e.values["args"] for e in one.events if e.kind == "args"][0] == {
+        "served_model_name": "q",
+        "port": 8001,
+    }
+
+
+def test_namespace_identity_that_is_no_scalar_is_dropped_not_fatal() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+
+    log = parse_log((HOSTILE / "namespace-list-restart.log").read_text())
+    last = [e.values["args"] for e in log.events if e.kind == "args"][-1]
+    assert last["served_model_name"] == "qwen3" and "port" not in last and "host" not in last
+    assert last["max_model_len"] == 8192
+
+
+def test_recording_with_one_deeply_nested_line_loses_only_that_line(tmp_path: Path) -> None:
+    code, out, _ = run(
+        "diagnose", "--recording", str(HOSTILE / "recording-nested-line.jsonl"), "--format", "json"
+    )
+    rec = next(s for s in sources_of(out) if s["kind"] == "recording")
+    assert (
+        rec["status"] == "ok"
+        and "1 unreadable line" in rec["detail"]
+        and "nested too deeply" in rec["detail"]
+    )
+    assert code in (0, 1, 2)
+    # the same line as a Snapshot line (not a state line)
+    lines = (HOSTILE / "recording-nested-line.jsonl").read_text().splitlines()
+    nested = '{"timestamp": 1.0, "metrics": ' + "[" * 1000 + "]" * 1000 + "}"
+    p = tmp_path / "r.jsonl"
+    p.write_text("\n".join([lines[0], *lines[2:], nested]) + "\n")
+    code, out, _ = run("diagnose", "--recording", str(p), "--format", "json")
+    rec = next(s for s in sources_of(out) if s["kind"] == "recording")
+    assert rec["status"] == "ok" and "2 snapshot(s)" in rec["detail"]
+
+
+def test_version_of_thousands_of_digits_is_no_version() -> None:
+    from kvdoctor.sources.vllm_log import parse_log
+    from kvdoctor.vllm_flags import parse_version
+
+    assert parse_version("0." + "1" * 4400) is None
+    assert parse_version("0.1234567890") is None
+    # near misses: every real spelling still parses
+    assert parse_version("0.10.2+cu128") == (0, 10, 2)
+    assert parse_version("v0.11.0rc1") == (0, 11, 0)
+    assert parse_version("0.6.3.post1") == (0, 6, 3)
+    log = parse_log((HOSTILE / "version-4400-digits.log").read_text())
+    assert log.vllm_version is None and any(e.kind == "args" for e in log.events)
+    code, out, _ = run("diagnose", "--log", str(HOSTILE / "version-4400-digits.log"), "--format", "json")
+    assert next(s for s in sources_of(out) if s["kind"] == "log")["status"] == "ok"
+
+
+def test_plan_refuses_a_version_it_cannot_compare() -> None:
+    code, _, err = run("plan", "Qwen/Qwen3-8B", "--gpu", "H100", "--vllm-version", "0." + "9" * 5000)
+    assert code != 0 and "not a vLLM version" in err and "9" * 100 not in err
+
+
+# --------------------------------------------------------------------------- 2. time bounded
+
+
+def test_yaml_alias_bomb_as_config_is_refused(tmp_path: Path) -> None:
+    bomb = HOSTILE / "yaml-alias-bomb.yaml"
+    code, out, _ = run("diagnose", "--cmdline", f"vllm serve m --config {bomb}", "--format", "json")
+    errors = [s["detail"] for s in sources_of(out) if s["kind"] == "cmdline" and s["status"] == "error"]
+    assert any("YAML aliases" in d for d in errors), errors
+
+
+def test_yaml_alias_bomb_as_engine_args_is_refused(tmp_path: Path) -> None:
+    b = tmp_path / "b"
+    shutil.copytree(HEALTHY, b)
+    (b / "cmdline.txt").unlink()
+    shutil.copy(HOSTILE / "yaml-alias-bomb.yaml", b / "engine-args.yaml")
+    t0 = time.process_time()
+    code, out, _ = run("diagnose", "--bundle", str(b), "--format", "json")
+    assert time.process_time() - t0 < 10
+    cmd = [s for s in sources_of(out) if s["kind"] == "cmdline"]
+    assert cmd and cmd[0]["status"] == "error" and "YAML aliases" in cmd[0]["detail"]
+
+
+def test_yaml_without_aliases_still_reads(tmp_path: Path) -> None:
+    from kvdoctor.sources.limits import load_yaml_bounded
+
+    assert load_yaml_bounded("max-model-len: 4096\nenable-prefix-caching: true\n", "c.yaml") == {
+        "max-model-len": 4096,
+        "enable-prefix-caching": True,
+    }
+    with pytest.raises(SourceError, match="not valid YAML"):
+        load_yaml_bounded("a: [\n", "c.yaml")
+
+
+def test_nvidia_smi_gpu_name_padded_with_spaces_parses_in_linear_time() -> None:
+    from kvdoctor.sources.nvidia_smi import parse_nvidia_smi_text
+
+    text = (HOSTILE / "nvidia-smi-padded-name.txt").read_text()
+    moments = parse_nvidia_smi_text(text)
+    assert moments[0][0].name.startswith("NVIDIA") and moments[0][0].name.endswith("H100 x")
+    # 64,000 spaces in the name: once 30 s; the line is over the table-line cap (skipped)
+    big = (
+        (HEALTHY / "nvidia-smi.txt")
+        .read_text()
+        .replace("NVIDIA H100 80GB HBM3", "NVIDIA" + " " * 64_000 + "H100")
+    )
+    t0 = time.process_time()
+    with pytest.raises(SourceError):
+        parse_nvidia_smi_text(big)
+    assert time.process_time() - t0 < 2
+    # a process name padded the same way
+    procs = (
+        (HEALTHY / "nvidia-smi.txt").read_text().replace("VLLM::EngineCore  ", "VLLM" + " " * 3000 + "Core x")
+    )
+    t0 = time.process_time()
+    gpu = parse_nvidia_smi_text(procs)[0][0]
+    assert time.process_time() - t0 < 2 and gpu.processes[0].pid == 2314
+
+
+def test_env_value_padded_with_spaces_parses_in_linear_time() -> None:
+    from kvdoctor.sources.env import parse_env_text
+
+    t0 = time.process_time()
+    env = parse_env_text("X=a" + " " * 64_000 + "b\nY=1 # comment\nZ=a#b\n", origin="env.txt")
+    assert time.process_time() - t0 < 1
+    assert env["Y"] == "1" and env["Z"] == "a#b" and env["X"].startswith("a") and env["X"].endswith("b")
+
+
+def _bomb_gz(path: Path, mib: int) -> None:
+    line = b"INFO 11-29 17:58:01 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 tokens/s\n"
+    block = line * (1024 * 1024 // len(line))
+    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    with path.open("wb") as fh:
+        for _ in range(mib):
+            fh.write(c.compress(block))
+        fh.write(c.flush())
+
+
+def test_gzip_bomb_log_is_refused_early(tmp_path: Path) -> None:
+    from kvdoctor.sources.vllm_log import parse_log_file
+
+    p = tmp_path / "vllm.log.gz"
+    _bomb_gz(p, 256)  # 256 MiB of lines in well under 1 MiB: a ratio no real log has
+    assert p.stat().st_size < 1024 * 1024
+    with pytest.raises(SourceError, match="gzip bomb"):
+        parse_log_file(p, progress=False)
+
+
+def test_gzip_log_of_ordinary_ratio_reads(tmp_path: Path) -> None:
+    from kvdoctor.sources.vllm_log import parse_log_file
+
+    # near miss: a real log compresses 10-30×; a small one is read whatever its ratio
+    text = (HEALTHY / "vllm.log").read_bytes() * 50
+    p = tmp_path / "vllm.log.gz"
+    p.write_bytes(gzip.compress(text))
+    assert parse_log_file(p, progress=False).events
+
+
+def test_cmdline_of_a_thousand_commands_is_cut_and_says_so(tmp_path: Path) -> None:
+    lines = [f"vllm serve m{i} --port {8000 + i} --gpu-memory-utilization 0.01" for i in range(1000)]
+    p = tmp_path / "cmdline.txt"
+    p.write_text("\n".join(lines) + "\n")
+    t0 = time.process_time()
+    code, out, _ = run("diagnose", "--cmdline", str(p), "--format", "json")
+    assert time.process_time() - t0 < 20
+    st = next(s for s in sources_of(out) if s["kind"] == "cmdline")
+    assert st["status"] == "ok" and "the first 64 read" in st["detail"]
+    # near miss: a node's few commands are all read, nothing said
+    p.write_text("\n".join(lines[:3]) + "\n")
+    code, out, _ = run("diagnose", "--cmdline", str(p), "--format", "json")
+    st = next(s for s in sources_of(out) if s["kind"] == "cmdline")
+    assert st["detail"] == "3 engine command(s)"
