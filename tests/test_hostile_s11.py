@@ -228,3 +228,158 @@ def test_cmdline_of_a_thousand_commands_is_cut_and_says_so(tmp_path: Path) -> No
     code, out, _ = run("diagnose", "--cmdline", str(p), "--format", "json")
     st = next(s for s in sources_of(out) if s["kind"] == "cmdline")
     assert st["detail"] == "3 engine command(s)"
+
+
+# --------------------------------------------------------------------------- 3. secrets
+
+
+@pytest.mark.parametrize(
+    "line,secret",
+    [
+        ("INFO [x.py:1] headers: {'authorization': 'tok123secret', 'host': 'h'}", "tok123secret"),
+        ('INFO [x.py:1] headers: {"Authorization": "tok123secret"}', "tok123secret"),
+        ("INFO [x.py:1] request from 1.2.3.4 X-Api-Key: abcdef123456 path=/v1", "abcdef123456"),
+        ("INFO [x.py:1] got header x-api-key=abcdef123456", "abcdef123456"),
+        ("INFO [x.py:1] headers Cookie: session=abcdef123; uid=42", "abcdef123"),
+        ("Set-Cookie: sid=abcdef123; HttpOnly", "abcdef123"),
+        ("authorization: tok123secret", "tok123secret"),
+        (
+            "INFO 01-01 00:00:00 [logger.py:1] Generated response cmpl-1: output: 'the plan is X', "
+            "output_token_ids: [1, 2, 3], finish_reason: stop",
+            "the plan is X",
+        ),
+        ("user:S3CRETPW@127.0.0.1:1/metrics cannot read", "S3CRETPW"),
+        ("//user:S3CRETPW@host/metrics", "S3CRETPW"),
+    ],
+)
+def test_secret_shapes_that_once_leaked_are_redacted(line: str, secret: str) -> None:
+    from kvdoctor.sources.vllm_log import redact
+
+    out = redact(line)
+    assert secret not in out and ("***" in out or "<redacted" in out)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "INFO [x.py:1] enable_auth=False cookie_jar=None",
+        "INFO [x.py:1] git@github.com:org/repo",
+        "INFO 12:00:01 user@host started",
+        "INFO [x.py:1] Starting vLLM server on http://0.0.0.0:8000",
+        "INFO [x.py:1] Avg generation throughput: 12.0 tokens/s, output: 3 reqs",
+    ],
+)
+def test_near_misses_stay_as_they_are(line: str) -> None:
+    from kvdoctor.sources.vllm_log import redact
+
+    assert redact(line) == line
+
+
+def test_multi_line_prompt_and_output_in_a_log_copy_are_redacted() -> None:
+    from kvdoctor.bundle_writer import redact_log_text
+
+    text = (
+        "INFO 01-01 00:00:00 [logger.py:1] Received request cmpl-1: prompt: 'first line\n"
+        "my password is hunter2\n"
+        "last line', params: SamplingParams(n=1), prompt_token_ids: [1, 2]\n"
+        "INFO 01-01 00:00:01 [logger.py:1] Received request cmpl-2: prompt: 'cut short\n"
+        "INFO 01-01 00:00:02 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s\n"
+        "INFO 01-01 00:00:03 [logger.py:1] Generated response cmpl-1: output: 'answer\n"
+        "secret answer line', output_token_ids: [1], finish_reason: stop\n"
+        "plain line after\n"
+    )
+    out = redact_log_text(text)
+    for secret in ("first line", "hunter2", "last line", "cut short", "answer", "secret answer"):
+        assert secret not in out
+    lines = out.splitlines()
+    assert len(lines) == len(text.splitlines())
+    assert lines[4].endswith("Avg prompt throughput: 1.0 tokens/s") and lines[-1] == "plain line after"
+    assert "params: SamplingParams(n=1)" in lines[2] and "finish_reason: stop" in lines[6]
+
+
+def test_url_password_never_reaches_errors_statuses_or_manifest() -> None:
+    from kvdoctor.bundle_writer import Manifest
+    from kvdoctor.facts import SourceStatus
+
+    e = SourceError("user:S3CRETPW@h:1/metrics: cannot read", origin="http://u:S3CRETPW@h/m")
+    assert "S3CRETPW" not in str(e) and "S3CRETPW" not in (e.origin or "")
+    st = SourceStatus("metrics", "http://u:S3CRETPW@h/m", "error", "GET http://u:S3CRETPW@h/m: refused")
+    assert "S3CRETPW" not in st.origin + st.detail
+    m = Manifest(input="x")
+    m.add("metrics/1.txt", "metrics", "http://u:S3CRETPW@h/m", "ok", "")
+    assert "S3CRETPW" not in m.to_json()
+
+
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("ftp://user:S3CRETPW@h/x", "unsupported scheme 'ftp'"),
+        ("http://h:99999/metrics", "port out of range"),
+        ("user:S3CRETPW@127.0.0.1:1/metrics", "a URL needs http:// or https://"),
+        ("//user:S3CRETPW@127.0.0.1:1/metrics", "a URL needs http:// or https://"),
+    ],
+)
+def test_metrics_location_errors_in_the_users_words(value: str, words: str) -> None:
+    code, out, err = run("diagnose", "--metrics", value, "--no-nvml")
+    assert code in (2, 3) and words in err and "S3CRETPW" not in out + err  # 3 via main()
+    assert len([ln for ln in err.splitlines() if ln.strip()]) <= 3  # usage, hint, the error
+
+
+def test_bundle_url_is_said_to_be_one_without_its_password() -> None:
+    code, out, err = run("diagnose", "--bundle", "https://u:S3CRETPW@127.0.0.1:1/b.tgz")
+    assert code in (2, 3) and "a URL" in err and "S3CRETPW" not in out + err
+
+
+def test_url_and_label_credentials_reach_no_output(tmp_path: Path, fake_metrics_server) -> None:  # type: ignore[no-untyped-def]
+    # --metrics http://user:PW@… and a model_name label that is a URL with credentials: neither
+    # in JSON, markdown, a recording or any file of `bundle -o`
+    from tests.conftest import B17_PAGES
+
+    pages = [
+        p.read_bytes().replace(b'model_name="', b'model_name="http://bob:LABELPW@hf.example/')
+        for p in B17_PAGES
+    ]
+    fake_metrics_server.reset(pages)
+    url = fake_metrics_server.url.replace("http://", "http://alice:URLPW@")
+    outputs = []
+    for fmt in ("json", "markdown", "text"):
+        _, out, err = run("diagnose", "--metrics", url, "--no-nvml", "--format", fmt)
+        outputs.append(out + err)
+    fake_metrics_server.reset()
+    run(
+        "record",
+        "--metrics",
+        url,
+        "--no-nvml",
+        "-o",
+        str(tmp_path / "r.jsonl"),
+        "--duration",
+        "1",
+        "--interval",
+        "0.3",
+    )
+    outputs.append((tmp_path / "r.jsonl").read_text())
+    fake_metrics_server.reset()
+    run(
+        "bundle",
+        "--metrics",
+        url,
+        "--no-nvml",
+        "-o",
+        str(tmp_path / "b"),
+        "--window",
+        "1",
+        "--interval",
+        "0.3",
+    )
+    files = [p for p in (tmp_path / "b").rglob("*") if p.is_file()]
+    assert any(p.parent.name == "metrics" for p in files) and any(p.name == "manifest.json" for p in files)
+    outputs += [p.read_text(errors="replace") for p in files]
+    from kvdoctor.sources.metrics import parse_metrics
+
+    # the label is kept, its password is not
+    assert {m.model_name for m in parse_metrics(pages[0].decode())} == {
+        "http://bob:***@hf.example/meta-llama/Llama-3.1-8B-Instruct"
+    }
+    for text in outputs:
+        assert "URLPW" not in text and "LABELPW" not in text
