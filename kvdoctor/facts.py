@@ -53,6 +53,11 @@ class SourceError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class SourceUnavailable(SourceError):
+    """A live source that cannot exist on this host (no NVIDIA driver library, no pynvml): the
+    sampler reports it once as "missing" and does not try it again."""
+
+
 @shared_methods
 @dataclass(repr=False, eq=False)
 class SourceStatus:

@@ -65,6 +65,8 @@ class InputOptions:
     interval_s: float = 1.0
     #: per-source read timeout, seconds (live)
     timeout_s: float = 2.0
+    #: one diagnosis (``diagnose``), not a watch: live statuses say nothing of retrying
+    one_shot: bool = False
 
     @property
     def urls(self) -> list[str]:
@@ -295,6 +297,7 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
         interval_s=opts.interval_s,
         timeout_s=opts.timeout_s,
         use_nvml=not opts.no_nvml,
+        one_shot=opts.one_shot,
     )
     return LiveFeed(live)
 

@@ -38,6 +38,7 @@ from kvdoctor.facts import (
     SourceError,
     SourceStatus,
     SourceStatusValue,
+    SourceUnavailable,
     Timeline,
     VllmLog,
 )
@@ -70,6 +71,9 @@ class LiveOptions:
     use_nvml: bool = True
     use_processes: bool = True
     backoff_max_s: float = 30.0
+    #: one diagnosis, not a watch: a source waiting out its backoff is reported by its last
+    #: error, without "retrying in …" (nothing will retry it)
+    one_shot: bool = False
 
 
 @dataclass
@@ -473,6 +477,8 @@ class _State:
     started: float = 0.0
     next_attempt: float = 0.0
     reader: _Reader | None = None
+    #: why the source cannot exist on this host (SourceUnavailable): never read again
+    unavailable: str | None = None
 
 
 class Sampler:
@@ -549,11 +555,15 @@ class Sampler:
             self._fail(st, f"timed out after {st.source.timeout_s:g}s (still running)", now, None)
             statuses[key] = self._status(st, st.health.last_error or "")
             return
+        if st.unavailable is not None:
+            statuses[key] = SourceStatus(st.source.kind, st.source.origin, "missing", st.unavailable)
+            return
         if st.future is not None:
             st.future = None
         if now < st.next_attempt:
             wait = st.next_attempt - now
-            statuses[key] = self._status(st, f"{st.health.last_error} (retrying in {wait:.1f}s)")
+            retry = "" if self.opts.one_shot else f" (retrying in {wait:.1f}s)"
+            statuses[key] = self._status(st, f"{st.health.last_error}{retry}")
             return
         warm = getattr(st.source, "warm", None)
         if callable(warm) and id(st.source) not in self._warmed:
@@ -586,6 +596,11 @@ class Sampler:
             e = fut.error if fut.error is not None else RuntimeError("no reading")
             if not isinstance(e, Exception):
                 raise e  # KeyboardInterrupt, SystemExit in a read: not a source failure
+            if isinstance(e, SourceUnavailable):
+                st.unavailable = f"{_one_line(e)}: not retried"
+                st.health.up, st.health.last_error = False, st.unavailable
+                statuses[key] = SourceStatus(st.source.kind, st.source.origin, "missing", st.unavailable)
+                return
             self._fail(st, _one_line(e), self._clock(), self._clock() - st.started)
             statuses[key] = self._status(st, st.health.last_error or "")
             return

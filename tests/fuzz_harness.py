@@ -139,6 +139,38 @@ def _targets() -> list[Target]:
             (root / "vllm.log").write_text(text, encoding="utf-8", errors="replace")
             return _pipeline().evaluate(load_bundle(root).timeline, now=0.0)
 
+    def bundle_archive(text: str) -> Any:
+        # archives as people make them: the bundle in a directory (with directory members)
+        # beside other top-level files; the mutated text is one of the bundle's files
+        import io
+        import tarfile
+        import tempfile
+
+        from kvdoctor.sources.bundle import load_bundle
+
+        names = ["vllm.log", "cmdline.txt", "nvidia-smi.txt", "metrics/1700000000.txt", "engine-args.yaml"]
+        with tempfile.TemporaryDirectory(prefix="kvdoctor-fuzz-") as tmp:
+            p = Path(tmp) / "b.tar.gz"
+            data = text.encode("utf-8", errors="replace")
+            name = names[len(text) % len(names)]
+            with tarfile.open(p, "w:gz") as tar:
+                for d in ("b", "b/metrics"):
+                    info = tarfile.TarInfo(d)
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+                for member, body in (("b/" + name, data), ("notes.yaml", data[:200])):
+                    info = tarfile.TarInfo(member)
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+            loaded = load_bundle(p)
+            # the oracle: directory members are structure, and the bundle is found beside notes.yaml
+            for st in loaded.snapshot.sources:
+                if "not a regular file" in st.detail or (
+                    st.status == "missing" and st.origin.endswith(name.split("/")[0])
+                ):
+                    raise AssertionError(f"archive read wrong: {st.kind} {st.status} {st.detail[:60]}")
+            return loaded
+
     def redact_all(text: str) -> Any:
         redact.redact_text(text)
         redact.redact_argv(text.split(" "))
@@ -248,6 +280,12 @@ def _targets() -> list[Target]:
             recording,
             _seeds("hostile/*.jsonl", "recordings/*.jsonl"),
             [b'{"$": {"log": ', b'{"timestamp": 1.0, "metrics": [', b"[" * 1200, b"1e999", b"\n"],
+        ),
+        Target(
+            "bundle.load_bundle(archive)",
+            bundle_archive,
+            _seeds("hostile/*.log", "hostile/*.yaml", "bundles/healthy*/*.txt", limit=8),
+            log_words,
         ),
         Target(
             "diagnose.log", diagnose_log, _seeds("hostile/*.log", "bundles/k2*/vllm.log", limit=6), log_words

@@ -383,3 +383,128 @@ def test_url_and_label_credentials_reach_no_output(tmp_path: Path, fake_metrics_
     }
     for text in outputs:
         assert "URLPW" not in text and "LABELPW" not in text
+
+
+# --------------------------------------------------------------------------- 6, 7. archives
+
+
+def _tar(tmp_path: Path, name: str, *members: str) -> Path:
+    import tarfile
+
+    root = tmp_path / "src"
+    if not root.exists():
+        shutil.copytree(HEALTHY, root / "b")
+        (root / "notes.yaml").write_text("a: 1\n")
+        (root / "readme.json").write_text("{}\n")
+    out = tmp_path / name
+    with tarfile.open(out, "w:gz") as tar:
+        for m in members:
+            tar.add(root / m, arcname=m)
+    return out
+
+
+def test_archive_with_a_metrics_directory_reads_clean(tmp_path: Path) -> None:
+    # tar czf of a bundle holds directory members (b/, b/metrics/): structure, not errors
+    code, out, _ = run("diagnose", "--bundle", str(_tar(tmp_path, "plain.tgz", "b")), "--format", "json")
+    sources = sources_of(out)
+    assert [s for s in sources if s["status"] == "error"] == []
+    assert {s["kind"] for s in sources if s["status"] == "ok"} >= {"nvidia-smi", "log", "metrics", "cmdline"}
+
+
+def test_bundle_found_inside_an_archive_with_other_top_level_files(tmp_path: Path) -> None:
+    p = _tar(tmp_path, "x.tgz", "b", "notes.yaml", "readme.json")
+    code, out, _ = run("diagnose", "--bundle", str(p), "--format", "json")
+    sources = sources_of(out)
+    assert [s for s in sources if s["status"] == "missing"] == []
+    assert json.loads(out)["health"] != "unknown"
+    # near miss: the same files at the top level stay the bundle
+    flat = tmp_path / "flat.tgz"
+    import tarfile
+
+    with tarfile.open(flat, "w:gz") as tar:
+        for f in (tmp_path / "src" / "b").iterdir():
+            tar.add(f, arcname=f.name)
+        tar.add(tmp_path / "src" / "notes.yaml", arcname="notes.yaml")
+    code, out, _ = run("diagnose", "--bundle", str(flat), "--format", "json")
+    assert [s for s in sources_of(out) if s["status"] == "missing"] == []
+
+
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        (b"garbage, not an archive\n", "not a gzip/tar archive"),
+        (gzip.compress(b"hello\n"), "gzip data, but not a tar archive"),
+        (None, "corrupt or truncated gzip"),
+    ],
+    ids=["not-an-archive", "gzip-not-tar", "cut-gzip"],
+)
+def test_corrupt_archive_says_what_it_is(tmp_path: Path, content: bytes | None, words: str) -> None:
+    if content is None:  # a real bundle archive cut short inside its first member
+        content = _tar(tmp_path, "whole.tgz", "b").read_bytes()[:60]
+    p = tmp_path / "b.tar.gz"
+    p.write_bytes(content)
+    code, out, err = run("diagnose", "--bundle", str(p))
+    assert code in (2, 3) and words in err and "Error" not in err.replace("Error:", "")
+    assert "ReadError" not in err
+
+
+# --------------------------------------------------------------------------- 8. one-shot words
+
+
+def test_one_shot_diagnose_says_nothing_of_retrying() -> None:
+    from kvdoctor.sampler import LiveOptions, Sampler
+    from tests.test_sampler import Flaky
+
+    for one_shot, expect in ((True, False), (False, True)):
+        flaky = Flaky()
+        sampler = Sampler(
+            LiveOptions(use_nvml=False, use_processes=False, interval_s=0.5, one_shot=one_shot),
+            sources=[flaky],
+        )
+        try:
+            details = [sampler.sample().sources[0].detail for _ in range(3)]
+        finally:
+            sampler.close()
+        assert any("retrying in" in d for d in details) is expect, details
+
+
+def test_a_source_that_cannot_exist_here_is_reported_once_and_not_retried() -> None:
+    from kvdoctor.facts import SourceUnavailable
+    from kvdoctor.sampler import LiveOptions, Reading, Sampler
+
+    class NoDriver:
+        kind, origin, timeout_s = "nvml", "NVML", 1.0
+        reads = 0
+
+        def read(self) -> Reading:
+            NoDriver.reads += 1
+            raise SourceUnavailable("NVML unavailable: NVML Shared Library Not Found")
+
+        def close(self) -> None:
+            pass
+
+    sampler = Sampler(LiveOptions(use_nvml=False, use_processes=False, interval_s=0.01), sources=[NoDriver()])
+    try:
+        snaps = [sampler.sample() for _ in range(5)]
+    finally:
+        sampler.close()
+    assert NoDriver.reads == 1
+    st = [s.sources[0] for s in snaps]
+    assert {s.status for s in st} == {"missing"} and all("not retried" in s.detail for s in st)
+
+
+def test_nvml_without_its_library_is_unavailable_not_an_error() -> None:
+    from kvdoctor.facts import SourceUnavailable
+    from kvdoctor.sources.nvml import NvmlReader
+
+    class NVMLError_LibraryNotFound(Exception):  # noqa: N801 - pynvml's own name
+        pass
+
+    class FakePynvml:
+        def nvmlInit(self) -> None:  # noqa: N802
+            raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")
+
+    reader = NvmlReader()
+    reader._nvml = FakePynvml()
+    with pytest.raises(SourceUnavailable, match="no NVIDIA driver"):
+        reader.open()
