@@ -658,8 +658,9 @@ def write_bundle(
             run_tools(root, manifest)
         latest = timeline.latest
         for st in latest.sources if latest is not None else []:
-            if st.status == "error":
-                manifest.add("", st.kind, st.origin, "error", st.detail)
+            if st.status == "error" or (live and st.status == "missing"):
+                # what failed, and what this host cannot have (no NVIDIA driver), and why
+                manifest.add("", st.kind, st.origin, st.status, st.detail)
         finish(root, manifest, out)
     return manifest
 
