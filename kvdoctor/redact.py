@@ -335,3 +335,17 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
         else:
             out[key] = redact_text(value)
     return out
+
+
+# C0 controls but TAB and LF, DEL and C1 controls: what a terminal acts on (ESC starts a
+# sequence that can recolour, retitle or clear it; BEL rings; NUL truncates in some viewers).
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character a terminal would act on (ESC, BEL, NUL, CR, …; TAB
+    and LF kept) written as ``\\xNN``, so a metrics label or a directory name shows as text,
+    never as a terminal sequence. Never raises."""
+    if text.isprintable():
+        return text
+    return text.translate(_CONTROLS)

@@ -508,3 +508,109 @@ def test_nvml_without_its_library_is_unavailable_not_an_error() -> None:
     reader._nvml = FakePynvml()
     with pytest.raises(SourceUnavailable, match="no NVIDIA driver"):
         reader.open()
+
+
+# --------------------------------------------------------------------------- 5. nothing left behind
+
+_STALL = """
+import sys, time
+import kvdoctor.bundle_writer as bw, kvdoctor.sources.bundle as sb
+def stall(real):
+    def f(*a, **k):
+        print("stalled", flush=True)
+        time.sleep(60)
+        return real(*a, **k)
+    return f
+if sys.argv[1] == "bundle":
+    bw.redact_env_text = stall(bw.redact_env_text)  # inside the repack copy (unredacted env.txt)
+    bw._REDACTORS["env.txt"] = bw.redact_env_text
+else:
+    sb._parse_env = stall(sb._parse_env)  # inside the extracted archive copy
+from kvdoctor.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "command,sig",
+    [("bundle", "SIGTERM"), ("bundle", "SIGINT"), ("diagnose", "SIGTERM"), ("record", "SIGTERM")],
+)
+def test_sigterm_leaves_no_temporary_copy(tmp_path: Path, command: str, sig: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tarfile
+
+    b = tmp_path / "src" / "b"
+    shutil.copytree(HEALTHY, b)
+    (b / "env.txt").write_text("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz123456\n")
+    archive = tmp_path / "b.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(b, arcname="b")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    out = tmp_path / ("out.tgz" if command == "bundle" else "r.jsonl")
+    args = [command, "--bundle", str(archive)] + (["-o", str(out)] if command != "diagnose" else [])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STALL, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(tmpdir)),
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "stalled"
+        assert list(tmpdir.iterdir())  # the temporary copy is there now
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode in (143, 3, 130) and "Traceback" not in err
+    assert list(tmpdir.iterdir()) == []
+
+
+def _hostile_bundle(tmp_path: Path) -> Path:
+    d = tmp_path / "bad\x1b[31mdir\x07x"
+    shutil.copytree(HEALTHY, d)
+    for p in (d / "metrics").iterdir():
+        p.write_text(
+            p.read_text().replace('model_name="meta-llama', 'model_name="\x1b]0;pwned\x07meta\x00llama')
+        )
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_control_characters_never_reach_text_or_markdown_raw(tmp_path: Path, fmt: str) -> None:
+    d = _hostile_bundle(tmp_path)
+    code, out, err = run("diagnose", "--bundle", str(d), "--format", fmt)
+    for c in ("\x1b", "\x07", "\x00"):
+        assert c not in out + err
+    assert "bad\\x1b[31mdir\\x07x" in out  # shown, escaped
+
+
+def test_escape_controls_keeps_printable_text() -> None:
+    from kvdoctor.redact import escape_controls
+
+    assert escape_controls("GPU 0 · 80 GiB\tok\nnext") == "GPU 0 · 80 GiB\tok\nnext"
+    assert escape_controls("a\x1b[2Jb\x07\x00\r\x9b") == "a\\x1b[2Jb\\x07\\x00\\x0d\\x9b"
+
+
+def test_watch_view_escapes_control_characters(tmp_path: Path) -> None:
+    from kvdoctor.feeds import TimelineFeed
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.sources.bundle import load_bundle
+    from kvdoctor.watch.controller import Controller, View
+
+    d = _hostile_bundle(tmp_path)
+    views: list[View] = []
+    c = Controller(TimelineFeed(load_bundle(d).timeline.snapshots), Pipeline.load(), views.append)
+    try:
+        c.loop.paused.set()
+        c.seek(0)
+    finally:
+        c.stop()
+    shown = repr([views[-1].sources, views[-1].engines, views[-1].gpus, views[-1].findings])
+    assert r"\\x1b]0;pwned\\x07meta" in shown  # the metrics label, escaped (repr doubles the backslash)
+    assert "\\x1b" not in shown.replace(r"\\x1b", "")  # no raw ESC (repr: a single backslash)
