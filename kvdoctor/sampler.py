@@ -376,6 +376,14 @@ class LogSource:
                 return Reading({}, f"{NOT_YET} ({self.path.name}); read once it appears", status="missing")
             check_log_file(self.path)
             self._follower = LogFollower(self.path)
+        elif not os.path.lexists(self.path):
+            # deleted (or rotated away and not yet recreated): the last log read stays
+            # (``last_log``), but nothing is read from it now
+            return Reading(
+                {},
+                f"{self.path.name} is gone (deleted or rotated); the last log read stays",
+                status="missing",
+            )
         try:
             self._follower.poll()
         except Exception:
@@ -415,7 +423,13 @@ class _Call:
         t0 = time.monotonic()
         try:
             self.result = (fn(), time.monotonic() - t0)
-        except BaseException as e:  # noqa: BLE001 - handed to the sampler, which reports it
+        except Exception as e:
+            # reported as one line: its traceback (and the exception it was raised from) would
+            # keep the failed read's frames alive until a rare collection, an oversized /metrics
+            # body (16 MiB) among them; released now
+            e.__traceback__, e.__context__, e.__cause__ = None, None, None
+            self.error = e
+        except BaseException as e:  # noqa: BLE001 - handed to the sampler, which re-raises it
             self.error = e
         finally:
             self._done.release()

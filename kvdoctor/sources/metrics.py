@@ -1122,6 +1122,13 @@ def _exchange(
                 raise SourceError(f"{label}: IncompleteRead {_NOT_HTTP}")
             if head_fed > _MAX_HEAD_BYTES and not resp.headers_done:
                 raise SourceError(f"{label}: {_too_long(resp)}")
+    except BaseException:
+        # the error's traceback keeps this frame alive until the sampler's next read: the body
+        # read so far (up to 16 MiB) and the inflater are released now, not at a rare collection
+        parts.clear()
+        resp.body.clear()
+        decoder = None
+        raise
     finally:
         resp.parser = None  # (a cycle otherwise)
     m = _CHARSET_RE.search(ctype)
