@@ -60,8 +60,9 @@ class LiveOptions:
     ports (psutil) on every read, so engines that start or stop are picked up.
 
     Seconds everywhere: ``interval_s`` between reads, ``timeout_s`` per source and read,
-    ``backoff_max_s`` the longest wait before a failing source is tried again.
-    ``window_s`` is :func:`kvdoctor.collect.collect_live`'s window."""
+    ``backoff_max_s`` the longest wait before a failing source is tried again (8 s: a /metrics
+    that comes back is read again, and the sidecar ready, within 8 s; one GET every few seconds
+    to a dead local endpoint costs nothing). ``window_s`` is :func:`kvdoctor.collect.collect_live`'s window."""
 
     metrics_urls: list[str] = field(default_factory=list)
     log_path: Path | None = None
@@ -70,7 +71,7 @@ class LiveOptions:
     timeout_s: float = 2.0
     use_nvml: bool = True
     use_processes: bool = True
-    backoff_max_s: float = 30.0
+    backoff_max_s: float = 8.0
     #: one diagnosis, not a watch: a source waiting out its backoff is reported by its last
     #: error, without "retrying in …" (nothing will retry it)
     one_shot: bool = False
