@@ -52,6 +52,8 @@ class Facts(TypedDict):
     colocated_desc: str | None
     #: bytes; Σ gmu × total of the awake colocated engines + Σ NVML bytes of the sleeping ones
     colocated_effective_bytes: int | None
+    #: list[bool]; per engine (colocated_gmus order): its --gpu-memory-utilization was given (command line / non-default args); False where vLLM's default was assumed, None when unknown
+    colocated_gmu_explicit: list[bool] | None
     #: fraction; their sum
     colocated_gmu_sum: float | None
     #: list[fraction]; each engine's --gpu-memory-utilization (its command line via ps.txt / cmdline.txt; else its used memory / total)
@@ -64,7 +66,7 @@ class Facts(TypedDict):
     colocated_reserved_bytes: int | None
     #: int; this engine's position in colocated_gmus (None when it is not one of them)
     colocated_self: int | None
-    #: list[bool]; per colocated engine (colocated_names order): its vllm:engine_sleep_state says asleep
+    #: list[bool]; per colocated engine (colocated_names order): its vllm:engine_sleep_state says asleep, else its own lines of a log holding several engines ('It took … seconds to fall asleep.' with no full wake after)
     colocated_sleeping: list[bool] | None
     #: seconds; smallest gap between the engines' start times (process create times, else the times of their engine-initialisation lines in one log)
     colocated_start_gap_s: float | None
