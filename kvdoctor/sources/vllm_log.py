@@ -73,7 +73,9 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
   reserved_unallocated = reserved_total − already_allocated). One event per distinct occurrence:
   the same message repeated in one traceback block, or re-raised by EngineCore / the API server,
   is kept once; different workers (ranks) stay separate. ``phase``: "weight_loading",
-  "profile_run", "kv_cache_init", "cuda_graph_capture", "sampler_warmup", "runtime" or "startup",
+  "profile_run", "kv_cache_init", "cuda_graph_capture", "sampler_warmup", "kv_sizing_warmup"
+  (0.34's warm-up frames ``run_kv_cache_sizing_warmup`` / ``warmup_kernels`` before serving),
+  "runtime" or "startup",
   from the events before it in the same process (globally for unprefixed lines) and the traceback.
   ``hints``: what the traceback around it mentions, a sorted subset of "logprobs" (logprobs /
   prompt_logprobs / log_softmax code), "sampler", "prefill" and "multimodal" (multimodal encoder /
@@ -663,7 +665,7 @@ _RE: _LazyPatterns = _LazyPatterns(
         "summary_act": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
         "summary_nontorch": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
         "summary_cg": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
-        "summary_kvmem": _pattern(r"--kv-cache-memory=(\d+)"),
+        "summary_kvmem": _pattern(r"--kv-cache-memory=(-?\d+)"),
         "summary_inuse": _pattern(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
         "kv_reserved": _pattern(
             r"Initial free memory (-?\d+(?:\.\d+)?) ?GiB, reserved (-?\d+(?:\.\d+)?) ?GiB memory for KV Cache"
@@ -931,6 +933,8 @@ _PARAMS_RE = lazy_re(
 #: traceback frames of an offline engine's run-time step (LLM.generate → engine step → model).
 _OFFLINE_FRAMES = (", in generate", ", in _run_engine", ", in chat", ", in encode", ", in embed")
 _STEP_FRAMES = (", in step", ", in execute_model")
+#: 0.34's warm-up before the extensible KV cache is sized (v1/worker/gpu/warmup.py, gpu_worker.py)
+_KV_SIZING_WARMUP_FRAMES = (", in run_kv_cache_sizing_warmup", ", in warmup_kernels")
 _CROSS_PROCESS_WINDOW = 2000  # lines within which a re-print by another process is the same failure
 
 
@@ -1328,6 +1332,9 @@ class _Parser:
         low = text.lower()
         if not serving and ("_dummy_sampler_run" in text or "warming up sampler" in text):
             return "sampler_warmup"
+        if not serving and any(f in text for f in _KV_SIZING_WARMUP_FRAMES):
+            # 0.34's KV-sizing warm-up runs steps (execute_model) before the engine serves
+            return "kv_sizing_warmup"
         if serving:
             return "runtime"
         if state == "cuda_graph_capture" or any(h in low for h in _CAPTURE_HINTS):
