@@ -125,7 +125,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +136,7 @@ from kvdoctor.redact import MARK, is_secret_name, redact_text
 from kvdoctor.sources import log_catalogue2, log_v034
 from kvdoctor.sources.limits import (
     MAX_DIGITS,
+    MAX_GZIP_RATIO,
     MAX_LINE_CHARS,
     MAX_LOG_BYTES,
     guarded,
@@ -174,35 +175,93 @@ _PROMPT_END_RE = lazy_re(r", (?:params|sampling_params|prompt_token_ids|prompt_e
 _PROMPT_IDS_RE = lazy_re(r"(\bprompt_token_ids: )\[([^\]]*)\]?")
 
 
-def _redact_prompt(text: str) -> str:
-    i = text.find("prompt: ")
+# "Generated response X: output: '…', output_token_ids: [...], finish_reason: stop"
+# (--enable-log-outputs): the model's answer is user data as much as the prompt.
+_OUTPUT_END_RE = lazy_re(r", (?:output_token_ids|finish_reason)\b")
+_OUTPUT_IDS_RE = lazy_re(r"(\boutput_token_ids: )\[([^\]]*)\]?")
+
+
+def _redact_prompt(text: str, field: str = "prompt: ", end_re: Any = _PROMPT_END_RE) -> str:
+    i = text.find(field)
     if i < 0:
         return text
-    start = i + len("prompt: ")
+    start = i + len(field)
     q = text[start : start + 1]
     if q in ("'", '"'):
         # The prompt ends at its matching quote: an unescaped quote followed by the next field
         # (", params: …") or the end of the line — a prompt holding ", params: " (or an
         # apostrophe) cannot end it early. No such quote (a truncated line): everything goes.
-        j = start + 1
         n = len(text)
-        while j < n:
-            c = text[j]
-            if c == "\\":
-                j += 2
-                continue
-            if c == q and (j + 1 >= n or _PROMPT_END_RE.match(text, j + 1) or not text[j + 1 :].strip()):
-                break
-            j += 1
+        j = _closing_quote(text, start + 1, q, end_re)
         end = min(j + 1, n)
         body_len = max(0, min(j, n) - start - 1)
         return f"{text[:start]}'<redacted {body_len} chars>'{text[end:]}"
-    m = _PROMPT_END_RE.search(text, start)
+    m = end_re.search(text, start)
     end = m.start() if m else len(text)  # a truncated line: everything after "prompt: " goes
     body = text[start:end]
     if body in ("None", ""):
         return text
     return f"{text[:start]}'<redacted {len(body)} chars>'{text[end:]}"
+
+
+def _closing_quote(text: str, j: int, q: str, end_re: Any) -> int:
+    """The index of the quote ``q`` that closes a quoted field starting before ``j`` (one
+    followed by the next field, by ``end_re``, or by the end of the line); ``len(text)`` when
+    none does (the field goes on past the line)."""
+    n = len(text)
+    while j < n:
+        c = text[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == q and (j + 1 >= n or end_re.match(text, j + 1) or not text[j + 1 :].strip()):
+            return j
+        j += 1
+    return n
+
+
+def _open_field(text: str) -> tuple[str, Any] | None:
+    """(quote, end pattern) when a prompt or output field opens on this line and does not close
+    (a prompt logged with raw newlines: its next lines are prompt text too)."""
+    for name, end_re in (("prompt: ", _PROMPT_END_RE), ("output: ", _OUTPUT_END_RE)):
+        i = text.find(name)
+        if i < 0:
+            continue
+        start = i + len(name)
+        q = text[start : start + 1]
+        body = text.rstrip("\r\n")
+        if q in ("'", '"') and _closing_quote(body, start + 1, q, end_re) >= len(body):
+            return q, end_re
+    return None
+
+
+def redact_lines(lines: Iterable[str]) -> Iterator[str]:
+    """:func:`redact` over a log's lines (line ends kept), and the continuation lines of a prompt
+    or model output logged with raw newlines (a quoted field that does not close on its line)
+    replaced by "<redacted N chars>" up to the quote that closes it or the next log record."""
+    open_: tuple[str, Any] | None = None
+    for line in lines:
+        if open_ is not None:
+            body = line.rstrip("\r\n")
+            nl = line[len(body) :]
+            if parse_line(body).level is not None:
+                open_ = None  # a new log record: the field was cut short
+            else:
+                q, end_re = open_
+                j = _closing_quote(body, 0, q, end_re)
+                if j >= len(body):
+                    yield f"<redacted {len(body)} chars>{nl}"
+                    continue
+                open_ = None
+                rest = redact(body[j:])
+                for ids in (_PROMPT_IDS_RE, _OUTPUT_IDS_RE):
+                    rest = ids.sub(lambda m: f"{m.group(1)}[<redacted>]", rest)
+                yield f"<redacted {j} chars>{rest}{nl}"
+                continue
+        body = line.rstrip("\r\n")
+        yield redact(body) + line[len(body) :]
+        if "prompt: " in line or "output: " in line:
+            open_ = _open_field(body)
 
 
 # Cheap gate before the full redaction: every shape kvdoctor.redact handles contains one of these
@@ -215,7 +274,9 @@ _SECRET_NEEDLES = (
     "pwd",
     "credential",
     "auth",
+    "cookie",
     ":/",
+    "@",
     "hf_",
     "sk-",
     "xox",
@@ -243,11 +304,20 @@ def redact(text: str) -> str:
 
     Secrets (``--api-key X``, ``api_key='X'``, ``'api_key': 'X'``, ``*_TOKEN``/``*_KEY`` values,
     Authorization headers, token shapes) go through :func:`kvdoctor.redact.redact_text` → "***";
-    the prompt of vLLM's request log ("Received request …: prompt: '…'") becomes
-    "<redacted N chars>" and its token ids "<redacted N tokens>". Never raises.
+    the prompt of vLLM's request log ("Received request …: prompt: '…'") and the model's answer
+    ("Generated response …: output: '…'", --enable-log-outputs) become "<redacted N chars>" and
+    their token ids "<redacted N tokens>". Never raises.
     """
     if "prompt" in text:
         text = _redact_prompt(text)
+    if "output: " in text and "Generated response" in text:
+        text = _redact_prompt(text, "output: ", _OUTPUT_END_RE)
+        text = _OUTPUT_IDS_RE.sub(
+            lambda m: (
+                f"{m.group(1)}[<redacted {len([t for t in m.group(2).split(',') if t.strip()])} tokens>]"
+            ),
+            text,
+        )
     if "prompt_token_ids" in text:  # the regex's own words: most lines never run it
         text = _PROMPT_IDS_RE.sub(
             lambda m: (
@@ -470,6 +540,24 @@ def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
     for k in list(args):
         if is_secret_name(k) and args[k] not in (None, "", [], False):
             args[k] = MARK
+    return args
+
+
+#: args that name a server (the run identity kvdoctor compares across restarts): scalars only.
+_IDENTITY_ARGS = ("model", "model_tag", "served_model_name", "port", "host")
+
+
+def _scalar_identity(args: dict[str, Any]) -> dict[str, Any]:
+    """``served_model_name: ['qwen3', 'q']`` (vLLM's nargs='+') → its first name, the one vLLM
+    serves and labels metrics with; any other identity arg that is not a plain str/number (a
+    list, a dict from a garbled line) is dropped, so one odd line never breaks the comparison
+    of runs."""
+    for k in _IDENTITY_ARGS:
+        v = args.get(k)
+        if k == "served_model_name" and isinstance(v, (list, tuple)):
+            v = args[k] = v[0] if v else None
+        if v is not None and not isinstance(v, (str, int, float)):
+            del args[k]
     return args
 
 
@@ -1821,8 +1909,8 @@ class _Parser:
 
     def _set_version(self, version: str, gen: str | None, pl: ParsedLine, key: Any) -> None:
         version = version.lstrip("v").rstrip(",.")
-        if not version or not version[0].isdigit():
-            return
+        if not version or not version[0].isdigit() or version_tuple(version) is None:
+            return  # not a version kvdoctor can compare (e.g. a part of thousands of digits)
         self.log.vllm_version = version
         if not gen and not self._gen_strong and _version_tuple(version) >= (0, 11):
             self.log.engine_generation = "v1"  # the V0 engine was removed in 0.11
@@ -1834,7 +1922,7 @@ class _Parser:
         self._emit("version", pl, key, {"version": version})
 
     def _add_args(self, args: dict[str, Any], source: str, pl: ParsedLine, key: Any) -> None:
-        args = _redact_args(args)
+        args = _scalar_identity(_redact_args(args))
         if source != "engine_config":
             self._new_startup()
         self._emit("args", pl, key, {"args": args, "source": source})
@@ -2242,7 +2330,8 @@ def iter_log_chunks(
 
     Bytes are decoded as utf-8 with errors replaced; a line longer than :data:`MAX_LINE_CHARS`
     keeps its first part (the rest is skipped up to the next newline, never buffered). A gzip
-    log may decompress to at most :data:`MAX_LOG_BYTES`. ``on_bytes(n)`` is told the file
+    log may decompress to at most :data:`MAX_LOG_BYTES`, and past 8 MiB to at most
+    :data:`MAX_GZIP_RATIO` times its own size (a bomb). ``on_bytes(n)`` is told the file
     bytes consumed so far after each chunk (progress). Raises SourceError when the file cannot
     be read, is not a regular file, is binary, or its gzip data is corrupt or too large.
     """
@@ -2271,7 +2360,7 @@ def iter_log_chunks(
             return
         chunks: Iterator[bytes] = itertools.chain([first], source)
         if first[:2] == b"\x1f\x8b":
-            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin)
+            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin, max_ratio=MAX_GZIP_RATIO)
         buf = b""
         overlong = False
         checked = False
