@@ -3,12 +3,11 @@
 A rule is one Python module (``rules/<rule_id>.py``, shipped as ``kvdoctor.rules``; a third
 party's through the ``kvdoctor.rules`` entry-point group or ``--rules-dir``). The module's
 docstring is its documentation (``kvdoctor explain``) and its ``RULE`` a :class:`Rule`: the
-metadata, typed thresholds (a frozen dataclass, one default each, overridable in the user
+metadata, typed thresholds (a NamedTuple, one default each, overridable in the user
 config) and one ``check(facts, thresholds)`` that returns a :class:`Hit` (the words, the
 evidence and the fixes, built from the same values) or None::
 
-    @dataclass(frozen=True)
-    class Thresholds:
+    class Thresholds(NamedTuple):
         min_per_min: float = 30.0
 
     def check(f: Facts, t: Thresholds) -> Hit | None:
@@ -120,8 +119,7 @@ class Hit:
 
 @dataclass(frozen=True)
 class Rule(Generic[T]):
-    """One rule: metadata, ``thresholds`` (a frozen dataclass instance: the effective values)
-    and ``check``. ``needs``: inputs all required; ``needs_any``: at least one of them
+    """One rule: metadata, ``thresholds`` (the effective values) and ``check``. ``needs``: inputs all required; ``needs_any``: at least one of them
     (``kvdoctor.derive.INPUTS``). ``explains``: rule ids this rule is the root cause of.
     ``flags``: the flags and environment variables its fixes may set. ``for_s`` / ``clear_for_s``:
     seconds a long-running face holds the condition before it fires / clears it (hysteresis).
@@ -145,8 +143,7 @@ class Rule(Generic[T]):
 
     def threshold_values(self) -> dict[str, Any]:
         """The effective thresholds, name → value."""
-        t: Any = self.thresholds
-        return dict(t._asdict()) if hasattr(t, "_asdict") else dataclasses.asdict(t)
+        return dict(self.thresholds._asdict())  # type: ignore[attr-defined]
 
     def with_thresholds(self, overrides: Mapping[str, Any]) -> Rule[T]:
         """A copy with some thresholds replaced. Raises KeyError for a name the rule lacks and
@@ -158,8 +155,7 @@ class Rule(Generic[T]):
             want, got = _kind(current[name]), _kind(value)
             if want != got:
                 raise TypeError(f"threshold {name!r} of rule {self.id!r} must be a {want}, got {value!r}")
-        t: Any = self.thresholds
-        new = t._replace(**overrides) if hasattr(t, "_replace") else dataclasses.replace(t, **overrides)
+        new = self.thresholds._replace(**overrides)  # type: ignore[attr-defined]
         return dataclasses.replace(self, thresholds=new)
 
 
@@ -186,11 +182,8 @@ def check_rule(rule: Any, where: str) -> Rule[Any]:
         raise bad(f"family must be one of {', '.join(FAMILIES)}")
     if rule.severity not in SEVERITIES:
         raise bad(f"severity must be one of {', '.join(SEVERITIES)}")
-    t = rule.thresholds
-    if not (hasattr(t, "_asdict") and isinstance(t, tuple)) and not (
-        dataclasses.is_dataclass(t) and not isinstance(t, type)
-    ):
-        raise bad("thresholds must be a NamedTuple (or frozen dataclass) instance")
+    if not (isinstance(rule.thresholds, tuple) and hasattr(rule.thresholds, "_asdict")):
+        raise bad("thresholds must be a NamedTuple instance")
     if not callable(rule.check):
         raise bad("check is not callable")
     doc = rule.doc or ""

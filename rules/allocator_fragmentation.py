@@ -26,7 +26,7 @@ vllm-facts.md §3.6 (PyTorch OOM message, current and historical forms); spec/vl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 from kvdoctor.units import MiB, fmt_bytes
@@ -34,8 +34,7 @@ from kvdoctor.units import MiB, fmt_bytes
 _ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: MiB "reserved by PyTorch but unallocated" at least (less is no fragmentation worth a flag)
     min_reserved_mib: float = 512
 

@@ -28,7 +28,7 @@ free-memory delta and its assertion), §3.5 (the "Free memory on device" error),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rule_functions import gmu_split
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
@@ -37,8 +37,7 @@ from kvdoctor.units import fmt_bytes
 GMU = "--gpu-memory-utilization"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: the largest sum of the engines' --gpu-memory-utilization that fits one card
     max_gmu_sum: float = 0.95
     #: seconds; engines started closer together than this profile each other's allocations

@@ -35,7 +35,7 @@ runner lines), §4.2 (`--cpu-offload-gb`, `VLLM_USE_V2_MODEL_RUNNER`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.findings import Severity
 from kvdoctor.rule_functions import fmt
@@ -47,8 +47,7 @@ _ENV = "VLLM_USE_V2_MODEL_RUNNER"
 _FAILED_PHASES = ("weight_loading", "profile_run", "kv_cache_init")
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: the rule has no tunable thresholds."""
 
 

@@ -22,14 +22,13 @@ vllm-facts.md §2.1 step 6, §3.3 items 4 and 8.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_text, is_valid, na
 from kvdoctor.units import floor_to
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB of CUDA graph memory assumed when the log does not say how much capture took
     graph_reserve_gib: float = 1.0
     #: a run-time OOM with graphs on counts when less than this many GiB is free at idle

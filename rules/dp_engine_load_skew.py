@@ -36,15 +36,13 @@ spec/rules-catalogue2.md §3.4; vllm-facts.md §1.1 "Data-parallel balancing", �
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvdoctor.rule_functions import dp_absorb, dp_desc, dp_skew
 from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     # Estimates (spec/rules-catalogue2.md §6).
     #: requests waiting at which an engine counts as hot (with hot_kv)
     hot_waiting: float = 5

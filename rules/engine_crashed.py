@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.redact import redact_text
 from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
@@ -40,8 +40,7 @@ _QUOTE_CHARS = 300
 _FLAG = re.compile(r"(?<![\w-])--[a-z]")
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: any crash no specific error explains counts."""
 
 

@@ -24,14 +24,13 @@ spec/rules.md family W.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rule_functions import gpus_under
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB; a GPU holding less than this, with no process listed, is idle
     empty_max_gib: float = 1.0
 

@@ -37,7 +37,7 @@ spec/rules-catalogue2.md §3.2; vllm-facts.md §2.1 "What the profile run does n
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, MiB, ceil_to, fmt_bytes
@@ -48,8 +48,7 @@ _DEFAULT_WORKSPACE = 394 * MiB
 _GMU = "--gpu-memory-utilization"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: the workspace suggested is this × the need (an estimate: spec/rules-catalogue2.md §6)
     headroom_factor: float = 1.25
     #: … rounded up to this many MiB (an estimate)

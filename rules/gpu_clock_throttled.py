@@ -25,13 +25,12 @@ spec/rules.md family U; NVML documentation of clock event reasons; kvdoctor/deri
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GPU-Util (fraction) below this with traffic (or some work on the GPU) counts as a cost
     util_low: float = 0.4
     #: a GPU that reports this little use (fraction) is idle: a power cap on an idle card costs nothing

@@ -31,15 +31,14 @@ nvidia-smi's ECC column as read by kvdoctor/sources/nvidia_smi.py.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, na
 
 _DMESG = "dmesg.txt / --dmesg (NVRM: Xid lines)"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: any hardware XID or uncorrectable ECC error counts."""
 
 

@@ -34,7 +34,7 @@ spec/rules.md family P.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
 from kvdoctor.units import GiB, fmt_bytes
@@ -43,8 +43,7 @@ from kvdoctor.units import GiB, fmt_bytes
 _NON_TORCH_RESERVE = GiB // 2
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB the used memory must have risen by (last − first reading)
     min_rise_gib: float = 0.5
     #: seconds the readings must span

@@ -24,7 +24,7 @@ vllm-facts.md §2.1 step 1 and §3.5 ("Util below current usage").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.findings import Severity
 from kvdoctor.kvmath import gmu_fitting
@@ -33,8 +33,7 @@ from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_te
 GMU = "--gpu-memory-utilization"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB left free beside the other process when computing the gmu that fits
     margin_gib: float = 0.5
     #: GiB another process must hold on the engine's GPU to count

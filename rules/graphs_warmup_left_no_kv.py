@@ -34,7 +34,7 @@ spec/vllm-0.34.md §3.2 (N2); vllm-facts.md §9.2 (the sizing pipeline), §9.4 (
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import smallest_tensor_parallel_size
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid, na
@@ -43,8 +43,7 @@ _MiB = 2**20
 _KEPT = "transient headroom kept beyond the profile peak (kept − P)"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB another process must hold on the GPU for shared-gpu-gmu-unset (N1) to own the case
     foreign_min_gib: float = 0.25
     #: the smallest --max-num-batched-tokens worth suggesting

@@ -25,7 +25,7 @@ vllm-facts.md §2.1; seed-tutorial errata 6.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import gmu_fitting
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_text, is_valid, na
@@ -33,8 +33,7 @@ from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_te
 GMU = "--gpu-memory-utilization"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB the suggested lower --gpu-memory-utilization leaves free to share the card
     share_free_gib: float = 16
     #: used memory at least this fraction of gmu × total counts as "looks full"

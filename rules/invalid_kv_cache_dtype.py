@@ -23,14 +23,13 @@ vllm-facts.md §4.1; seed-tutorial errata 2 and 3.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.devices import FP8_KV_PLAIN
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: the rule has no tunable thresholds."""
 
 

@@ -23,14 +23,13 @@ vllm-facts.md §2.1 (pipeline and formula history), §3.3 item 11, §3.5 ("No KV
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import gmu_for_bytes, smallest_tensor_parallel_size
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_text, is_valid, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB of KV one request needs when the model's KV size per token is unknown
     min_kv_gib: float = 0.5
     #: the highest --gpu-memory-utilization worth suggesting (1.0 on a 0.34 extensible engine)

@@ -24,15 +24,14 @@ vllm-facts.md §2.1 (profiling run and headroom), §3.6 (the OOM message), §4.2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rule_functions import join
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 from kvdoctor.units import fmt_bytes
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     pass
 
 

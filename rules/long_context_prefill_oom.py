@@ -38,15 +38,14 @@ profile run does not see", §3.6 (the OOM message).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, MiB, floor_to, fmt_bytes
 from kvdoctor.vllm_flags import default_max_num_batched_tokens
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: estimate (spec/rules-catalogue2.md §6): "long context" = this many × max_num_batched_tokens
     long_factor: float = 4
     #: MiB reserved but unallocated, at least, that make the OOM fragmentation (not this rule)

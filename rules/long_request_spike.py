@@ -24,15 +24,14 @@ spec/rules.md family L; vllm-facts.md §1.4 (buckets).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import max_model_len_for_tokens
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import fmt_bytes
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: a prompt is in the tail at this many × the median prompt
     tail_ratio: float = 4
     #: KV cache usage (fraction) that counts as pressure

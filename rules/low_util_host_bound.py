@@ -21,13 +21,12 @@ spec/rules.md family U; seed tutorial.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GPU utilisation (fraction) below which the GPU counts as idle
     util_low: float = 0.4
     #: KV cache usage (fraction) below which memory is not under pressure

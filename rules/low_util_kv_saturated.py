@@ -25,7 +25,7 @@ spec/rules.md family U; seed-tutorial errata 6; vllm-facts.md §1.2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import max_model_len_for_tokens, max_num_seqs_for
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
@@ -35,8 +35,7 @@ KV_DTYPE, MML, SEQS, BLOCK = "--kv-cache-dtype", "--max-model-len", "--max-num-s
 _SIXTEEN_BIT = (None, "auto", "bfloat16", "float16")
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GPU utilisation (fraction) below which the GPU counts as mostly idle
     util_low: float = 0.4
     #: KV cache usage (fraction) at which the pool counts as full

@@ -23,14 +23,13 @@ vllm-facts.md §2.3 (fit check and estimate), §3.5 (messages, all variants).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import gmu_for_bytes, max_model_len_for_tokens
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_text, is_valid, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: the rule has no tunable thresholds."""
 
 

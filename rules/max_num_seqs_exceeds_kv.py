@@ -31,15 +31,14 @@ length histograms), §3.4 (stats line).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import max_model_len_for_tokens, max_num_seqs_for
 from kvdoctor.rule_functions import concurrency_fix, count_at_least
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: KV cache usage (fraction) at which waiting requests count as pressure
     kv_full: float = 0.9
     #: requests waiting while the KV cache is at least kv_full, in this many samples (scrapes in

@@ -27,7 +27,7 @@ spec/rules.md family P; vllm-facts.md §4.2 (device-dependent defaults).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.findings import Severity
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid, na
@@ -37,8 +37,7 @@ from kvdoctor.vllm_flags import default_max_num_batched_tokens, default_max_num_
 _SMALL_SEQS, _SMALL_MNBT = 256, 2048
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: KV cache usage below which a step at the cap with requests waiting is held back by the limits
     kv_full: float = 0.9
 

@@ -17,7 +17,7 @@ spec/rules.md family W; vllm-facts.md §2.1 step 4.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rule_functions import join, proportional_layer_partition
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid
@@ -25,8 +25,7 @@ from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid
 _ENV = "VLLM_PP_LAYER_PARTITION"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: the rule has no tunable thresholds."""
 
 

@@ -33,15 +33,14 @@ and encoder warmups"; the multimodal IPC reservation), §3.6 (the OOM message), 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.findings import Severity
 from kvdoctor.rule_functions import join
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: the rule has no tunable thresholds."""
 
 

@@ -25,13 +25,12 @@ spec/rules.md family P; vllm-facts.md §3.1 (process names).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: any orphaned vLLM process holding GPU memory is a finding."""
 
 

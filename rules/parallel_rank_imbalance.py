@@ -26,7 +26,7 @@ spec/rules.md family W; vllm-facts.md §2.1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rule_functions import pp_layer_partition
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid, na
@@ -34,8 +34,7 @@ from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid
 PARTITION = "VLLM_PP_LAYER_PARTITION"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB; the smallest spread between the heaviest and lightest rank that counts
     min_spread_gib: float = 1.0
     #: the smallest spread as a fraction of the card's total memory (the larger of the two counts)

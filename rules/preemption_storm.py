@@ -22,15 +22,14 @@ vllm-facts.md §1.2 (num_preemptions), §3.5 ("Preemption"), §7.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import max_model_len_for_tokens
 from kvdoctor.rule_functions import concurrency_fix
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: preemptions per minute (rate over the window) that make a storm
     min_per_min: float = 10
     #: KV cache usage (fraction) the window must reach

@@ -33,7 +33,7 @@ profiling run at max_num_batched_tokens), §3.6 (the OOM message), §4.2 (flag d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rule_functions import join
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
@@ -41,8 +41,7 @@ from kvdoctor.units import fmt_bytes
 from kvdoctor.vllm_flags import default_max_num_batched_tokens
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: tokens in one engine step (vllm:iteration_tokens_total bucket) that make a large prefill
     big_iteration: float = 8192
     #: "several requests admitted within a few seconds" (5 s, kvdoctor/derive/requests.py)

@@ -23,14 +23,13 @@ vllm-facts.md §3.5 ("OOM wrapped by vLLM"), §9.5; spec/vllm-0.34.md §2 sample
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import floor_to
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: the rule has no tunable thresholds."""
 
 

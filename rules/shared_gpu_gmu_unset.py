@@ -35,7 +35,7 @@ spec/vllm-0.34.md §3.1 (N1); vllm-facts.md §9.2 (sizing after warm-up, μ + ke
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.findings import Severity
 from kvdoctor.kvmath import gmu_fitting
@@ -46,8 +46,7 @@ GMU = "--gpu-memory-utilization"
 CAP_WARNING = "gpu_memory_utilization=… caps this instance at …"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB a process must hold on the engine's GPU to count (monitoring tools' contexts do not)
     min_other_gib: float = 0.25
     #: GiB left free beside the other processes when computing the gmu
@@ -60,8 +59,7 @@ class Thresholds:
     empty_max_gib: float = 1.0
 
 
-@dataclass(frozen=True)
-class _Other:
+class _Other(NamedTuple):
     desc: str
     nbytes: int
     vllm: bool

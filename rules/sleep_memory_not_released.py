@@ -41,7 +41,7 @@ outside the cuMem pool); spec/vllm-0.34.md §2.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 from kvdoctor.units import GiB, fmt_bytes
@@ -50,8 +50,7 @@ _OFFLOAD_GRAPHS = "--sleep-mode-offload-cudagraph"
 _NCCL_SUSPEND = "--enable-nccl-comm-suspend"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB of slack at least: s = max(slack_min_gib, slack_fraction × (W + K)) (an estimate,
     #: spec/rules-catalogue2.md §6)
     slack_min_gib: float = 2.0

@@ -36,23 +36,21 @@ spec/rules-catalogue2.md §3.3, §2 (B, H_idle); vllm-facts.md §2.1 "Speculativ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rule_functions import spec_config_with_k, spec_k_fit, spec_max_num_seqs_fit, spec_sampler_bytes
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, floor_to, fmt_bytes
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: the smallest num_speculative_tokens this rule considers (k = 1 is what warm-up measured)
     min_k: int = 2
     #: GiB of headroom kept free beside the sampler's U
     margin_gib: float = 0.5
 
 
-@dataclass(frozen=True)
-class _Shape:
+class _Shape(NamedTuple):
     """The engine's sampler inputs, for spec_sampler_bytes and the fits built on it."""
 
     vocab: int | None

@@ -25,13 +25,12 @@ vllm-facts.md §3.4 (V0 stats line), §3.5 ("Preemption", "Swap space"), §1.5 (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     pass
 
 

@@ -39,7 +39,7 @@ spec/vllm-0.34.md §3.4 (N4); vllm-facts.md §9.2 step 8 (μ, kept, L), §3.6 (t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, fmt_bytes
@@ -49,8 +49,7 @@ from kvdoctor.vllm_flags import default_max_num_batched_tokens
 NON_TORCH_RESERVE = GiB // 2
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: --max-num-batched-tokens is never halved below this many tokens
     min_batched_tokens: int = 2048
 

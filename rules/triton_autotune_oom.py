@@ -36,7 +36,7 @@ after KV allocation", §3.7 (Triton and GDN lines).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, floor_to, fmt_bytes
@@ -44,8 +44,7 @@ from kvdoctor.units import GiB, floor_to, fmt_bytes
 _GMU = "--gpu-memory-utilization"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB of scratch autotuning needs outside the allocator (Δ = max(this − H_idle, min_delta_gib))
     scratch_gib: float = 1.0
     #: GiB the budget is lowered by at least

@@ -27,14 +27,13 @@ spec/vllm-0.34.md §3.6 (N6); vllm-facts.md §9.2 (the after-warm-up sizing), §
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid
 from kvdoctor.units import GiB
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB left to the host at least (starting value)
     host_reserve_min_gib: float = 8.0
     #: share of the device (= host) memory left to the host at least (starting value)

@@ -27,7 +27,7 @@ spec/vllm-0.34.md §3.5 (N5); vllm-facts.md §9.4 (`platforms/interface.py:1480-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule
 from kvdoctor.units import GiB
@@ -36,8 +36,7 @@ _ENV = "VLLM_USE_V2_MODEL_RUNNER"
 _UNSET = f"unset {_ENV}"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """None: the rule has no tunable thresholds."""
 
 

@@ -31,15 +31,14 @@ count), §9.1 (what turns the extensible cache off).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid, na
 
 _MiB = 2**20
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: MiB by which vLLM's suggestion must be off to be called wrong
     wrong_min_mib: float = 256.0
     #: MiB within which a size in effect counts as the value vLLM suggested

@@ -33,7 +33,7 @@ failure line), §9.4 and §9.7 (0.34: `GPU driver error`, recommit, checkpoints,
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, floor_to, fmt_bytes
@@ -47,8 +47,7 @@ _AFTER = {
 }
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB kept free beside the neighbours when sizing this engine's gmu
     margin_gib: float = 0.5
     #: GiB a sleeping neighbour holds beyond which the words point at it (an estimate: graphs

@@ -29,7 +29,7 @@ of KV heads), §3.5 (load OOM message), §9.4.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.kvmath import smallest_tensor_parallel_size
 from kvdoctor.rule_functions import gpus_full, gpus_under
@@ -37,8 +37,7 @@ from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid
 from kvdoctor.units import GiB
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     #: GiB of KV cache a GPU's budget must keep beside the weights
     min_kv_reserve_gib: float = 1.0
     #: visible GPUs assumed when no nvidia-smi was given

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -22,8 +21,7 @@ DATA = Path(__file__).parent / "data"
 DOC = "## What\nx\n## Why\nx\n## How to confirm\nx\n## Fix\nx\n## Sources\nx\n"
 
 
-@dataclass(frozen=True)
-class _T:
+class _T(NamedTuple):
     pass
 
 
@@ -49,8 +47,8 @@ def test_consequences_carry_caused_by_for_the_same_engine_only() -> None:
 
 def test_explains_must_name_loaded_rules(tmp_path: Path) -> None:
     (tmp_path / "root_cause.py").write_text(
-        "from dataclasses import dataclass\nfrom kvdoctor.rulekit import Rule\n"
-        "@dataclass(frozen=True)\nclass T:\n    pass\n"
+        "from typing import NamedTuple\nfrom kvdoctor.rulekit import Rule\n"
+        "class T(NamedTuple):\n    pass\n"
         f"RULE = Rule(id='root-cause', family='K', severity='info', title='t', doc={DOC!r}, thresholds=T(),"
         " check=lambda f, t: None, explains=('symptm-b',))\n"
     )

@@ -3,11 +3,10 @@ README's example rule, per-rule error isolation, fix validation, thresholds and 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -26,8 +25,7 @@ def _readme_rule() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
 
 
-@dataclasses.dataclass(frozen=True)
-class _T:
+class _T(NamedTuple):
     limit: float = 1.0
 
 

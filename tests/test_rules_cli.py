@@ -30,13 +30,12 @@ w
 ## Sources
 w
 """
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvdoctor.rulekit import Facts, Hit, Rule
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     per_min: float = 10.0
 
 
