@@ -4,8 +4,10 @@ partitions. The KV arithmetic is kvmath's: rules call it, they never copy it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from kvdoctor import kvmath
 
 
 def join(items: Iterable[Any] | None, sep: str = " ") -> str:
@@ -355,3 +357,29 @@ def concurrency_fix(
             f" {needed:,.0f} running before the trouble: fewer sequences would serialise the traffic"
         )
     return seqs, ""
+
+
+def tp_that_fits(
+    variables: Mapping[str, Any], total: int | None, gmu: float | None, gpus: int | None
+) -> int | None:
+    """The smallest ``--tensor-parallel-size`` whose weight shards and one ``max_model_len``
+    request's KV cache fit each GPU's budget ``gmu × total`` bytes
+    (:func:`kvdoctor.kvmath.smallest_tensor_parallel_size` over a rule context's ``arch``,
+    ``weights_bytes``, ``max_model_len``, ``kv_cache_dtype`` and, on vLLM 0.34, ``block_size``);
+    None when none fits within ``gpus`` or an input is unknown."""
+    arch, weights, mml = variables.get("arch"), variables.get("weights_bytes"), variables.get("max_model_len")
+    if arch is None or not weights or not total or not gpus or gmu is None or not mml:
+        return None
+    try:
+        return kvmath.smallest_tensor_parallel_size(
+            arch,
+            weights_bytes=weights,
+            gpu_total_bytes=total,
+            gpu_memory_utilization=gmu,
+            visible_gpus=gpus,
+            max_model_len=mml,
+            kv_cache_dtype=variables.get("kv_cache_dtype") or "auto",
+            block_size=variables.get("block_size") if variables.get("vllm_v34") else None,
+        )
+    except (ValueError, TypeError, ZeroDivisionError, KeyError):
+        return None

@@ -116,7 +116,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         summary=words,
         evidence=evidence,
         fixes=fixes,
-        gpus=[gpu] if gpu is not None else sorted(set(f["engine_gpus"] or ())),
+        gpus=[gpu] if gpu is not None else f["engine_gpus"] or (),
     )
 
 

@@ -166,7 +166,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         summary=" ".join(words),
         evidence=evidence,
         fixes=fixes,
-        gpus=sorted(set(f["engine_gpus"] or ())),
+        gpus=f["engine_gpus"] or (),
         severity=severity,
     )
 

@@ -241,9 +241,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if runtime_tight:
         evidence.append(Evidence("free memory at idle", f"{gib_text(free)} GiB", "nvidia-smi Memory-Usage"))
-    return Hit(
-        summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())), title=title
-    )
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or (), title=title)
 
 
 RULE = Rule(

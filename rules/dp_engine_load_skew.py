@@ -144,7 +144,7 @@ def _running_hit(f: Facts, t: Thresholds, run: dict[str, Any]) -> Hit:
     return Hit(
         summary=summary,
         evidence=evidence,
-        gpus=sorted(set(f["engine_gpus"] or ())),
+        gpus=f["engine_gpus"] or (),
         title="Data-parallel engines run requests unevenly (some busy while others idle, nothing waiting)",
     )
 
@@ -189,7 +189,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             )
         )
     # No vLLM flag tunes the balancer: no fixes.
-    return Hit(summary=summary, evidence=evidence, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

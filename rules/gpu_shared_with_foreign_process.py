@@ -234,7 +234,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         summary=summary,
         evidence=evidence,
         fixes=fixes,
-        gpus=sorted(set(f["engine_gpus"] or ())),
+        gpus=f["engine_gpus"] or (),
         severity=severity,
         title=None if seen_foreign else "Memory on the engine's GPU is held outside vLLM",
     )

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from kvdoctor.kvmath import smallest_tensor_parallel_size
+from kvdoctor.rule_functions import tp_that_fits
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid, na
 
 _MiB = 2**20
@@ -98,7 +98,7 @@ def _autofit_reduced(f: Facts, t: Thresholds) -> Hit | None:
     return Hit(
         summary=summary,
         evidence=[Evidence("max_model_len auto", f"{start:,} → {final:,} tokens", line)],
-        gpus=sorted(set(f["engine_gpus"] or ())),
+        gpus=f["engine_gpus"] or (),
         severity="warning" if short else "info",
         title="max_model_len auto was reduced after graph capture and warm-up",
     )
@@ -190,18 +190,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
                 )
             )
     # (6) more GPUs
-    arch, weights, total, gpus = f["arch"], f["weights_bytes"], f["gpu_total_bytes"], f["gpu_count"]
-    if not fixes and arch is not None and weights and total and gpus and mml and gmu is not None:
-        tp = smallest_tensor_parallel_size(
-            arch,
-            weights_bytes=weights,
-            gpu_total_bytes=total,
-            gpu_memory_utilization=gmu,
-            visible_gpus=gpus,
-            max_model_len=mml,
-            kv_cache_dtype=f["kv_cache_dtype"] or "auto",
-            block_size=bs,
-        )
+    tp = None if fixes else tp_that_fits(f, f["gpu_total_bytes"], gmu, f["gpu_count"])
+    if tp is not None:
         if tp and tp > (f["tp"] or 1) and is_valid(f, "--tensor-parallel-size", tp):
             alternatives.append(f"shard the model with --tensor-parallel-size {tp}")
             fixes.append(
@@ -266,7 +256,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
                 f"vllm.log line {na(f['kv_hint_line'])}",
             )
         )
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

@@ -182,7 +182,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if util is not None:
         evidence.append(Evidence("GPU utilisation", f"{util:.0%}", "nvidia-smi GPU-Util"))
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

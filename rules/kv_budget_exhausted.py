@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvdoctor.kvmath import gmu_for_bytes, smallest_tensor_parallel_size
+from kvdoctor.kvmath import gmu_for_bytes
+from kvdoctor.rule_functions import tp_that_fits
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_text, is_valid, na
 
 
@@ -80,18 +81,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         # the extensible pool is sized after graph capture and warm-up: a gmu that only just fits
         # the reservation fails there (graphs-warmup-left-no-kv); give it the whole GPU
         gmu_needed = 1.0
-    arch, weights, gpus = f["arch"], f["weights_bytes"], f["gpu_count"]
-    tp_alt = None
-    if arch is not None and weights and total and gpus and gmu is not None and mml:
-        tp_alt = smallest_tensor_parallel_size(
-            arch,
-            weights_bytes=weights,
-            gpu_total_bytes=total,
-            gpu_memory_utilization=gmu,
-            visible_gpus=gpus,
-            max_model_len=mml,
-            kv_cache_dtype=f["kv_cache_dtype"] or "auto",
-        )
+    tp_alt = tp_that_fits(f, total, gmu, f["gpu_count"])
     mnbt = _mnbt_fix(f)
 
     fixes: list[Fix] = []

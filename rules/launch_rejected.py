@@ -111,7 +111,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if not fixes and mml_fix:
         fixes = [Fix(flags=mml_fix, why=why)]
     summary = "vLLM would reject this launch before loading the model: " + "; ".join(reasons) + "."
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

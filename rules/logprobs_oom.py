@@ -111,7 +111,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         summary=summary,
         evidence=evidence,
         fixes=[fix] if flags else [],
-        gpus=sorted(set(f["engine_gpus"] or ())),
+        gpus=f["engine_gpus"] or (),
     )
 
 

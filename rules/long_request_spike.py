@@ -182,7 +182,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         summary=f"{head} {advice}",
         evidence=evidence,
         fixes=[Fix(flags=flags, why="; ".join(why))] if flags else [],
-        gpus=sorted(set(f["engine_gpus"] or ())),
+        gpus=f["engine_gpus"] or (),
         severity="critical" if f["runtime_oom"] else None,
     )
 

@@ -85,7 +85,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if cpu is not None:
         evidence.append(Evidence("engine CPU", f"{cpu:.0f} % of a core", "psutil / ps.txt"))
-    return Hit(summary=summary, evidence=evidence, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

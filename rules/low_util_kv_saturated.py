@@ -195,7 +195,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         evidence.append(
             Evidence("running requests trend", f"{trend:+.0f}", "vllm:num_requests_running / stats lines")
         )
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

@@ -166,7 +166,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
                 else "vllm:cache_config_info / 'GPU KV cache size' log line",
             )
         )
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

@@ -207,7 +207,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         summary=summary,
         evidence=evidence,
         fixes=fixes,
-        gpus=sorted(set(f["engine_gpus"] or ())),
+        gpus=f["engine_gpus"] or (),
         severity=None if kv_pressure else "info",
     )
 

@@ -78,7 +78,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             "nvidia-smi Memory-Usage total",
         )
     ]
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

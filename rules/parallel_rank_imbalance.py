@@ -142,9 +142,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         ]
     if not nvml:
         evidence = []
-    return Hit(
-        summary=summary, evidence=[*evidence, *extra], fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ()))
-    )
+    return Hit(summary=summary, evidence=[*evidence, *extra], fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

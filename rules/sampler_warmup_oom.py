@@ -108,7 +108,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             )
         ]
     evidence.append(Evidence("gpu_memory_utilization", na(gmu), na(f["gmu_assumption"])))
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

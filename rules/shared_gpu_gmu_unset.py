@@ -211,7 +211,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     idle = f["idle_headroom_design_bytes"]
     headroom = f" ({gib_text(idle)} GiB here)" if idle is not None else ""
-    gpus = sorted(set(f["engine_gpus"] or ()))
+    gpus = f["engine_gpus"] or ()
     why_critical = _critical(f, t)
     summary = (
         f"gpu_memory_utilization is unset, so this vLLM 0.34 engine (extensible KV cache) takes all the"

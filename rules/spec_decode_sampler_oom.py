@@ -185,7 +185,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         evidence.append(
             Evidence("free at idle", fmt_bytes(idle), "nvidia-smi / NVML memory.total − memory.used")
         )
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

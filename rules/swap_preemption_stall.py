@@ -97,7 +97,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if space:
         evidence.append(Evidence("swap space", f"{space:g} GiB", "--swap-space (V0 default 4)"))
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(

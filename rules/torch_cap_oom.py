@@ -179,7 +179,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         summary=summary,
         evidence=evidence,
         fixes=fixes,
-        gpus=[oom_gpu] if oom_gpu is not None else sorted(set(f["engine_gpus"] or ())),
+        gpus=[oom_gpu] if oom_gpu is not None else f["engine_gpus"] or (),
     )
 
 

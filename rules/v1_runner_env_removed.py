@@ -46,7 +46,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if line is None and not (v34 and env is not None):
         return None
     version = f["vllm_version"] or "≥ 0.34"
-    gpus = sorted(set(f["engine_gpus"] or ()))
+    gpus = f["engine_gpus"] or ()
     fix = Fix(commands=(_UNSET,), why=f"vLLM {version} has only the V2 model runner; {_ENV} has no other use")
     if line is None and str(env).strip() == "1":
         return Hit(

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvdoctor.kvmath import smallest_tensor_parallel_size
-from kvdoctor.rule_functions import gpus_full, gpus_under
+from kvdoctor.rule_functions import gpus_full, gpus_under, tp_that_fits
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid, na
 from kvdoctor.units import GiB
 
@@ -71,23 +70,9 @@ def _budget(f: Facts, total: int | None) -> tuple[float | None, str]:
 def _tp_fit(f: Facts, total: int | None, gpus: int, budget: float | None) -> int | None:
     """The smallest TP whose shards and one request's KV fit each GPU's budget (None when none
     fits or an input is missing)."""
-    arch, weights, mml = f["arch"], f["weights_bytes"], f["max_model_len"]
-    if arch is None or not weights or not total or budget is None or mml is None:
+    if not total or budget is None:
         return None
-    gmu = budget / total
-    try:
-        return smallest_tensor_parallel_size(
-            arch,
-            weights_bytes=weights,
-            gpu_total_bytes=total,
-            gpu_memory_utilization=gmu,
-            visible_gpus=gpus,
-            max_model_len=mml,
-            kv_cache_dtype=f["kv_cache_dtype"] or "auto",
-            block_size=f["block_size"] if f["vllm_v34"] else None,
-        )
-    except (ValueError, TypeError, ZeroDivisionError, KeyError):
-        return None
+    return tp_that_fits(f, total, budget / total, gpus)
 
 
 def check(f: Facts, t: Thresholds) -> Hit | None:
@@ -179,7 +164,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
                 "vllm.log (torch CUDA out of memory)",
             )
         )
-    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))
+    return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=f["engine_gpus"] or ())
 
 
 RULE = Rule(
