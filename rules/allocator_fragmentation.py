@@ -128,6 +128,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs=("log",),
     flags=(_ENV,),
 )

@@ -252,6 +252,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs_any=("log", "gpus"),
     flags=(
         "--gpu-memory-utilization",

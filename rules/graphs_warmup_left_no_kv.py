@@ -268,7 +268,7 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs_any=("log",),
-    explains=("max-model-len-exceeds-kv-capacity", "kv-budget-exhausted"),
+    explains=("max-model-len-exceeds-kv-capacity", "kv-budget-exhausted", "engine-crashed"),
     flags=(
         "--max-model-len",
         "--kv-cache-dtype",

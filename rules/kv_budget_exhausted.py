@@ -175,6 +175,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs_any=("log", "metrics"),
     flags=("--gpu-memory-utilization", "--tensor-parallel-size", "--max-num-batched-tokens"),
 )

@@ -123,6 +123,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs=("log",),
     flags=("--max-num-batched-tokens", "--enable-chunked-prefill"),
 )

@@ -240,6 +240,12 @@ RULE = Rule(
     needs=("log",),
     # long-request-spike: capping max_model_len at a quarter of the KV does not stop a prompt
     # that OOMs in chunked prefill's attention; the step size does (issue 24 kind 4)
-    explains=("allocator-fragmentation", "cuda-graph-capture-oom", "long-request-spike", "torch-cap-oom"),
+    explains=(
+        "allocator-fragmentation",
+        "cuda-graph-capture-oom",
+        "long-request-spike",
+        "torch-cap-oom",
+        "engine-crashed",
+    ),
     flags=("--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-memory-bytes"),
 )

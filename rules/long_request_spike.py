@@ -195,6 +195,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs_any=("metrics", "log"),
     flags=("--max-model-len", "--max-num-batched-tokens", "--enable-chunked-prefill"),
 )

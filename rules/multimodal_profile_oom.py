@@ -160,6 +160,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs=("log",),
     flags=("--limit-mm-per-prompt", "--mm-processor-kwargs", "--max-num-seqs", "--enforce-eager"),
 )

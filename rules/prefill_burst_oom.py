@@ -229,6 +229,6 @@ RULE = Rule(
     needs=("log",),
     # on a 0.34 extensible engine the failed prefill step also hits torch's cap: the step size is
     # the root cause when this rule fires (spec/vllm-0.34.md prefill-burst-oom row, N4)
-    explains=("torch-cap-oom",),
+    explains=("torch-cap-oom", "engine-crashed"),
     flags=("--max-num-batched-tokens", "--enable-chunked-prefill"),
 )

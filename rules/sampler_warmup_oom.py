@@ -119,6 +119,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs=("log",),
     flags=("--max-num-seqs", "--gpu-memory-utilization"),
 )

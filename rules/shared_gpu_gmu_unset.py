@@ -252,6 +252,6 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs_any=("gpus", "log"),
-    explains=("kv-budget-exhausted", "max-model-len-exceeds-kv-capacity"),
+    explains=("kv-budget-exhausted", "max-model-len-exceeds-kv-capacity", "engine-crashed"),
     flags=(GMU, "CUDA_VISIBLE_DEVICES"),
 )

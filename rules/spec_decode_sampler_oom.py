@@ -197,6 +197,6 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("log",),
-    explains=("logprobs-oom",),
+    explains=("logprobs-oom", "engine-crashed"),
     flags=("--max-num-seqs", "--gpu-memory-utilization", "--speculative-config"),
 )

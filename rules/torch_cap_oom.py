@@ -191,6 +191,7 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
     needs=("log",),
     flags=("--max-num-batched-tokens", "--gpu-memory-utilization", "--max-num-seqs"),
 )

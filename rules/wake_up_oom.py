@@ -190,6 +190,6 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("log",),
-    explains=("sleep-memory-not-released",),
+    explains=("sleep-memory-not-released", "engine-crashed"),
     flags=(_GMU,),
 )

@@ -177,6 +177,6 @@ RULE = Rule(
     check=check,
     needs_any=("gpus", "log"),
     # Root cause of these findings when they fire together (reports nest them under this one).
-    explains=("kv-budget-exhausted", "max-model-len-exceeds-kv-capacity"),
+    explains=("kv-budget-exhausted", "max-model-len-exceeds-kv-capacity", "engine-crashed"),
     flags=("--tensor-parallel-size",),
 )

@@ -212,11 +212,9 @@ def _stats(v: Vars, log: LogView, dp_label: str | None) -> None:
 #: two sets against the parser's error kinds.
 RECOGNISED_ERROR_KINDS = frozenset(
     {
-        "cuda_oom",  # the OOM rules (oom_* variables)
         "flashinfer_overflow",  # flashinfer-workspace-overflow
         "free_memory_below_util",  # free_below_util
         "invalid_kv_cache_dtype",  # invalid-kv-cache-dtype
-        "load_model_oom",  # weight_loading_oom
         "max_seq_len_exceeds_kv",  # mml_error
         "no_available_kv_memory",  # no_kv_memory
         "sampler_warmup_oom",  # sampler_oom
@@ -233,6 +231,11 @@ RECOGNISED_ERROR_KINDS = frozenset(
 #: and the engine's death itself; cumem_oom counts through wake_oom (wake-up-oom) in the rule
 UNRECOGNISED_ERROR_KINDS = frozenset(
     {
+        # an OOM a rule reads may still have no rule that claims it (the phase, the frames or
+        # the numbers do not match one): engine-crashed fires, and each OOM rule that does claim
+        # it declares ``explains=("engine-crashed", ...)`` so the crash nests under its cause
+        "cuda_oom",
+        "load_model_oom",
         "engine_failed",
         "vmm_driver_error",
         "kv_hint",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from kvdoctor.rules.engine_crashed import RULE
 
@@ -144,3 +145,33 @@ def test_every_error_kind_of_the_parser_is_classified() -> None:
 
     assert _ERROR_KINDS <= RECOGNISED_ERROR_KINDS | UNRECOGNISED_ERROR_KINDS
     assert not RECOGNISED_ERROR_KINDS & UNRECOGNISED_ERROR_KINDS
+
+
+@pytest.mark.parametrize(
+    "bundle",
+    ["bundles/k4-cudagraph-profiling-near-miss", "bundles/k4-offline-profile-oom-near-miss"],
+)
+def test_a_crash_on_an_oom_no_rule_claims_is_never_ok(bundle: str) -> None:
+    """An engine that died of a CUDA OOM whose phase, frames or numbers match no OOM rule is
+    engine-crashed's (critical), not a silent OK."""
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.report import exit_code
+    from kvdoctor.sources.bundle import load_bundle
+
+    report = Pipeline.load().evaluate(
+        load_bundle(Path(__file__).parent.parent / "data" / bundle).timeline, now=0
+    )
+    assert [(f.rule, f.caused_by) for f in report.findings] == [("engine-crashed", None)]
+    assert exit_code(report) == 2
+
+
+def test_an_oom_a_rule_claims_nests_the_crash_under_it() -> None:
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.sources.bundle import load_bundle
+
+    case = Path(__file__).parent.parent / "data" / "bundles" / "d2-v34-torch-cap-not-fragmentation"
+    report = Pipeline.load().evaluate(load_bundle(case).timeline, now=0)
+    assert [(f.rule, f.caused_by) for f in report.findings] == [
+        ("torch-cap-oom", None),
+        ("engine-crashed", "torch-cap-oom"),
+    ]
