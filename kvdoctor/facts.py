@@ -48,6 +48,11 @@ class SourceError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class SourceUnavailable(SourceError):
+    """A source that cannot exist on this host (NVML with no NVIDIA driver installed): a live
+    reader reports it once as "missing" and does not try it again."""
+
+
 @shared_methods
 @dataclass(repr=False, eq=False)
 class SourceStatus:

@@ -59,6 +59,8 @@ class InputOptions:
     interval_s: float = 1.0
     #: per-source read timeout, seconds (live)
     timeout_s: float = 2.0
+    #: live /metrics: also parse the latency histograms a screen shows (TTFT, ITL; ``watch``)
+    display_histograms: bool = False
 
     @property
     def urls(self) -> list[str]:
@@ -246,6 +248,10 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
         timeout_s=opts.timeout_s,
         use_nvml=not opts.no_nvml,
     )
+    if opts.display_histograms:
+        from kvdoctor.sources.metrics import DISPLAY_HISTOGRAMS
+
+        live.histograms = DISPLAY_HISTOGRAMS
     return LiveFeed(live)
 
 

@@ -38,6 +38,7 @@ from kvdoctor.facts import (
     SourceError,
     SourceStatus,
     SourceStatusValue,
+    SourceUnavailable,
     Timeline,
     VllmLog,
 )
@@ -70,6 +71,9 @@ class LiveOptions:
     use_nvml: bool = True
     use_processes: bool = True
     backoff_max_s: float = 30.0
+    #: /metrics histogram families parsed (None: ``sources.metrics.READ_HISTOGRAMS``; a screen
+    #: that shows latencies passes ``DISPLAY_HISTOGRAMS``)
+    histograms: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -278,9 +282,11 @@ class MetricsSource:
 
     kind = "metrics"
 
-    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0, histograms: tuple[str, ...] | None = None) -> None:
         self.origin = url
         self.timeout_s = timeout_s
+        #: histogram families parsed (None: the default ``READ_HISTOGRAMS``)
+        self.histograms = histograms
         # One HTTP client for every scrape of this endpoint: it keeps the connection alive and
         # its TLS context (~40 ms to build, more than the rest of a sidecar cycle).
         self._client: Any = None
@@ -308,7 +314,10 @@ class MetricsSource:
         from kvdoctor.sources.metrics import parse_metrics, scrape
 
         text, ts = scrape(self.origin, timeout=self.timeout_s, client=self._client)
-        ms = parse_metrics(text, origin=self.origin, timestamp=ts)
+        if self.histograms is None:
+            ms = parse_metrics(text, origin=self.origin, timestamp=ts)
+        else:
+            ms = parse_metrics(text, origin=self.origin, timestamp=ts, histograms=self.histograms)
         prev, self._prev = self._prev, {}
         for m in ms:
             before = prev.get(m.engine)
@@ -473,6 +482,8 @@ class _State:
     started: float = 0.0
     next_attempt: float = 0.0
     reader: _Reader | None = None
+    #: why the source cannot exist on this host (``SourceUnavailable``): not tried again
+    unavailable: str | None = None
 
 
 class Sampler:
@@ -521,7 +532,7 @@ class Sampler:
             if opts.use_processes:
                 base.append(ProcessSource(opts.timeout_s))
             for url in self._fixed_urls:
-                base.append(MetricsSource(url, opts.timeout_s))
+                base.append(MetricsSource(url, opts.timeout_s, opts.histograms))
             if opts.log_path is not None:
                 self._log_source = LogSource(opts.log_path, opts.timeout_s)
                 base.append(self._log_source)
@@ -544,6 +555,9 @@ class Sampler:
 
     def _start(self, st: _State, now: float, statuses: dict[str, SourceStatus]) -> None:
         key = f"{st.source.kind}\0{st.source.origin}"
+        if st.unavailable is not None:
+            statuses[key] = SourceStatus(st.source.kind, st.source.origin, "missing", st.unavailable)
+            return
         if st.future is not None and not st.future.done():
             # The previous read still hangs: do not pile threads up behind it.
             self._fail(st, f"timed out after {st.source.timeout_s:g}s (still running)", now, None)
@@ -586,6 +600,12 @@ class Sampler:
             e = fut.error if fut.error is not None else RuntimeError("no reading")
             if not isinstance(e, Exception):
                 raise e  # KeyboardInterrupt, SystemExit in a read: not a source failure
+            if isinstance(e, SourceUnavailable):
+                # Cannot exist here (no NVIDIA driver): said once, never retried.
+                st.unavailable = _one_line(e)
+                st.health.up, st.health.last_error = False, st.unavailable
+                statuses[key] = SourceStatus(st.source.kind, st.source.origin, "missing", st.unavailable)
+                return
             self._fail(st, _one_line(e), self._clock(), self._clock() - st.started)
             statuses[key] = self._status(st, st.health.last_error or "")
             return
@@ -670,7 +690,9 @@ class Sampler:
         now = self._clock()
         for url in urls:
             if f"metrics\0{url}" not in self._states:
-                self._start(self._add(MetricsSource(url, self.opts.timeout_s)), now, statuses)
+                self._start(
+                    self._add(MetricsSource(url, self.opts.timeout_s, self.opts.histograms)), now, statuses
+                )
 
     def sample(self) -> Snapshot:
         """Read every live source once, concurrently; never raises for a source failure.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from kvdoctor.facts import Gpu, GpuProcess, SourceError
+from kvdoctor.facts import Gpu, GpuProcess, SourceError, SourceUnavailable
 from kvdoctor.sources.nvidia_smi import decode_clock_event_reasons, normalize_bus_id
 
 __all__ = ["NvmlReader", "close", "read_gpus"]
@@ -134,8 +134,11 @@ class NvmlReader:
             self._nvml.nvmlInit()
             self._static, self._names, self._handles, self._slow = {}, {}, {}, {}
         except ImportError as e:
-            raise SourceError(f"NVML unavailable: cannot import pynvml ({e})") from None
+            raise SourceUnavailable(f"NVML unavailable: cannot import pynvml ({e})") from None
         except Exception as e:  # pynvml.NVMLError_* (library not found, driver not loaded, …)
+            if type(e).__name__ == "NVMLError_LibraryNotFound":
+                # No libnvidia-ml on this host: no NVIDIA driver, and none will appear.
+                raise SourceUnavailable(f"NVML unavailable: {e}") from None
             raise SourceError(f"NVML unavailable: {e}") from None
         self._initialised = True
 

@@ -1,71 +1,156 @@
-"""Finding lines (root cause first, as the report orders them) with severity colours and the
-fix on the first line; findings that stopped firing are shown dimmed as resolved."""
+"""The findings panel, which leads the screen: each finding's title in full (wrapped, never
+cut), its fix line, the engine and GPUs it is about, and — where rows are free — its summary.
+Root causes come first, as the report orders them; a consequence sits under its root with "↳".
+Severity is a word ("CRIT", "WARN", "INFO") on its colour; a finding that stopped firing is
+shown, dimmed, as "✓ RESOLVED" for a while.
+
+Detail levels (``level``), most room first: 3 the whole summary and the evidence (one line
+each), 2 the summary wrapped (up to :data:`SUMMARY_LINES` lines), 1 the summary on one line,
+0 no summary (title, fix, scope).
+:func:`rows_needed` says how many rows a level takes, so the layout can give the findings the
+room they need before the GPU cards and engines grow.
+"""
 
 from __future__ import annotations
 
+import io
+import shlex
+from typing import Any
+
+from rich.console import Console
 from rich.text import Text
 
 from kvdoctor.report import fix_lines
 from kvdoctor.watch.controller import FindingRow
 from kvdoctor.watch.panels import SEVERITY_SHORT, SEVERITY_STYLE
 
+#: lines of summary shown at level 2
+SUMMARY_LINES = 3
+#: cells a wrapped continuation line is indented by
+INDENT = 6
+_CONSOLE = Console(file=io.StringIO(), width=400, color_system=None, legacy_windows=False)
+
+
+def _alt_text(alt: Any) -> str:
+    """One fix alternative ``{flags, env, commands, why}`` (dict or object) as one line."""
+
+    def get(name: str) -> Any:
+        return alt.get(name) if isinstance(alt, dict) else getattr(alt, name, None)
+
+    parts: list[str] = []
+    for key, value in dict(get("flags") or {}).items():
+        value = str(value)
+        parts.append(f"{key} {shlex.quote(value)}" if value != "" else str(key))
+    parts += [f"{k}={shlex.quote(str(v))}" for k, v in dict(get("env") or {}).items()]
+    parts += [str(c) for c in list(get("commands") or [])]
+    return " ".join(parts)
+
+
+def fix_text(f: Any) -> str:
+    """The fix line of a finding: the first of its ``fixes`` alternatives when it has them,
+    else its ``suggested_flags`` (``kvdoctor.report.fix_lines``) on one line; "" when none."""
+    fixes = getattr(f, "fixes", None)
+    if fixes:
+        text = _alt_text(fixes[0])
+        if text:
+            return text
+    return " ".join(fix_lines(f))
+
+
+def scope_text(f: Any) -> str:
+    """ "Llama-3.1-8B-Instruct · GPU 0,1": the engine (model name without its org) and GPUs."""
+    scope = []
+    if f.engine:
+        scope.append(f.engine.rsplit("/", 1)[-1])
+    if f.gpus:
+        scope.append("GPU " + ",".join(str(g) for g in f.gpus))
+    return " · ".join(scope)
+
 
 def matches(row: FindingRow, needle: str) -> bool:
-    """True when the filter text occurs in the rule id, title, summary, engine or a fix."""
+    """True when the filter text occurs in the rule id, title, summary, engine or the fix."""
     if not needle:
         return True
     f = row.finding
-    hay = " ".join([f.rule, f.title, f.summary, f.engine or "", *fix_lines(f)]).lower()
+    hay = " ".join([f.rule, f.title, f.summary, f.engine or "", fix_text(f)]).lower()
     return needle.lower() in hay
 
 
-def finding_prompt(row: FindingRow, now: float, two_lines: bool = True, width: int = 0) -> Text:
-    """One finding: "WARN title  Fix: --flag value" then (``two_lines``) the summary, dimmed;
-    each line cut to ``width`` cells (0: not cut)."""
+def _wrap(t: Text, width: int, indent: int, max_lines: int = 0) -> list[Text]:
+    """``t`` wrapped to ``width`` cells, continuation lines indented by ``indent``; at most
+    ``max_lines`` (0: all), the last one ending in "…" when cut."""
+    if width <= 0:
+        return [t]
+    lines = list(t.wrap(_CONSOLE, max(8, width - indent), overflow="fold"))
+    if t.cell_len <= width:
+        lines = [t]
+    out = [lines[0]] + [Text(" " * indent).append_text(line) for line in lines[1:]]
+    for line in out:
+        line.rstrip()
+    if max_lines and len(out) > max_lines:
+        out = out[:max_lines]
+        out[-1].truncate(max(1, width - 1))
+        out[-1].append("…")
+    return out
+
+
+def finding_lines(row: FindingRow, now: float, width: int, level: int = 2) -> list[Text]:
+    """One finding as lines of at most ``width`` cells (0: not wrapped): the severity word and
+    the whole title; "Fix: …" (whole); "[engine · GPU n]" with the summary at ``level`` 1-2."""
     f = row.finding
-    t = Text(no_wrap=True, overflow="ellipsis")
     if row.resolved_at is not None:
         ago = max(0, int(now - row.resolved_at))
+        t = Text()
         t.append(" ✓ RESOLVED ", style="bold black on grey50")
         t.append(f" {f.title}", style="dim strike")
         t.append(f"  {ago}s ago", style="dim")
-        return _cut(t, width)
-    if f.caused_by:
-        # A consequence sits under its root cause (the report orders them so): one fix to read.
-        t.append("  ↳", style="dim")
+        return _wrap(t, width, INDENT, 1 if level < 2 else 2)
+    sub = bool(f.caused_by)
+    pad = "   " if sub else ""
+    indent = INDENT + len(pad)
+    t = Text(pad)
+    if sub:
+        t = Text(" ↳ ", style="dim")
     t.append(
         f" {SEVERITY_SHORT.get(f.severity, f.severity.upper())} ",
         style=SEVERITY_STYLE.get(f.severity, "bold"),
     )
-    fixes = fix_lines(f)
-    if fixes and 0 < width < 110:
-        # Narrow: the fix first, so it survives the cut.
-        t.append(" Fix: ", style="bold green")
-        t.append(" ".join(fixes), style="bold")
-        t.append(" ·")
     t.append(f" {f.title}", style="bold")
-    if f.caused_by:
+    if sub and width >= 120:
         t.append(f"  (follows from {f.caused_by})", style="dim")
-    if fixes and not 0 < width < 110:
-        t.append("  Fix: ", style="bold green")
-        t.append(" ".join(fixes), style="bold")
-    if not two_lines:
-        return _cut(t, width)
-    if two_lines:
-        scope = []
-        if f.engine:
-            scope.append(f.engine.rsplit("/", 1)[-1])
-        if f.gpus:
-            scope.append("GPU " + ",".join(str(g) for g in f.gpus))
-        second = Text("      " if f.caused_by else "   ")
-        if scope:
-            second.append("[" + " · ".join(scope) + "] ", style="dim cyan")
-        second.append(f.summary, style="dim")
-        return Text("\n").join([_cut(t, width), _cut(second, width)])
-    return t
+    out = _wrap(t, width, indent)
+    body = " " * indent
+    fix = fix_text(f)
+    if fix:
+        line = Text(body)
+        line.append("Fix: ", style="bold green")
+        line.append(fix, style="bold")
+        out += _wrap(line, width, indent + 5)
+    scope = scope_text(f)
+    line = Text(body)
+    if scope:
+        line.append(f"[{scope}]", style="cyan")
+    if level >= 1 and f.summary:
+        line.append(" " if scope else "")
+        line.append(f.summary, style="dim")
+    if line.cell_len > len(body):
+        out += _wrap(line, width, indent, {0: 1, 1: 1, 2: SUMMARY_LINES}.get(level, 0))
+    if level >= 3:
+        for e in f.evidence:
+            ev = Text(body + "· ", style="dim")
+            ev.append(f"{e.fact}: ", style="dim")
+            ev.append(e.value)
+            if e.source:
+                ev.append(f"  ({e.source})", style="dim")
+            out += _wrap(ev, width, indent + 2, 1)
+    return out
 
 
-def _cut(t: Text, width: int) -> Text:
-    if width > 0:
-        t.truncate(width, overflow="ellipsis")
-    return t
+def finding_prompt(row: FindingRow, now: float, width: int = 0, level: int = 2) -> Text:
+    """:func:`finding_lines` joined into one multi-line Text (an OptionList prompt)."""
+    return Text("\n").join(finding_lines(row, now, width, level))
+
+
+def rows_needed(rows: list[FindingRow], now: float, width: int, level: int) -> int:
+    """Rows the findings take at ``level`` and ``width`` (at least 1: the "no findings" line)."""
+    return max(1, sum(len(finding_lines(r, now, width, level)) for r in rows))
