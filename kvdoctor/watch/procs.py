@@ -75,10 +75,15 @@ class ProcRow:
 
 def orphan_pids(view: View | None) -> set[int]:
     """Pids the report's ``orphaned-engine-processes`` finding names (firing now): from its
-    summary's ``kill PID …`` (the rule's own list), else its evidence's "pid N (name)"."""
+    summary's ``kill PID …`` (the rule's own list of ints), else its evidence's "pid N (name)";
+    only pids that hold memory on a GPU of this View under a vLLM process name (a process
+    cannot name another pid into the list)."""
     out: set[int] = set()
     if view is None:
         return out
+    from kvdoctor.derive.base import is_vllm_process
+
+    on_gpu = {p.pid for g in view.snapshot.gpus for p in g.processes if is_vllm_process(p.name)}
     for row in view.findings:
         f = row.finding
         if f.rule != ORPHAN_RULE or row.resolved_at is not None:
@@ -90,7 +95,7 @@ def orphan_pids(view: View | None) -> set[int]:
         for e in f.evidence:
             if e.fact == "orphaned processes":
                 out.update(int(x) for x in _PID_RE.findall(e.value[:4096]))
-    return out
+    return out & on_gpu
 
 
 def process_rows(view: View | None, host: dict[int, HostInfo] | None = None) -> list[ProcRow]:
