@@ -70,19 +70,20 @@ def plan_layout(
     busy: list[bool],
     n_engines: int,
     shown: dict[str, bool],
-    findings_rows: tuple[int, ...] = (4, 4, 4, 4),
+    findings_rows: tuple[int, ...] = (4, 4, 4, 4, 4),
 ) -> Layout:
-    """The findings first: with the cards and engines at full size, the findings' evidence too
-    (level 3) if it fits; else the largest GPU-card and engine sizes (4 lines down to 1) that
+    """The findings first: with the cards and engines at full size, the findings' whole
+    summaries and evidence (levels 4, 3) if they fit; else the largest GPU-card and engine sizes (4 lines down to 1) that
     leave the findings every row they need with their summaries (level 2); failing that at the
     next level, down to titles, fixes and scopes (level 0); failing even that, cards and
     engines at one line and the findings scrolling in what is left. ``findings_rows``: rows
-    the findings take at levels 0, 1, 2, 3 (``findings_panel.rows_needed``). Wide screens (≥ 150
+    the findings take at levels 0..4 (``findings_panel.rows_needed``). Wide screens (≥ 150
     columns) put GPU cards in two columns. ``busy``: per card (idle GPUs of one model drawn
     as one card), False for an idle one (one line whatever the size)."""
     header_h = 2 if shown.get("sources", True) else 1
     avail = max(1, height - header_h - 1)
     busy = busy or [True]
+    has_engines = n_engines > 0  # none: one line says so
     n_engines = max(1, n_engines)
     wide = width >= 150
     cols = 2 if (wide and len(busy) >= 2) else 1
@@ -93,10 +94,11 @@ def plan_layout(
     prefs = [(4, 4), (3, 4), (3, 3), (2, 3), (2, 2), (1, 2), (1, 1)]
     for level in range(len(findings_rows) - 1, -1, -1):
         want = findings_rows[level] + 1 if show_f else 0
-        # The evidence (level 3) only fills rows the full-size cards and engines leave free.
+        # Whole summaries and the evidence (levels 3-4) only fill rows the full-size cards and
+        # engines leave free.
         for gl, el in prefs[:1] if level >= 3 else prefs:
             g_h = n_busy_rows * gl + (gpu_rows - n_busy_rows) + 1 if show_g else 0
-            e_h = n_engines * el + 1 if show_e else 0
+            e_h = (n_engines * el + 1 if has_engines else 2) if show_e else 0
             if g_h + e_h + want <= avail:
                 return Layout(gl, cols, el, g_h, e_h, wide, header_h, level)
     # Not even titles and fixes fit: cards and engines at one line; the findings keep at
@@ -183,7 +185,7 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,question_mark,h", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    #help { width: 76; height: auto; max-height: 90%; border: round $accent; padding: 0 1; background: $surface; }
+    #help { width: 84; height: auto; max-height: 90%; border: round $accent; padding: 0 1; background: $surface; }
     """
 
     def compose(self) -> ComposeResult:
@@ -198,9 +200,9 @@ class HelpScreen(ModalScreen[None]):
             ("↑ ↓ j k", "select a finding"),
             ("Enter", "open the finding: evidence, sources, the rule's documentation"),
             ("Esc", "back"),
-            ("b", "write a support bundle, as `kvdoctor bundle` does from these inputs"),
-            ("t", "processes on the GPUs: sort with s; K sends SIGTERM to orphans (live)"),
-            ("p", "pause / resume reading (replay: play / pause; at the end: again)"),
+            ("b", "write a support bundle (as `kvdoctor bundle` from these inputs)"),
+            ("t", "GPU processes: s sorts; K: SIGTERM to orphans (live, asks first)"),
+            ("p", "pause / resume (replay: play / pause; at its end: again)"),
             ("r", "start / stop recording to ./kvdoctor-watch-TIME.jsonl.gz"),
             ("+ -", "longer / shorter interval (replay: slower / faster)"),
             ("1 2 3 4", "show / hide findings, engines, GPUs, sources line"),
@@ -210,7 +212,7 @@ class HelpScreen(ModalScreen[None]):
             ("mouse", "click a finding to open it; click footer keys"),
         ):
             t.add_row(keys, what)
-        legend = Text("\nMemory bar: ")
+        legend = Text("\nMemory bar (a part's word is written in it where it fits): ")
         for part, label in (
             ("weights", "weights"),
             ("kv_cache", "KV cache pool"),
@@ -312,7 +314,7 @@ class ProcessScreen(Screen[None]):
     DEFAULT_CSS = """
     ProcessScreen { layout: vertical; }
     #proc-title { height: 1; }
-    #proc-table { height: 1fr; }
+    #proc-table { height: 1fr; overflow-x: hidden; }
     """
     #: seconds between psutil reads of the shown pids (live)
     HOST_EVERY_S = 2.0
@@ -389,7 +391,7 @@ class ProcessScreen(Screen[None]):
                 Text(r.role, style=role_style),
                 gib(r.gpu_bytes, 2),
                 "–" if r.cpu_percent is None else f"{r.cpu_percent:.0f}",
-                gib(r.rss_bytes, 2),
+                mib_or_gib(r.rss_bytes),
                 procs.fmt_age(r.age_s),
                 r.command[:200],
                 key=f"{r.gpu}:{r.pid}",
@@ -434,6 +436,13 @@ class ProcessScreen(Screen[None]):
         if action == "terminate":
             return self.live
         return True
+
+
+def mib_or_gib(nbytes: int | None) -> str:
+    """ "512M" below 1 GiB, else "6.00G"; "–" when unknown."""
+    if nbytes is None:
+        return "–"
+    return f"{nbytes / 2**20:.0f}M" if nbytes < 2**30 else gib(nbytes, 2)
 
 
 class ConfirmTerminateScreen(ModalScreen[bool]):
@@ -715,7 +724,7 @@ class WatchApp(App[None]):
         rows = self._shown_rows()
         now = v.now if v else 0.0
         width = self._findings_width()
-        need = tuple(findings_panel.rows_needed(rows, now, width, lv) for lv in (0, 1, 2, 3))
+        need = tuple(findings_panel.rows_needed(rows, now, width, lv) for lv in findings_panel.LEVELS)
         if self._filter.has_class("-on"):
             need = tuple(n + 1 for n in need)
         lay = plan_layout(self.size.width or 80, self.size.height or 24, busy, n_e, self.shown, need)
@@ -747,9 +756,18 @@ class WatchApp(App[None]):
         if keep is None and ol.highlighted is not None and ol.highlighted < len(self._rows):
             keep = self._rows[ol.highlighted].key
         self._rows = rows
-        level = self.layout_plan.findings_level if self.layout_plan is not None else 2
+        lay = self.layout_plan
+        level = lay.findings_level if lay is not None else 2
         width = self._findings_width()
-        prompts = [findings_panel.finding_prompt(r, v.now if v else 0, width, level) for r in rows]
+        now = v.now if v else 0.0
+        room = 0
+        if lay is not None:
+            room = (self.size.height or 24) - lay.header_height - 1 - lay.gpu_height - lay.engine_height - 1
+            room -= 1 if self._filter.has_class("-on") else 0
+        caps = findings_panel.summary_caps(rows, now, width, level, room)
+        prompts = [
+            findings_panel.finding_prompt(r, now, width, level, c) for r, c in zip(rows, caps, strict=True)
+        ]
         fkey = (tuple(p.markup for p in prompts), self.filter_text, v is None)
         if fkey == self._findings_key:
             return  # unchanged: rebuilding the list would redraw it for nothing
@@ -932,6 +950,8 @@ class WatchApp(App[None]):
         while the filter box has the focus (it takes the arrows and letters); a static input
         (a bundle: one state) has no pause, record or interval either."""
         c = self.controller
+        if self.screen.id != "_default" and action not in ("quit", "help", "pop_screen"):
+            return False  # the main screen's keys: not on the process, detail or help screens
         if action in self.REPLAY_ACTIONS:
             return c.replay and not isinstance(self.focused, Input)
         if action in self.READING_ACTIONS and c.static:

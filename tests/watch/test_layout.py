@@ -102,21 +102,23 @@ def test_replay_says_when_it_has_ended(demo_feed, pipeline):
 
 def test_plan_gives_findings_their_rows_before_cards_grow():
     shown = dict.fromkeys(("gpus", "engines", "findings", "sources"), True)
-    # 6 cards (8 GPUs, 3 idle ones on one line), one engine, findings needing 10/16/20/30 rows
-    need = (10, 16, 20, 30)
+    # 6 cards (8 GPUs, 3 idle ones on one line), one engine, findings needing 10/16/20/26/30 rows
+    need = (10, 16, 20, 26, 30)
     small = plan_layout(80, 24, [True, False, True, True, True, True], 1, shown, need)
     assert small.gpu_lines == 1 and small.findings_level == 0
     assert 24 - 1 - small.header_height - small.gpu_height - small.engine_height >= need[0] + 1
     mid = plan_layout(120, 40, [True, False, True, True, True, True], 1, shown, need)
     assert mid.findings_level == 2  # summaries before bigger cards
     assert 40 - 1 - mid.header_height - mid.gpu_height - mid.engine_height >= need[2] + 1
-    # Room to spare: cards at full size, and the evidence too.
+    # Room to spare: cards at full size, and the whole summaries and evidence too.
     big = plan_layout(200, 80, [True, False, True, True, True, True], 1, shown, need)
-    assert big.gpu_lines == 4 and big.engine_lines == 4 and big.findings_level == 3
+    assert big.gpu_lines == 4 and big.engine_lines == 4 and big.findings_level == 4
+    just = plan_layout(200, 60, [True, False, True, True, True, True], 1, shown, (10, 16, 20, 22, 60))
+    assert just.gpu_lines == 4 and just.findings_level == 3
     # Not even titles fit: one-line cards, and the findings still get their rows.
-    tight = plan_layout(80, 24, [True, False, True, True, True, True], 1, shown, (40, 40, 40, 40))
+    tight = plan_layout(80, 24, [True, False, True, True, True, True], 1, shown, (40, 40, 40, 40, 40))
     assert tight.gpu_lines == 1 and tight.findings_level == 0
     assert 24 - 1 - tight.header_height - tight.gpu_height - tight.engine_height >= 5
     # No findings: the cards and engines take the rows.
-    none = plan_layout(120, 40, [True, False, True, True, True, True], 1, shown, (1, 1, 1, 1))
+    none = plan_layout(120, 40, [True, False, True, True, True, True], 1, shown, (1, 1, 1, 1, 1))
     assert none.gpu_lines >= 3

@@ -80,9 +80,9 @@ def _kv(e: EngineStats, width: int, spark: int) -> Text:
     kv.append(f" {pct(e.kv_usage)}", style="bold")
     if e.kv_capacity_tokens:
         kv.append(f" of {_n(e.kv_capacity_tokens)} tok", style="dim")
-    if spark and e.kv_history:
-        kv.append(" ")
-        kv.append(sparkline(e.kv_history, spark), style="green3")
+    if spark > 12 and e.kv_history:
+        kv.append("  window ", style="dim")  # KV usage over the pipeline's window, oldest first
+        kv.append(sparkline(e.kv_history, spark - 9), style="green3")
     return kv
 
 

@@ -4,9 +4,10 @@ Root causes come first, as the report orders them; a consequence sits under its 
 Severity is a word ("CRIT", "WARN", "INFO") on its colour; a finding that stopped firing is
 shown, dimmed, as "✓ RESOLVED" for a while.
 
-Detail levels (``level``), most room first: 3 the whole summary and the evidence (one line
-each), 2 the summary wrapped (up to :data:`SUMMARY_LINES` lines), 1 the summary on one line,
-0 no summary (title, fix, scope).
+Detail levels (``level``), most room first: 4 the whole summary and the evidence (one line
+each), 3 the whole summary, 2 the summary wrapped up to :data:`SUMMARY_LINES` lines, 1 the
+summary on one line, 0 no summary (title, fix, scope). ``summary_lines`` overrides the level's
+cap for one finding, so rows left over can lengthen the summaries that were cut.
 :func:`rows_needed` says how many rows a level takes, so the layout can give the findings the
 room they need before the GPU cards and engines grow.
 """
@@ -94,9 +95,18 @@ def _wrap(t: Text, width: int, indent: int, max_lines: int = 0) -> list[Text]:
     return out
 
 
-def finding_lines(row: FindingRow, now: float, width: int, level: int = 2) -> list[Text]:
+#: summary lines per level (0: no summary; None: all of it)
+LEVEL_SUMMARY: dict[int, int | None] = {0: 0, 1: 1, 2: SUMMARY_LINES, 3: None, 4: None}
+LEVELS = tuple(sorted(LEVEL_SUMMARY))
+
+
+def finding_lines(
+    row: FindingRow, now: float, width: int, level: int = 2, summary_lines: int | None = -1
+) -> list[Text]:
     """One finding as lines of at most ``width`` cells (0: not wrapped): the severity word and
-    the whole title; "Fix: …" (whole); "[engine · GPU n]" with the summary at ``level`` 1-2."""
+    the whole title; "Fix: …" (whole); "[engine · GPU n]" with the summary (lines as
+    ``level`` says, or ``summary_lines``: 0 none, None all); the evidence at level 4."""
+    cap = LEVEL_SUMMARY.get(level, None) if summary_lines == -1 else summary_lines
     f = row.finding
     if row.resolved_at is not None:
         ago = max(0, int(now - row.resolved_at))
@@ -104,7 +114,7 @@ def finding_lines(row: FindingRow, now: float, width: int, level: int = 2) -> li
         t.append(" ✓ RESOLVED ", style="bold black on grey50")
         t.append(f" {f.title}", style="dim strike")
         t.append(f"  {ago}s ago", style="dim")
-        return _wrap(t, width, INDENT, 1 if level < 2 else 2)
+        return _wrap(t, width, INDENT, 1)
     sub = bool(f.caused_by)
     pad = "   " if sub else ""
     indent = INDENT + len(pad)
@@ -130,12 +140,12 @@ def finding_lines(row: FindingRow, now: float, width: int, level: int = 2) -> li
     line = Text(body)
     if scope:
         line.append(f"[{scope}]", style="cyan")
-    if level >= 1 and f.summary:
+    if cap != 0 and f.summary:
         line.append(" " if scope else "")
         line.append(f.summary, style="dim")
     if line.cell_len > len(body):
-        out += _wrap(line, width, indent, {0: 1, 1: 1, 2: SUMMARY_LINES}.get(level, 0))
-    if level >= 3:
+        out += _wrap(line, width, indent, cap if cap else (1 if cap == 0 else 0))
+    if level >= 4:
         for e in f.evidence:
             ev = Text(body + "· ", style="dim")
             ev.append(f"{e.fact}: ", style="dim")
@@ -146,9 +156,31 @@ def finding_lines(row: FindingRow, now: float, width: int, level: int = 2) -> li
     return out
 
 
-def finding_prompt(row: FindingRow, now: float, width: int = 0, level: int = 2) -> Text:
+def finding_prompt(
+    row: FindingRow, now: float, width: int = 0, level: int = 2, summary_lines: int | None = -1
+) -> Text:
     """:func:`finding_lines` joined into one multi-line Text (an OptionList prompt)."""
-    return Text("\n").join(finding_lines(row, now, width, level))
+    return Text("\n").join(finding_lines(row, now, width, level, summary_lines))
+
+
+def summary_caps(rows: list[FindingRow], now: float, width: int, level: int, room: int) -> list[int | None]:
+    """Summary lines per finding at ``level`` when ``room`` rows are there: the level's cap,
+    and the rows left over given to the summaries it cut, first finding first."""
+    base = LEVEL_SUMMARY.get(level, None)
+    caps: list[int | None] = [base] * len(rows)
+    if base is None:
+        return caps
+    spare = room - rows_needed(rows, now, width, level)
+    for i, r in enumerate(rows):
+        if spare <= 0:
+            break
+        full = len(finding_lines(r, now, width, level, None))
+        short = len(finding_lines(r, now, width, level, base))
+        extra = min(spare, full - short)
+        if extra > 0:
+            caps[i] = (base or 1) + extra
+            spare -= extra
+    return caps
 
 
 def rows_needed(rows: list[FindingRow], now: float, width: int, level: int) -> int:
