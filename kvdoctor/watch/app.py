@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -728,6 +728,13 @@ class WatchApp(App[None]):
         if self._filter.has_class("-on"):
             need = tuple(n + 1 for n in need)
         lay = plan_layout(self.size.width or 80, self.size.height or 24, busy, n_e, self.shown, need)
+        if v is not None:
+            # A panel shorter than planned ("No GPUs: …", an engine without /metrics) gives its
+            # rows back to the findings.
+            w = self.size.width or 80
+            g_n = len(gpus_panel.render(v, w, lay.gpu_lines, lay.gpu_columns).plain.split("\n")) + 1
+            e_n = len(engines_panel.render(v, w, lay.engine_lines).plain.split("\n")) + 1
+            lay = replace(lay, gpu_height=min(lay.gpu_height, g_n), engine_height=min(lay.engine_height, e_n))
         self.layout_plan = lay
         gp, ep = self._w["gpus"], self._w["engines"]
         key = (lay, tuple(self.shown.values()))

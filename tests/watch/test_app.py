@@ -355,3 +355,28 @@ def test_bundle_input_reads_to_the_end_and_shows_its_findings(pipeline):
             await pilot.press("q")
 
     run(go())
+
+
+def test_no_nvidia_driver_is_shown_as_unavailable(pipeline):
+    """A host without the driver: the sources line and the GPU panel say NVML is unavailable
+    (the sampler reports it "missing" once and does not retry it: tests/test_sampler.py)."""
+    from kvdoctor.facts import SourceStatus
+
+    why = "NVML unavailable: NVML Shared Library Not Found"
+
+    class NoDriver(_LiveFeed):
+        def next(self) -> Snapshot:
+            snap = super().next()
+            snap.sources = [SourceStatus("nvml", "NVML", "missing", why)]
+            return snap
+
+    async def go():
+        app = WatchApp(NoDriver(), pipeline, interval_s=0.25, host="test-host")
+        async with app.run_test(size=(120, 30)) as pilot:
+            await wait_for(pilot, lambda: app.views_seen >= 2)
+            assert f"– nvml ({why})" in _header(app) and "✗" not in _header(app)
+            assert str(app.query_one("#gpus").render()) == f"No GPUs: {why}"
+            assert app.query_one("#gpus").outer_size.height == 2  # the rest goes to the findings
+            await pilot.press("q")
+
+    run(go())

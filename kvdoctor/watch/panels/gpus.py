@@ -109,7 +109,7 @@ def _title(b: GpuBreakdown, view: View, width: int) -> Text:
     if g is not None:
         if g.temperature_c is not None:
             hot = g.temperature_c >= 85
-            t.append(f"{g.temperature_c:.0f}°C ", style="bold red" if hot else "")
+            t.append(f"{g.temperature_c:.0f}°C{' hot' if hot else ''} ", style="bold red" if hot else "")
         if g.power_w is not None:
             lim = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
             t.append(f"{g.power_w:.0f}{lim}W ")

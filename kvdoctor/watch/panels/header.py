@@ -119,7 +119,7 @@ def render(
             if r.status.status == "error":
                 s.append(f"{_short_origin(r.status.origin)}: {r.status.detail} ", style="red1")
             elif r.status.status == "missing" and r.status.kind in ("nvml", "nvidia-smi") and r.status.detail:
-                s.append(f"unavailable ({r.status.detail[:60]}) ", style="dim")
+                s.append(f"({r.status.detail[:60]}) ", style="dim")  # said once, not retried
             elif r.last_error and r.last_error_at is not None:
                 ago = max(0, int(view.now - r.last_error_at))
                 s.append(f"(last error {ago}s ago: {r.last_error[:40]}) ", style="dim yellow")
