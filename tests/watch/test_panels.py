@@ -1,0 +1,62 @@
+"""Panel renderers on their own: the fix line (``suggested_flags`` today, the first of
+``fixes`` alternatives when a finding has them), wrapping that never cuts a title, the bar's
+words, the header clock."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvdoctor.breakdown import GpuBreakdown, MemoryPart
+from kvdoctor.findings import Finding
+from kvdoctor.watch.controller import FindingRow
+from kvdoctor.watch.panels.findings import finding_lines, fix_text, rows_needed
+from kvdoctor.watch.panels.gpus import memory_bar
+
+GiB = 2**30
+
+
+def _finding(**kw) -> Finding:
+    base = dict(
+        rule="r", severity="warning", family="K", title="t", summary="s", engine="org/model", gpus=[0]
+    )
+    base.update(kw)
+    return Finding(**base)
+
+
+def test_fix_line_from_flags_and_from_the_first_alternative():
+    f = _finding(suggested_flags={"--max-num-seqs": "26", "--enforce-eager": ""})
+    assert fix_text(f) == "--max-num-seqs 26 --enforce-eager"
+    f.fixes = [  # type: ignore[attr-defined]
+        {
+            "flags": {"--kv-cache-dtype": "fp8"},
+            "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        },
+        {"flags": {"--max-num-seqs": "26"}},
+    ]
+    assert fix_text(f) == "--kv-cache-dtype fp8 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    f.fixes = [SimpleNamespace(flags={}, env={}, commands=["kill 4242"], why="")]  # type: ignore[attr-defined]
+    assert fix_text(f) == "kill 4242"
+    assert fix_text(_finding()) == ""
+
+
+def test_a_long_title_wraps_whole_and_levels_order_the_rows():
+    title = "A title long enough to need two lines at forty columns, never cut"
+    row = FindingRow(_finding(title=title, summary="word " * 60, suggested_flags={"--x": "1"}), 0.0)
+    lines = [str(t) for t in finding_lines(row, 0.0, 40, level=0)]
+    assert all(len(x) <= 40 for x in lines)
+    assert " ".join(" ".join(lines).split()).startswith(f"WARN {title}")
+    assert "…" not in " ".join(lines[:2])
+    counts = [rows_needed([row], 0.0, 40, lv) for lv in range(5)]
+    assert counts == sorted(counts) and counts[3] > counts[2] > counts[1]
+
+
+def test_bar_names_its_parts():
+    b = GpuBreakdown(
+        0,
+        "L40S",
+        45 * GiB,
+        38 * GiB,
+        parts=[MemoryPart("foreign", 38 * GiB, "nvml"), MemoryPart("free", 7 * GiB, "nvml")],
+    )
+    assert "foreign" in memory_bar(b, 40).plain
+    assert "foreign" not in memory_bar(b, 8).plain  # no room: the legend and colour carry it
