@@ -635,7 +635,8 @@ def write_bundle(
     """Write a whole support bundle from what was read: the given input files copied (``opts``,
     :class:`kvdoctor.inputs.InputOptions`, redacted), the Timeline's facts rendered for what no
     file gave (``raw_metrics`` as in :func:`render_facts`), on a ``live`` host the tools of
-    :data:`LIVE_TOOLS`, the latest sources' errors, and ``manifest.json``; then moved to
+    :data:`LIVE_TOOLS`, the latest sources' errors (and sources missing with a reason, such as
+    NVML on a host without the driver), and ``manifest.json``; then moved to
     ``out`` (directory or ``.tar.gz``). Used by ``kvdoctor bundle`` and watch's ``b`` key.
     Returns the manifest. Raises OSError when ``out`` cannot be written."""
     manifest = Manifest(input=source)
@@ -649,7 +650,8 @@ def write_bundle(
             run_tools(root, manifest)
         latest = timeline.latest
         for st in latest.sources if latest is not None else []:
-            if st.status == "error":
-                manifest.add("", st.kind, st.origin, "error", st.detail)
+            # what failed, and what cannot exist here (NVML with no driver: "missing", why)
+            if st.status == "error" or (st.status == "missing" and st.detail):
+                manifest.add("", st.kind, st.origin, st.status, st.detail)
         finish(root, manifest, out)
     return manifest

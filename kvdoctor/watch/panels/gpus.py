@@ -148,12 +148,14 @@ def _legend(b: GpuBreakdown, width: int) -> Text:
     return t
 
 
-def _processes(b: GpuBreakdown, width: int) -> Text:
+def _processes(b: GpuBreakdown, width: int, orphans: set[int] | frozenset[int] = frozenset()) -> Text:
     t = Text(" ")
     if not b.processes:
         t.append("no processes", style="dim")
     for p, kind in sorted(b.processes, key=lambda pk: -(pk[0].used_bytes or 0)):
-        style = {"foreign": "red1", "other_engine": "orange1"}.get(kind, "")
+        if p.pid in orphans:
+            kind = "orphan"  # the report's word for it (orphaned-engine-processes)
+        style = {"foreign": "red1", "other_engine": "orange1", "orphan": "bold red1"}.get(kind, "")
         t.append(f"{p.pid} ", style="dim")
         t.append(f"{(p.name or '?')[:28]} ", style=style)
         t.append(f"{gib(p.used_bytes)}", style="bold")
@@ -224,7 +226,9 @@ def card(b: GpuBreakdown, view: View, width: int, lines: int) -> list[Text]:
     if lines >= 3:
         out.append(_legend(b, width))
     if lines >= 4:
-        out.append(_processes(b, width))
+        from kvdoctor.watch.procs import orphan_pids
+
+        out.append(_processes(b, width, orphan_pids(view)))
     return out
 
 
