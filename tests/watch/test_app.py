@@ -50,7 +50,7 @@ def test_demo_shows_the_incident_findings(demo_feed, pipeline):
             engines = str(app.query_one("#engines").render())
             assert "194,384 tok" in engines and "preempt" in engines and "/min" in engines
             assert "8.3k tok/s" in engines and "74 tok/s" in engines and "0.15 req/s" in engines
-            assert "TTFT p50 12.2s p99 19.8s" in engines
+            assert "TTFT p50 12.2s p99 19.8s" in engines and "ITL p50 61ms p99 99ms" in engines
 
     run(go())
 
