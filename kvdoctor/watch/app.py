@@ -575,6 +575,8 @@ class WatchApp(App[None]):
         self._findings_key: Any = None
         self._findings_rows: list[Any] = []
         self._rows: list[FindingRow] = []
+        #: rows each shown finding takes per detail level (findings_panel.level_rows)
+        self._counts: list[tuple[int, ...]] = []
         self._last_post = time.monotonic()
         self._rules = {r.id: r for r in pipeline.rules}
 
@@ -724,7 +726,8 @@ class WatchApp(App[None]):
         rows = self._shown_rows()
         now = v.now if v else 0.0
         width = self._findings_width()
-        need = tuple(findings_panel.rows_needed(rows, now, width, lv) for lv in findings_panel.LEVELS)
+        self._counts = [findings_panel.level_rows(r, now, width) for r in rows]
+        need = findings_panel.rows_by_level(self._counts)
         if self._filter.has_class("-on"):
             need = tuple(n + 1 for n in need)
         lay = plan_layout(self.size.width or 80, self.size.height or 24, busy, n_e, self.shown, need)
@@ -771,7 +774,10 @@ class WatchApp(App[None]):
         if lay is not None:
             room = (self.size.height or 24) - lay.header_height - 1 - lay.gpu_height - lay.engine_height - 1
             room -= 1 if self._filter.has_class("-on") else 0
-        caps = findings_panel.summary_caps(rows, now, width, level, room)
+        counts = self._counts if len(self._counts) == len(rows) else []
+        if not counts:
+            counts = [findings_panel.level_rows(r, now, width) for r in rows]
+        caps = findings_panel.summary_caps(rows, counts, level, room)
         prompts = [
             findings_panel.finding_prompt(r, now, width, level, c) for r, c in zip(rows, caps, strict=True)
         ]

@@ -60,3 +60,21 @@ def test_bar_names_its_parts():
     )
     assert "foreign" in memory_bar(b, 40).plain
     assert "foreign" not in memory_bar(b, 8).plain  # no room: the legend and colour carry it
+
+
+def test_level_rows_are_the_rows_each_level_draws(demo_feed, pipeline):
+    """The layout's row counts (two wraps per finding) equal what each level draws."""
+    from kvdoctor.watch.controller import Controller
+    from kvdoctor.watch.panels.findings import LEVELS, level_rows
+
+    views = []
+    c = Controller(demo_feed, pipeline, views.append)
+    c.loop.paused.set()
+    c.seek(150)
+    rows = views[-1].findings + [FindingRow(_finding(title="resolved", summary="x " * 90), 0.0, 1.0)]
+    rows.append(FindingRow(_finding(engine=None, gpus=[], summary="no scope " * 30), 0.0))
+    for width in (40, 77, 117, 197):
+        for r in rows:
+            drawn = tuple(len(finding_lines(r, 0.0, width, lv)) for lv in LEVELS)
+            assert level_rows(r, 0.0, width) == drawn, (width, r.finding.rule)
+    c.stop()

@@ -163,20 +163,43 @@ def finding_prompt(
     return Text("\n").join(finding_lines(row, now, width, level, summary_lines))
 
 
-def summary_caps(rows: list[FindingRow], now: float, width: int, level: int, room: int) -> list[int | None]:
+def level_rows(row: FindingRow, now: float, width: int) -> tuple[int, ...]:
+    """Rows one finding takes at each level of :data:`LEVELS` (two wraps, not one per level)."""
+    low = len(finding_lines(row, now, width, 0))
+    if row.resolved_at is not None:
+        return (low,) * len(LEVELS)
+    high = len(finding_lines(row, now, width, 4))
+    f = row.finding
+    whole = high - len(f.evidence)  # level 3: the whole summary
+    head = low - (1 if scope_text(f) else 0)  # title and fix lines
+    summary = whole - head  # the summary's lines (with the scope that leads it)
+    out = []
+    for level in LEVELS:
+        cap = LEVEL_SUMMARY[level]
+        if level >= 4:
+            out.append(high)
+        elif cap is None:
+            out.append(whole)
+        else:
+            out.append(head + max(min(cap, summary), low - head))
+    return tuple(out)
+
+
+def summary_caps(
+    rows: list[FindingRow], counts: list[tuple[int, ...]], level: int, room: int
+) -> list[int | None]:
     """Summary lines per finding at ``level`` when ``room`` rows are there: the level's cap,
-    and the rows left over given to the summaries it cut, first finding first."""
+    and the rows left over given to the summaries it cut, first finding first. ``counts``:
+    :func:`level_rows` of each finding."""
     base = LEVEL_SUMMARY.get(level, None)
     caps: list[int | None] = [base] * len(rows)
     if base is None:
         return caps
-    spare = room - rows_needed(rows, now, width, level)
-    for i, r in enumerate(rows):
+    spare = room - sum(c[level] for c in counts)
+    for i, c in enumerate(counts):
         if spare <= 0:
             break
-        full = len(finding_lines(r, now, width, level, None))
-        short = len(finding_lines(r, now, width, level, base))
-        extra = min(spare, full - short)
+        extra = min(spare, c[3] - c[level])  # up to the whole summary
         if extra > 0:
             caps[i] = (base or 1) + extra
             spare -= extra
@@ -186,3 +209,9 @@ def summary_caps(rows: list[FindingRow], now: float, width: int, level: int, roo
 def rows_needed(rows: list[FindingRow], now: float, width: int, level: int) -> int:
     """Rows the findings take at ``level`` and ``width`` (at least 1: the "no findings" line)."""
     return max(1, sum(len(finding_lines(r, now, width, level)) for r in rows))
+
+
+def rows_by_level(counts: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """Rows all findings take at each level (at least 1: the "no findings" line), from
+    :func:`level_rows` of each."""
+    return tuple(max(1, sum(c[i] for c in counts)) for i in range(len(LEVELS)))
