@@ -261,8 +261,19 @@ class DetailScreen(Screen[None]):
         if self.row.resolved_at is not None and self.view_ is not None:
             head.append(f"  (resolved {int(self.view_.now - self.row.resolved_at)}s ago)", style="dim")
         parts: list[RenderableType] = [head, Text("")]
+        alternatives = list(getattr(f, "fixes", None) or [])
         fixes = fix_lines(f)
-        if fixes:
+        if alternatives:
+            # Alternatives in the rule's order; the first is the fix line of the list.
+            for i, alt in enumerate(alternatives):
+                fix = Text("Fix: " if i == 0 else "  or ", style="bold green")
+                fix.append(findings_panel.alt_text(alt), style="bold")
+                why = alt.get("why") if isinstance(alt, dict) else getattr(alt, "why", None)
+                if why:
+                    fix.append(f"  — {why}", style="dim")
+                parts.append(fix)
+            parts.append(Text(""))
+        elif fixes:
             fix = Text("Fix: ", style="bold green")
             fix.append("\n     ".join(fixes), style="bold")
             parts += [fix, Text("")]
@@ -326,6 +337,7 @@ class ProcessScreen(Screen[None]):
         self.sort_by = "gpu_bytes"
         self.rows: list[procs.ProcRow] = []
         self._host: dict[int, procs.HostInfo] = {}
+        self._load: procs.HostLoad | None = None
         self._reader = procs.HostReader() if live else None
 
     def compose(self) -> ComposeResult:
@@ -352,12 +364,13 @@ class ProcessScreen(Screen[None]):
 
         def work() -> None:
             host = reader.read(pids)
-            self.app.call_from_thread(self._took_host, host)
+            load = procs.host_load()
+            self.app.call_from_thread(self._took_host, host, load)
 
         self.run_worker(work, thread=True, group="host", exclusive=True)
 
-    def _took_host(self, host: dict[int, procs.HostInfo]) -> None:
-        self._host = host
+    def _took_host(self, host: dict[int, procs.HostInfo], load: procs.HostLoad | None) -> None:
+        self._host, self._load = host, load
         self._fill()
 
     def update_view(self, view: View) -> None:
@@ -373,6 +386,11 @@ class ProcessScreen(Screen[None]):
         title = Text(" Processes on the GPUs", style="bold")
         heading = dict(procs.COLUMNS)[self.sort_by]
         title.append(f" — sorted by {heading} (s)", style="dim")
+        load = self._load
+        if load is not None:
+            cpu = "–" if load.cpu_percent is None else f"{load.cpu_percent:.0f}%"
+            title.append(f"  host CPU {cpu} of {load.cores} cores · RAM ")
+            title.append(f"{gib(load.mem_used_bytes)}/{gib(load.mem_total_bytes)}")
         n_orphan = sum(1 for r in rows if r.role == "orphan")
         if n_orphan:
             title.append(f"  {n_orphan} orphan(s)", style="bold red1")

@@ -143,6 +143,32 @@ def process_rows(view: View | None, host: dict[int, HostInfo] | None = None) -> 
     return rows
 
 
+@dataclass
+class HostLoad:
+    """The host as nvitop's header shows it: ``cpu_percent`` of all cores (0..100 since the
+    previous read), ``mem_used_bytes`` / ``mem_total_bytes`` (psutil ``virtual_memory``:
+    total − available), ``cores``."""
+
+    cpu_percent: float | None
+    mem_used_bytes: int
+    mem_total_bytes: int
+    cores: int
+
+
+def host_load() -> HostLoad | None:
+    """This host's CPU and memory now (psutil ``cpu_percent(None)``, ``virtual_memory()``,
+    ``cpu_count()``); None when psutil cannot read them."""
+    import psutil
+
+    try:
+        vm = psutil.virtual_memory()
+        return HostLoad(
+            psutil.cpu_percent(None), int(vm.total - vm.available), int(vm.total), psutil.cpu_count() or 0
+        )
+    except (OSError, RuntimeError):
+        return None
+
+
 class HostReader:
     """psutil figures of a few pids (the GPU processes), for the live process view. CPU % is
     psutil's ``cpu_percent()`` since the previous call on the same Process object (the first

@@ -78,3 +78,15 @@ def test_level_rows_are_the_rows_each_level_draws(demo_feed, pipeline):
             drawn = tuple(len(finding_lines(r, 0.0, width, lv)) for lv in LEVELS)
             assert level_rows(r, 0.0, width) == drawn, (width, r.finding.rule)
     c.stop()
+
+
+def test_detail_lists_every_fix_alternative():
+    from kvdoctor.watch.app import DetailScreen
+
+    f = _finding(suggested_flags={"--max-num-seqs": "26"})
+    f.fixes = [  # type: ignore[attr-defined]
+        {"flags": {"--max-num-seqs": "26"}, "why": "fewer sequences, each with its KV"},
+        {"flags": {"--kv-cache-dtype": "fp8"}, "why": "about 2x the tokens"},
+    ]
+    text = "\n".join(str(p) for p in DetailScreen(FindingRow(f, 0.0), None, None)._parts())
+    assert "Fix: --max-num-seqs 26  — fewer sequences" in text and "  or --kv-cache-dtype fp8" in text

@@ -80,6 +80,9 @@ def test_process_view_and_sigterm_after_confirmation(pipeline):
                 assert row.gpu_bytes == 19 * GiB and row.rss_bytes and "# orphan" in row.command
                 text = "\n".join(screen_lines(app.export_screenshot()))
                 assert "ORPHAN" not in text and "orphan" in text and "K sends SIGTERM" in text
+                await wait_for(pilot, lambda: screen._load is not None)
+                screen._fill()
+                assert "host CPU" in str(screen.query_one("#proc-title").render())
                 # sorted by GPU memory (biggest first), then s cycles the column
                 assert [r.pid for r in screen.rows] == [orphan.pid, job.pid]
                 await pilot.press("s")

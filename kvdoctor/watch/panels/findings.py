@@ -32,7 +32,7 @@ INDENT = 6
 _CONSOLE = Console(file=io.StringIO(), width=400, color_system=None, legacy_windows=False)
 
 
-def _alt_text(alt: Any) -> str:
+def alt_text(alt: Any) -> str:
     """One fix alternative ``{flags, env, commands, why}`` (dict or object) as one line."""
 
     def get(name: str) -> Any:
@@ -52,7 +52,7 @@ def fix_text(f: Any) -> str:
     else its ``suggested_flags`` (``kvdoctor.report.fix_lines``) on one line; "" when none."""
     fixes = getattr(f, "fixes", None)
     if fixes:
-        text = _alt_text(fixes[0])
+        text = alt_text(fixes[0])
         if text:
             return text
     return " ".join(fix_lines(f))
