@@ -59,7 +59,8 @@ class InputOptions:
     interval_s: float = 1.0
     #: per-source read timeout, seconds (live)
     timeout_s: float = 2.0
-    #: live /metrics: also parse the latency histograms a screen shows (TTFT, ITL; ``watch``)
+    #: /metrics (live, bundle, files): also parse the latency histograms a screen shows (TTFT,
+    #: ITL; ``watch``)
     display_histograms: bool = False
 
     @property
@@ -248,11 +249,18 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
         timeout_s=opts.timeout_s,
         use_nvml=not opts.no_nvml,
     )
-    if opts.display_histograms:
-        from kvdoctor.sources.metrics import DISPLAY_HISTOGRAMS
-
-        live.histograms = DISPLAY_HISTOGRAMS
+    live.histograms = _histograms(opts)
     return LiveFeed(live)
+
+
+def _histograms(opts: InputOptions) -> tuple[str, ...] | None:
+    """The /metrics histogram families to parse: the display set for ``watch`` (TTFT, ITL),
+    else None (the default set the rules read)."""
+    if not opts.display_histograms:
+        return None
+    from kvdoctor.sources.metrics import DISPLAY_HISTOGRAMS
+
+    return DISPLAY_HISTOGRAMS
 
 
 def _bundle_label(opts: InputOptions) -> str:
@@ -264,7 +272,7 @@ def _load_bundle(opts: InputOptions, raw_sink: Callable[[float, str, str], None]
 
     path = demo_bundle_dir() if opts.demo else opts.bundle
     assert path is not None
-    timeline = load_bundle(path).timeline
+    timeline = load_bundle(path, histograms=_histograms(opts)).timeline
     if opts.demo:
         _relabel(timeline, str(path), f"demo:{DEMO_CASE}")
     if opts.has_artifacts or opts.urls:
@@ -358,6 +366,7 @@ def _load_artifacts(
         env=opts.env_file,
         ps=opts.ps_file,
         dmesg=opts.dmesg_file,
+        histograms=_histograms(opts),
     )
     errors: list[SourceStatus] = []
     for url in opts.urls:
