@@ -796,8 +796,10 @@ class WatchApp(App[None]):
         if not counts:
             counts = [findings_panel.level_rows(r, now, width) for r in rows]
         caps = findings_panel.summary_caps(rows, counts, level, room)
+        evs = findings_panel.evidence_caps(rows, counts, level, room)
         prompts = [
-            findings_panel.finding_prompt(r, now, width, level, c) for r, c in zip(rows, caps, strict=True)
+            findings_panel.finding_prompt(r, now, width, level, c, ev)
+            for r, c, ev in zip(rows, caps, evs, strict=True)
         ]
         fkey = (tuple(p.markup for p in prompts), self.filter_text, v is None)
         if fkey == self._findings_key:

@@ -66,6 +66,11 @@ def test_demo_findings_lead_at_every_size(demo_feed, pipeline, size):
     assert "‖ REPLAY demo 151/240" in lines[0] and "10:42:30Z" in lines[0]
     for key in ("p Pause", "←→ Seek", "[] Speed"):
         assert key in lines[-1]
+    if size == (200, 50):
+        # rows to spare: whole summaries, then the evidence, rather than empty rows
+        assert "· max_num_seqs: 256" in text and "parallelism (--tensor-parallel-size 2)." in text
+        findings_rows = lines[3 : next(i for i, x in enumerate(lines) if x.startswith("─[2] Engines"))]
+        assert sum(1 for x in findings_rows if not x.strip()) <= 2
 
 
 @pytest.mark.parametrize("size", SIZES)

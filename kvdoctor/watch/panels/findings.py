@@ -101,11 +101,17 @@ LEVELS = tuple(sorted(LEVEL_SUMMARY))
 
 
 def finding_lines(
-    row: FindingRow, now: float, width: int, level: int = 2, summary_lines: int | None = -1
+    row: FindingRow,
+    now: float,
+    width: int,
+    level: int = 2,
+    summary_lines: int | None = -1,
+    evidence_lines: int = -1,
 ) -> list[Text]:
     """One finding as lines of at most ``width`` cells (0: not wrapped): the severity word and
     the whole title; "Fix: …" (whole); "[engine · GPU n]" with the summary (lines as
-    ``level`` says, or ``summary_lines``: 0 none, None all); the evidence at level 4."""
+    ``level`` says, or ``summary_lines``: 0 none, None all); the evidence at level 4 (or its
+    first ``evidence_lines``)."""
     cap = LEVEL_SUMMARY.get(level, None) if summary_lines == -1 else summary_lines
     f = row.finding
     if row.resolved_at is not None:
@@ -145,8 +151,9 @@ def finding_lines(
         line.append(f.summary, style="dim")
     if line.cell_len > len(body):
         out += _wrap(line, width, indent, cap if cap else (1 if cap == 0 else 0))
-    if level >= 4:
-        for e in f.evidence:
+    n_ev = (len(f.evidence) if level >= 4 else 0) if evidence_lines < 0 else evidence_lines
+    if n_ev:
+        for e in f.evidence[:n_ev]:
             ev = Text(body + "· ", style="dim")
             ev.append(f"{e.fact}: ", style="dim")
             ev.append(e.value)
@@ -157,10 +164,15 @@ def finding_lines(
 
 
 def finding_prompt(
-    row: FindingRow, now: float, width: int = 0, level: int = 2, summary_lines: int | None = -1
+    row: FindingRow,
+    now: float,
+    width: int = 0,
+    level: int = 2,
+    summary_lines: int | None = -1,
+    evidence_lines: int = -1,
 ) -> Text:
     """:func:`finding_lines` joined into one multi-line Text (an OptionList prompt)."""
-    return Text("\n").join(finding_lines(row, now, width, level, summary_lines))
+    return Text("\n").join(finding_lines(row, now, width, level, summary_lines, evidence_lines))
 
 
 def level_rows(row: FindingRow, now: float, width: int) -> tuple[int, ...]:
@@ -203,6 +215,20 @@ def summary_caps(
         if extra > 0:
             caps[i] = (base or 1) + extra
             spare -= extra
+    return caps
+
+
+def evidence_caps(rows: list[FindingRow], counts: list[tuple[int, ...]], level: int, room: int) -> list[int]:
+    """Evidence lines per finding: all at level 4; at level 3 the rows left over, first
+    finding first (-1: as the level says)."""
+    caps = [-1] * len(rows)
+    if level != 3:
+        return caps
+    spare = room - sum(c[3] for c in counts)
+    for i, r in enumerate(rows):
+        n = min(max(0, spare), len(r.finding.evidence) if r.resolved_at is None else 0)
+        caps[i] = n
+        spare -= n
     return caps
 
 
