@@ -499,12 +499,14 @@ def load_bundle(path: Path, *, histograms: tuple[str, ...] | None = None) -> Loa
     SourceError only when ``path`` itself is neither a directory nor a readable tar archive.
     """
     path = Path(path)
+    # only when asked: _load_dir keeps its (root, label) call for everything else
+    kw: dict[str, Any] = {} if histograms is None else {"histograms": histograms}
     if path.is_file() and (path.name.endswith((".tar.gz", ".tgz", ".tar"))):
         import tempfile  # archives only: a bundle directory does not import it (nor shutil)
 
         with _cleanup_on_sigterm(), tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-") as tmp:
             root, skipped = _extract_tar(path, Path(tmp))
-            loaded = _load_dir(root, label=str(path), histograms=histograms)
+            loaded = _load_dir(root, label=str(path), **kw)
             for origin, why in skipped:
                 _status(loaded.snapshot, "bundle", origin, "error", why)
             # Origins should name the archive, never the temporary directory.
@@ -517,7 +519,7 @@ def load_bundle(path: Path, *, histograms: tuple[str, ...] | None = None) -> Loa
         raise SourceError("no such bundle (expected a directory or a .tar.gz)", origin=str(path))
     if not path.is_dir():
         raise SourceError("not a bundle: expected a directory or a .tar.gz", origin=str(path))
-    return _load_dir(path, label=str(path), histograms=histograms)
+    return _load_dir(path, label=str(path), **kw)
 
 
 def _wanted(parts: tuple[str, ...]) -> bool:
