@@ -8,14 +8,13 @@ warm for both); the median wall time is printed with the ratio kvdoctor / nvitop
 
 Same footing for both: pip byte-compiles an installed package (nvitop's ``.pyc`` files exist),
 so kvdoctor's sources are byte-compiled first too (``compileall``; an editable install under
-PYTHONDONTWRITEBYTECODE would otherwise compile every module on every run). kvdoctor's
-compiled-rules cache lives in a temporary directory: the first run (no cache) is printed
-apart, the median is over runs that find it. A development checkout is an editable install,
+PYTHONDONTWRITEBYTECODE would otherwise compile every module on every run). The first run is
+printed apart. A development checkout is an editable install,
 whose import hook site loads at every start (~30 ms); the line "as a regular install" runs the
 same code and packages with that hook left out (nvitop's venv interpreter, kvdoctor and its
 dependencies on PYTHONPATH), as a ``pip install kvdoctor`` would start.
 
-Budget (issue 8): the ratio ≤ 1.0.
+Budget (issue 23): the ratio ≤ 1.25.
 usage: .venv/bin/python bench/coldstart.py [--runs N] [--case DIR]
 """
 
@@ -73,13 +72,25 @@ def main() -> None:
     kvdoctor = Path(sys.executable).parent / "kvdoctor"
     nv = nvitop()
     compileall.compile_dir(str(ROOT / "kvdoctor"), quiet=1)
-    cache = tempfile.TemporaryDirectory(prefix="kvdoctor-bench-cache-")
-    env = {**os.environ, "KVDOCTOR_CACHE_DIR": cache.name}
+    compileall.compile_dir(str(ROOT / "rules"), quiet=1)
+    env = dict(os.environ)
     cmd = [str(kvdoctor), "diagnose", "--bundle", str(args.case), "--format", "json"]
-    first = wall(cmd, env)[0]  # parses the rules and fills the cache
+    first = wall(cmd, env)[0]
     base = _med(median_wall([sys.executable, "-c", "pass"], args.runs), 0)
-    plain = [str(VENV / "bin" / "python"), "-c", "from kvdoctor.cli import main; main()", *cmd[1:]]
-    plain_env = {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), sysconfig.get_paths()["purelib"]])}
+    # a regular install: the wheel's files (kvdoctor and its kvdoctor.rules package) in a
+    # directory of their own, byte-compiled as pip does, with kvdoctor's dependencies beside them
+    installed = tempfile.TemporaryDirectory(prefix="kvdoctor-bench-install-")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", installed.name, str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    compileall.compile_dir(installed.name, quiet=1)
+    # -P: the source tree in the working directory must not shadow the installed package
+    plain = [str(VENV / "bin" / "python"), "-P", "-c", "from kvdoctor.cli import main; main()", *cmd[1:]]
+    plain_env = {**env, "PYTHONPATH": os.pathsep.join([installed.name, sysconfig.get_paths()["purelib"]])}
+    check = subprocess.run(plain, env=plain_env, capture_output=True, text=True)
+    assert check.returncode in (0, 1, 2) and check.stdout.startswith("{"), check.stderr
     # interleave the three so load on a shared machine hits them alike
     k_s: list[tuple[float, float]] = []
     p_s: list[tuple[float, float]] = []
@@ -93,7 +104,9 @@ def main() -> None:
     case = args.case.name
     print(f"python -c pass:                      {base * 1000:7.0f} ms")
     print(f"nvitop --help:                       {n * 1000:7.0f} ms   (baseline; CPU {nc * 1000:.0f} ms)")
-    print(f"kvdoctor diagnose, first run (no rules cache): {first * 1000:7.0f} ms   {first / n:4.2f}x nvitop")
+    print(
+        f"kvdoctor diagnose, first run (cold file cache): {first * 1000:7.0f} ms   {first / n:4.2f}x nvitop"
+    )
     print(
         f"kvdoctor diagnose --bundle {case} (editable install): {k * 1000:7.0f} ms   {k / n:4.2f}x nvitop"
         f"   (CPU {kc * 1000:.0f} ms, {kc / nc:4.2f}x)"
@@ -103,7 +116,8 @@ def main() -> None:
         f"   (CPU {pc * 1000:.0f} ms, {pc / nc:4.2f}x)"
     )
     print(
-        f"budget: ratio <= 1.0: editable {'met' if k <= n else 'NOT met'}, regular {'met' if p <= n else 'NOT met'}"
+        f"budget (issue 23): ratio <= 1.25: editable {'met' if k <= 1.25 * n else 'NOT met'}, "
+        f"regular {'met' if p <= 1.25 * n else 'NOT met'}"
     )
 
 

@@ -69,11 +69,12 @@ def main() -> None:
 def rules_catalogue(runs: int) -> tuple[int, float]:
     """The shipped catalogue over one context whose variables all read None (every condition
     is evaluated; None-guards decide)."""
-    from kvdoctor.pipeline import load_rules, variable_catalogue
-    from kvdoctor.rules_engine import RuleContext, evaluate
+    from kvdoctor.derive import VARIABLES
+    from kvdoctor.pipeline import load_rules
+    from kvdoctor.rulekit import RuleContext, evaluate
 
     rules = load_rules()
-    ctx = RuleContext("e", dict.fromkeys(variable_catalogue(), None), {"config", "log", "metrics", "gpus"})
+    ctx = RuleContext("e", dict.fromkeys(VARIABLES, None), {"config", "log", "metrics", "gpus"})
     return len(rules), median_s(lambda: evaluate(rules, [ctx]), runs)
 
 

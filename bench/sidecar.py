@@ -121,7 +121,7 @@ def timed(owner, name, label):
 import kvdoctor.derive as derive
 import kvdoctor.pipeline as pipeline
 import kvdoctor.report as report
-import kvdoctor.rules_engine as rules
+import kvdoctor.rulekit as rules
 import kvdoctor.sampler as sampler
 import kvdoctor.sidecar.server as server
 

@@ -10,9 +10,15 @@ it was read from:
 - ``weights``: the engine's "Model loading took X GiB" log line (per worker, so per GPU rank).
 - ``kv_cache``: the KV-cache pool, "Available KV cache memory: X GiB" (per worker), else
   ``vllm:cache_config_info`` num_gpu_blocks × block_size × KV bytes per token per rank
-  (``kvmath.kv_bytes_per_token`` from config.json).
+  (``kvmath.kv_bytes_per_token`` from config.json). On vLLM 0.34 with the extensible KV cache
+  (the log has "Memory after warmup" or "Extended KV cache to"), "Available KV cache memory" is
+  only an address reservation and is never used: the pool is the committed "Extended KV cache to
+  N blocks (X GiB)" (smallest over workers), else the cache_config_info blocks.
+- ``cuda_graphs`` (0.34 extensible only): "Graph capturing finished in S secs, took G GiB" —
+  graphs are measured there, not estimated (vllm-facts §9.2 step 7).
 - ``activation_and_graphs``: the rest of what the engine's processes hold on the card
-  (activation peak, CUDA graphs, non-torch memory such as the CUDA context and NCCL buffers).
+  (activation peak, CUDA graphs unless split out above, non-torch memory such as the CUDA
+  context and NCCL buffers, torch's growth after startup).
 - ``engine``: what the engine holds when weights and KV pool are both unknown (not split).
 - ``other_engines``: vLLM processes of another engine on the same card.
 - ``foreign``: processes that are not vLLM (NVML ``nvmlDeviceGetComputeRunningProcesses``). A
@@ -21,7 +27,14 @@ it was read from:
   alone, and counts to the engine placed on the GPU (``attribution`` "gpu").
 - ``unlisted``: used memory no listed process accounts for (driver reservations, processes in
   other containers NVML cannot name).
-- ``free``: NVML / nvidia-smi total − used.
+- ``transient_headroom`` (0.34 extensible only): the part of free memory the engine keeps for
+  transient activations by design, μ + kept from "Memory after warmup: … X GiB kept for transient
+  activations (Tr GiB allocated at peak, …)" with μ = max(1 GiB, 0.75 × Tr) (vllm-facts §9.2
+  step 8), at most the free memory: not memory another process may take.
+- ``free``: NVML / nvidia-smi total − used (less ``transient_headroom``).
+
+:attr:`GpuBreakdown.torch_cap_bytes` is the 0.34 torch cap L ("Torch may reserve up to L GiB"):
+torch's reserved memory cannot grow beyond it after startup.
 
 :func:`engine_stats` gives each engine's live figures from its /metrics series: KV usage and
 capacity, running / waiting, preemptions per minute, prompt-length and TTFT quantiles from
@@ -43,18 +56,22 @@ if TYPE_CHECKING:
 PARTS: tuple[str, ...] = (
     "weights",
     "kv_cache",
+    "cuda_graphs",
     "activation_and_graphs",
     "engine",
     "other_engines",
     "foreign",
     "unlisted",
+    "transient_headroom",
     "free",
 )
 #: human names of :data:`PARTS` for legends.
 PART_LABELS: dict[str, str] = {
     "weights": "weights",
     "kv_cache": "KV cache",
+    "cuda_graphs": "CUDA graphs",
     "activation_and_graphs": "activation+graphs+non-torch",
+    "transient_headroom": "kept free for transients",
     "engine": "engine",
     "other_engines": "other engines",
     "foreign": "foreign",
@@ -98,6 +115,10 @@ class GpuBreakdown:
     processes: list[tuple[GpuProcess, str]] = field(default_factory=list)
     utilization: float | None = None
     attribution: str | None = None
+    #: vLLM 0.34 extensible: torch's cap L ("Torch may reserve up to L GiB", smallest over
+    #: workers) and the address reservation "Available KV cache memory" (not the pool); None else
+    torch_cap_bytes: int | None = None
+    kv_reservation_bytes: int | None = None
 
     def part(self, name: str) -> int | None:
         """Bytes of one part, None when the breakdown has no such part."""
@@ -128,26 +149,75 @@ def _descendants(snapshot: Snapshot, root: int) -> set[int]:
     return out
 
 
-def _log_figures(snapshot: Snapshot) -> tuple[tuple[int, str] | None, tuple[int, str] | None]:
-    """(weights bytes, source), (KV pool bytes, source) per GPU rank from the log's latest run."""
+@dataclass
+class _LogFigures:
+    """Per-rank figures from the log's latest run, each (bytes, source) or None."""
+
+    weights: tuple[int, str] | None = None
+    kv: tuple[int, str] | None = None
+    #: 0.34 extensible only
+    extensible: bool = False
+    graphs: tuple[int, str] | None = None
+    headroom: tuple[int, str] | None = None
+    torch_cap: int | None = None
+    reservation: int | None = None
+
+
+#: μ's floor on CUDA (vllm-facts §9.2 step 8).
+_MARGIN_FLOOR = 2**30
+
+
+def _log_figures(snapshot: Snapshot) -> _LogFigures:
+    """Weights and the KV pool per GPU rank from the log's latest run; on vLLM 0.34 with the
+    extensible KV cache also CUDA graphs, the kept transient headroom and the torch cap."""
+    out = _LogFigures()
     log = snapshot.log
     if log is None:
-        return None, None
+        return out
     from kvdoctor.derive import current_run
 
     run = current_run(log)
     name = log.origin.rsplit("/", 1)[-1] or "vllm.log"
-    weights = None
     loads = [e for e in run.of("model_loading") if e.values.get("weights_bytes") is not None]
     if loads:
         e = max(loads, key=lambda e: e.values["weights_bytes"])
-        weights = (int(e.values["weights_bytes"]), f"{name} line {e.line}: Model loading took …")
-    kv = None
+        out.weights = (int(e.values["weights_bytes"]), f"{name} line {e.line}: Model loading took …")
     avail = [e for e in run.of("available_kv_memory") if e.values.get("bytes") is not None]
+    warm = [e for e in run.of("memory_after_warmup") if isinstance(e.values.get("kept_bytes"), int)]
+    ext = [e for e in run.of("kv_extended") if isinstance(e.values.get("bytes"), int)]
+    if warm or ext:
+        out.extensible = True
+        if avail:
+            out.reservation = max(0, int(min(e.values["bytes"] for e in avail)))
+        if ext:
+            e = min(ext, key=lambda e: e.values["bytes"])
+            out.kv = (int(e.values["bytes"]), f"{name} line {e.line}: Extended KV cache to N blocks (X GiB)")
+        graphs = [e for e in run.of("graph_capture_done") if isinstance(e.values.get("bytes"), int)]
+        if graphs:
+            e = max(graphs, key=lambda e: e.values["bytes"])
+            out.graphs = (
+                max(0, int(e.values["bytes"])),
+                f"{name} line {e.line}: Graph capturing finished … took G GiB",
+            )
+        if warm:
+            kept = max(int(e.values["kept_bytes"]) for e in warm)
+            tr = max(int(e.values.get("transient_peak_bytes") or 0) for e in warm)
+            mu = max(_MARGIN_FLOOR, int(0.75 * tr))
+            out.headroom = (
+                kept + mu,
+                f"{name} line {warm[-1].line}: Memory after warmup: kept + max(1 GiB, 0.75 × allocated at peak)",
+            )
+            caps = [
+                int(e.values["torch_cap_bytes"])
+                for e in warm
+                if isinstance(e.values.get("torch_cap_bytes"), int)
+            ]
+            out.torch_cap = min(caps) if caps else None
+        return out
     if avail:
         e = min(avail, key=lambda e: e.values["bytes"])
-        kv = (max(0, int(e.values["bytes"])), f"{name} line {e.line}: Available KV cache memory")
-    return weights, kv
+        out.kv = (max(0, int(e.values["bytes"])), f"{name} line {e.line}: Available KV cache memory")
+    return out
 
 
 def _kv_from_blocks(snapshot: Snapshot, cfg: dict[str, Any]) -> tuple[int, str] | None:
@@ -177,7 +247,7 @@ def _kv_from_blocks(snapshot: Snapshot, cfg: dict[str, Any]) -> tuple[int, str] 
 
 
 def _one_gpu(
-    g: Gpu, snapshot: Snapshot, report: Report, vllm_pids: set[int], log_figs: tuple[Any, Any]
+    g: Gpu, snapshot: Snapshot, report: Report, vllm_pids: set[int], log_figs: _LogFigures
 ) -> GpuBreakdown:
     engines = [e for e in report.engines if g.index in (e.get("gpus") or [])]
     primary = engines[0] if engines else None
@@ -230,8 +300,12 @@ def _one_gpu(
         engine_b = max(0, (used or 0) - other_b - foreign_b) if used is not None else engine_b
         listed = engine_b + other_b + foreign_b
     parts: list[MemoryPart] = []
+    first = primary is not None and primary is report.engines[0]
+    figs = log_figs if first else _LogFigures()
+    if figs.extensible:
+        out.torch_cap_bytes, out.kv_reservation_bytes = figs.torch_cap, figs.reservation
     if primary is not None and engine_b > 0:
-        weights, kv = log_figs if primary is report.engines[0] else (None, None)
+        weights, kv = figs.weights, figs.kv
         if kv is None:
             kv = (
                 _kv_from_blocks(snapshot, primary.get("config") or {})
@@ -247,6 +321,10 @@ def _one_gpu(
             k = min(kv[0], rest)
             parts.append(MemoryPart("kv_cache", k, kv[1]))
             rest -= k
+        if figs.graphs is not None and (weights is not None or kv is not None):
+            c = min(figs.graphs[0], rest)
+            parts.append(MemoryPart("cuda_graphs", c, figs.graphs[1]))
+            rest -= c
         if weights is None and kv is None:
             parts.append(MemoryPart("engine", rest, "NVML processes (engine)"))
         else:
@@ -260,7 +338,12 @@ def _one_gpu(
     if used is not None and used > listed:
         parts.append(MemoryPart("unlisted", used - listed, "NVML used − listed processes"))
     if g.memory_free_bytes is not None:
-        parts.append(MemoryPart("free", g.memory_free_bytes, "NVML total − used"))
+        free = g.memory_free_bytes
+        if figs.headroom is not None and primary is not None:
+            h = min(figs.headroom[0], max(0, free))
+            parts.append(MemoryPart("transient_headroom", h, figs.headroom[1]))
+            free -= h
+        parts.append(MemoryPart("free", free, "NVML total − used"))
     out.parts = parts
     return out
 

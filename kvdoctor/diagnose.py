@@ -118,7 +118,7 @@ def _diagnose_fleet(
     from kvdoctor.facts import SourceError
     from kvdoctor.fleet import diagnose_fleet
     from kvdoctor.report import exit_code
-    from kvdoctor.sources.prometheus import fetch_fleet, parse_duration
+    from kvdoctor.sources.prometheus import iter_fleet, parse_duration
 
     if not opts.is_live or opts.urls or opts.log:
         _fail("--prometheus reads the fleet's Prometheus: give no other input option")
@@ -127,17 +127,17 @@ def _diagnose_fleet(
     except ValueError as e:
         _fail(f"--since: {e}")
         return
-    try:
-        pods = fetch_fleet(url, since_s=since_s, selector=selector, timeout_s=max(opts.timeout_s, 10.0))
+    pipeline.window_s = max(since_s, 60.0)
+    try:  # pods a batch at a time: each evaluated and let go before the next batch is read
+        pods = iter_fleet(url, since_s=since_s, selector=selector, timeout_s=max(opts.timeout_s, 10.0))
+        report = diagnose_fleet(pods, pipeline)
     except SourceError as e:
         _fail(str(e).splitlines()[0])
         return
-    if not pods:
+    if not report.sources:
         _fail(
             f"no vLLM series in Prometheus over the last {since}" + (f" for {selector}" if selector else "")
         )
-    pipeline.window_s = max(since_s, 60.0)
-    report = diagnose_fleet(pods, pipeline)
     _emit(report, fmt)
     raise click.exceptions.Exit(exit_code(report))
 

@@ -1,7 +1,7 @@
 """What a rule reports: findings (a rule fired), skipped rules (an input was missing), health.
 
 Shapes follow spec/rules.md "What every finding carries" and the ``findings``/``skipped`` arrays
-of spec/report.md (schema ``kvdoctor.report/1``). Every value here is already rendered to text
+of spec/report.md (schema ``kvdoctor.report/2``). Every value here is already rendered to text
 by the rule engine (numbers formatted, units attached), so faces only lay them out.
 """
 
@@ -44,14 +44,55 @@ class Evidence:
     source: str
 
 
+@dataclass(frozen=True)
+class Fix:
+    """One alternative fix: a complete change, applied together. ``flags``: vLLM flags as vLLM
+    spells them → value as text ("" for a flag without an argument, ``--enforce-eager``);
+    ``env``: environment variables → value; ``commands``: shell commands to run first
+    (``kill 48211 48212``); ``why``: one line saying what it changes and what it costs."""
+
+    flags: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    commands: tuple[str, ...] = ()
+    why: str = ""
+
+    def parts(self) -> list[str]:
+        """The change as pasteable pieces: each command, ``ENV=value`` (shell-quoted), each
+        ``--flag value`` (shell-quoted; a flag without a value alone)."""
+        import shlex
+
+        out = list(self.commands)
+        out += [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        out += [f"{k} {shlex.quote(v)}" if v != "" else k for k, v in self.flags.items()]
+        return out
+
+    def line(self) -> str:
+        """The change as one line to paste: commands joined by ``&&`` then the environment and
+        the flags (``kill 1 2 && --max-model-len 8192`` reads as "run, then relaunch with")."""
+        cmds = " && ".join(self.commands)
+        rest = " ".join(self.parts()[len(self.commands) :])
+        return f"{cmds}; then relaunch with {rest}" if cmds and rest else cmds or rest
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of spec/report.md ``findings[].fixes[]``."""
+        return {
+            "flags": dict(self.flags),
+            "env": dict(self.env),
+            "commands": list(self.commands),
+            "why": self.why,
+        }
+
+
 @shared_methods
 @dataclass(repr=False, eq=False)
 class Finding:
     """A rule that fired for one engine (or for the host when ``engine`` is None).
 
-    ``suggested_flags`` maps a vLLM flag as vLLM spells it ("--max-model-len") or an environment
-    variable ("PYTORCH_CUDA_ALLOC_CONF") to its computed value as text ("23648"); an empty value
-    means a flag that takes no argument ("--enforce-eager"). ``gpus`` are GPU indices.
+    ``fixes``: the alternatives (:class:`Fix`), the recommended one first. ``suggested_flags``
+    (kept for one release, report schema 1's field): the first alternative's flags and
+    environment, a vLLM flag as vLLM spells it ("--max-model-len") or an environment variable
+    ("PYTORCH_CUDA_ALLOC_CONF") → its value as text ("23648"; "" for a flag without an
+    argument). ``gpus`` are GPU indices.
     ``docs`` is the command that shows the rule's documentation. ``caused_by``: the rule id
     of the root-cause finding that explains this one, or None.
     """
@@ -63,6 +104,7 @@ class Finding:
     summary: str
     evidence: list[Evidence] = field(default_factory=list)
     suggested_flags: dict[str, str] = field(default_factory=dict)
+    fixes: list[Fix] = field(default_factory=list)
     gpus: list[int] = field(default_factory=list)
     engine: str | None = None
     docs: str = ""

@@ -19,7 +19,17 @@ changes nothing"):
 - ``--kv-cache-memory-bytes`` not positive, before vLLM 0.10.2 (the flag did not exist), or equal
   to the value in effect;
 - ``--enforce-eager`` when eager mode is on; ``PYTORCH_CUDA_ALLOC_CONF`` expandable segments when
-  already set.
+  already set;
+- any ``--flag`` the engine's vLLM version does not have (``vllm_flags.flag_available``).
+
+A value is also dropped when it would leave vLLM unable to serve (issue 24, the fix contract):
+
+- ``--gpu-memory-utilization`` lowered so far that the KV cache left (the KV memory in effect
+  minus (gmu − value) × total) no longer holds one ``max_model_len`` request: vLLM refuses to
+  start;
+- ``--max-num-seqs`` of 1 or 2 (the engine serialised) unless the KV cache holds fewer than three
+  ``max_model_len`` requests, or below the running requests of the log's first stats line of
+  this run (the concurrency the traffic needed before the trouble).
 
 The rule engine calls :func:`valid_fix` with the rule context's variables (derive's names).
 """
@@ -30,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvdoctor.kvmath import derived_max_model_len
-from kvdoctor.vllm_flags import valid_kv_cache_dtypes, version_tuple
+from kvdoctor.vllm_flags import FlagError, flag_available, lookup_option, valid_kv_cache_dtypes, version_tuple
 
 __all__ = ["valid_fix"]
 
@@ -55,6 +65,14 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
     n = _num(value)
     get = names.get
     arch = get("arch")
+    if flag.startswith("--"):
+        try:
+            known = lookup_option(flag)
+        except FlagError:
+            known = None
+        version = get("vllm_version")
+        if known is not None and isinstance(version, str) and not flag_available(known[0].dest, version):
+            return f"vLLM {version} has no {flag}"
     if flag == "--max-model-len":
         if n is None or n < 1:
             return "not a positive length"
@@ -75,6 +93,9 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
             return "outside (0, 1]"
         if _same(get("gmu"), n, 0.005):
             return "already in effect"
+        short = _kv_short_after_gmu(names, n)
+        if short:
+            return short
     elif flag in ("--max-num-seqs", "--max-num-batched-tokens"):
         if n is None or n < 1:
             return "below 1"
@@ -82,6 +103,10 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
         current = get("max_num_seqs") if flag == "--max-num-seqs" else get("max_num_batched_tokens")
         if _same(current, n):
             return "already in effect"
+        if flag == "--max-num-seqs":
+            serial = _serialises(names, n)
+            if serial:
+                return serial
     elif flag == "--tensor-parallel-size":
         if n is None or n < 1 or n != int(n):
             return "not a positive integer"
@@ -129,4 +154,57 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
     elif flag == "PYTORCH_CUDA_ALLOC_CONF":
         if "expandable_segments:True" in value and get("expandable_segments_on") is True:
             return "already in effect"
+    return None
+
+
+def _kv_bytes_now(names: Mapping[str, Any]) -> float | None:
+    """The KV memory in effect per GPU: "Available KV cache memory", else the capacity in
+    tokens × the bytes a token takes."""
+    get = names.get
+    avail = get("log_available_kv_bytes")
+    if isinstance(avail, (int, float)) and avail > 0:
+        return float(avail)
+    tokens, per_token = get("kv_capacity_tokens"), get("kv_bytes_per_token")
+    if isinstance(tokens, int) and isinstance(per_token, int) and tokens > 0 and per_token > 0:
+        return float(tokens * per_token)
+    return None
+
+
+def _kv_short_after_gmu(names: Mapping[str, Any], new_gmu: float) -> str | None:
+    """Why a lower gmu would leave less KV than one max_model_len request (None: it would not,
+    or unknown)."""
+    get = names.get
+    gmu, total, per_token, mml = (
+        get("gmu"),
+        get("gpu_total_bytes"),
+        get("kv_bytes_per_token"),
+        get("max_model_len"),
+    )
+    now = _kv_bytes_now(names)
+    if not (
+        isinstance(gmu, float)
+        and isinstance(total, int)
+        and isinstance(per_token, int)
+        and isinstance(mml, int)
+    ):
+        return None
+    if now is None or new_gmu >= gmu or per_token <= 0 or mml <= 0:
+        return None
+    left = now - (gmu - new_gmu) * total
+    if left < per_token * mml:
+        return f"leaves {max(left, 0) / 2**30:.2f} GiB of KV cache, less than one {mml}-token request: vLLM would not start"
+    return None
+
+
+def _serialises(names: Mapping[str, Any], n: float) -> str | None:
+    """Why ``--max-num-seqs n`` would serialise a serving engine (None: it would not)."""
+    get = names.get
+    mml = get("max_model_len")
+    capacity = get("kv_capacity_tokens") or get("log_kv_tokens")
+    holds = capacity // mml if isinstance(capacity, int) and isinstance(mml, int) and mml > 0 else None
+    if n <= 2 and (holds is None or holds >= 3):
+        return "serialises the engine (1 or 2 sequences at a time)"
+    before = get("log_running_first")
+    if isinstance(before, int) and before > n:
+        return f"below the {before} requests running before the trouble"
     return None

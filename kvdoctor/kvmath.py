@@ -34,9 +34,12 @@ from typing import Any
 
 from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import ModelArch
-from kvdoctor.units import GiB, ceil_to, floor_to
+from kvdoctor.units import GiB, MiB, ceil_to, floor_to
+from kvdoctor.vllm_defaults import HINT_H1, SizingMode, is_v034, kv_memory_hint
+from kvdoctor.vllm_defaults import default_block_size as default_block_size_for_version
 
-#: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (vllm-facts.md §4.2 ``--block-size``).
+#: ``CacheConfig.DEFAULT_BLOCK_SIZE`` up to vLLM 0.33 (vllm-facts.md §4.2 ``--block-size``); 64
+#: from 0.34 (:func:`kvdoctor.vllm_defaults.default_block_size`).
 DEFAULT_BLOCK_SIZE = 16
 #: Packed per-token sizes of the DeepSeek MLA cache dtypes (§2.2 MLA).
 FP8_DS_MLA_BYTES_PER_TOKEN = 656
@@ -406,19 +409,19 @@ def max_concurrent_batches(
     return pp
 
 
-def default_max_num_batched_tokens(gpu: Any = None, *, server: bool = True) -> int:
-    """vLLM 0.33's device default for ``--max-num-batched-tokens`` (§4.2): ≥160 GiB → 16384;
-    ≥70 GiB and not A100 (H100/H200 class) → 8192 for the server (16384 for ``LLM``);
-    otherwise 2048 (8192 for ``LLM``). ``gpu`` is a :class:`kvdoctor.catalog.GpuSpec` or None
-    (then H100-class is assumed)."""
+def default_max_num_batched_tokens(
+    gpu: Any = None, *, server: bool = True, vllm_version: str | None = None
+) -> int:
+    """vLLM's device default for ``--max-num-batched-tokens`` (§4.2) for a catalogue GPU
+    (:class:`kvdoctor.catalog.GpuSpec`; None = an H100-class device is assumed):
+    :func:`kvdoctor.vllm_defaults.default_max_num_batched_tokens`, the one table (≥160 GiB →
+    16384; ≥70 GiB and not A100 → 8192 for the server, 16384 for ``LLM``; otherwise 2048 / 8192).
+    ``vllm_version`` None = 0.33 (assumed)."""
+    from kvdoctor.vllm_defaults import default_max_num_batched_tokens as _default
+
     if gpu is None:
         return 8192 if server else 16384
-    mem = gpu.memory_bytes
-    if mem >= 160 * GiB:
-        return 16384
-    if mem >= 70 * GiB and "A100" not in gpu.name.upper():
-        return 8192 if server else 16384
-    return 2048 if server else 8192
+    return _default(vllm_version, gpu.memory_bytes, gpu.name, server)
 
 
 def default_max_num_seqs(gpu: Any = None, vllm_version: str | None = None) -> int:
@@ -431,19 +434,29 @@ def default_max_num_seqs(gpu: Any = None, vllm_version: str | None = None) -> in
     return _default(vllm_version, gpu.memory_bytes, gpu.name)
 
 
-def default_gpu_memory_utilization(vllm_version: str | None = None) -> float:
-    """vLLM's default ``--gpu-memory-utilization`` (§2.1):
-    :func:`kvdoctor.vllm_flags.default_gpu_memory_utilization`, the one copy."""
-    from kvdoctor.vllm_flags import default_gpu_memory_utilization as _default
+def default_gpu_memory_utilization(vllm_version: str | None = None, mode: SizingMode | None = None) -> float:
+    """vLLM's default ``--gpu-memory-utilization`` (§2.1, §9.3) for the version and KV sizing mode:
+    :func:`kvdoctor.vllm_defaults.default_gpu_memory_utilization`, the one table."""
+    from kvdoctor.vllm_defaults import default_gpu_memory_utilization as _default
 
-    return _default(vllm_version)
+    return _default(vllm_version, mode)
 
 
-def default_block_size(arch: ModelArch, *, gpu: Any = None, kv_cache_dtype: str = "auto") -> int:
+def default_block_size(
+    arch: ModelArch, *, gpu: Any = None, kv_cache_dtype: str = "auto", vllm_version: str | None = None
+) -> int:
     """The attention block size vLLM picks when ``--block-size`` is not given, before hybrid
     alignment: 16 (``CacheConfig.DEFAULT_BLOCK_SIZE``) except for MLA, whose backend decides —
     on Hopper (SM 9.x) 16 with bf16 KV and 64 with fp8 KV (FlashMLA), 64 for the packed
-    ``*_ds_mla`` dtypes anywhere, 128 on Blackwell (CUTLASS MLA; not verified here)."""
+    ``*_ds_mla`` dtypes anywhere, 128 on Blackwell (CUTLASS MLA; not verified here).
+
+    From vLLM 0.34 the default is 64 (vllm-facts §9.3): every backend that accepts 64 keeps it
+    (FLASH_ATTN, TRITON_ATTN, FLASHINFER, FlashMLA, TRITON_MLA), CUTLASS MLA on Blackwell asks
+    for 128. ``vllm_version`` None or unknown = 0.33 (assumed)."""
+    if is_v034(vllm_version):
+        if arch.use_mla and gpu is not None and getattr(gpu, "sm_major", 0) >= 10:
+            return 128
+        return default_block_size_for_version(vllm_version)
     if not arch.use_mla:
         return DEFAULT_BLOCK_SIZE
     if kv_cache_dtype in ("fp8_ds_mla", "nvfp4_ds_mla"):
@@ -496,9 +509,10 @@ def kv_layout(
     then enlarged for hybrid Mamba models until the attention page covers the Mamba state
     (multiple of 16 tokens). ``max_num_batched_tokens`` None = the device default
     (:func:`default_max_num_batched_tokens`). ``use_v2_model_runner`` None = True for dense
-    non-MoE non-hybrid models (vLLM's default), which with async scheduling makes the in-flight
-    term ``(pp + 1) × max_num_batched_tokens``. ``vllm_version`` is kept for callers; the page
-    arithmetic has not changed across V1 versions.
+    non-MoE non-hybrid models (vLLM's default; every model from 0.34, which removed V1), which
+    with async scheduling makes the in-flight term ``(pp + 1) × max_num_batched_tokens``.
+    ``vllm_version`` picks the default block size (64 from 0.34, 16 before; None = 0.33); the
+    page arithmetic has not changed across V1 versions.
 
     ``dtype`` is ``--dtype`` (None = "auto": a float32 checkpoint is served, and its "auto" KV
     cache stored, in 16-bit; :func:`served_dtype`). ``mamba_cache_mode`` None follows prefix
@@ -530,7 +544,7 @@ def kv_layout(
     bs = (
         block_size
         if block_size is not None
-        else default_block_size(arch, gpu=gpu, kv_cache_dtype=kv_cache_dtype)
+        else default_block_size(arch, gpu=gpu, kv_cache_dtype=kv_cache_dtype, vllm_version=vllm_version)
     )
     mamba_page = mamba_state_bytes(arch, tensor_parallel_size=tp) if has_mamba else 0
     if has_mamba and has_attn and mamba_page > 0:
@@ -579,9 +593,12 @@ def kv_layout(
         raise ValueError("no KV-cache layer on any pipeline stage")
 
     if use_v2_model_runner is None:
-        use_v2_model_runner = not (arch.num_experts or has_mamba)
+        # 0.34 removed Model Runner V1 (vllm-facts §9.5): every model runs on V2
+        use_v2_model_runner = is_v034(vllm_version) or not (arch.num_experts or has_mamba)
     mnbt = (
-        max_num_batched_tokens if max_num_batched_tokens is not None else default_max_num_batched_tokens(gpu)
+        max_num_batched_tokens
+        if max_num_batched_tokens is not None
+        else default_max_num_batched_tokens(gpu, vllm_version=vllm_version)
     )
     in_flight = mnbt * max_concurrent_batches(
         pp, async_scheduling=async_scheduling, use_v2_model_runner=use_v2_model_runner
@@ -745,18 +762,38 @@ def _format_gib(nbytes: int) -> float:
     return round(nbytes / GiB, 2)
 
 
-def vllm_fit_error(available_bytes: int, layout: KvLayout, max_model_len: int) -> str | None:
-    """The ValueError text vLLM 0.33 raises when one request does not fit (§2.3), or None when
-    it fits. Evaluated on the rank with the largest ``bytes_per_block``."""
+_DOCS_TAIL = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+
+
+def vllm_fit_error(
+    available_bytes: int,
+    layout: KvLayout,
+    max_model_len: int,
+    *,
+    vllm_version: str | None = None,
+    mode: SizingMode | None = None,
+    gpu_memory_utilization: float = 1.0,
+    after_warmup: bool = True,
+) -> str | None:
+    """The ValueError text vLLM raises when one request does not fit (§2.3, §9.4), or None when
+    it fits. Evaluated on the rank with the largest ``bytes_per_block``.
+
+    ``vllm_version`` None or before 0.34: the 0.33 texts. From 0.34 the hint depends on the
+    sizing ``mode`` (None = extensible, 0.34's default): H1 (estimate), H2 (extensible,
+    ``gpu_memory_utilization`` < 1.0) or H3 (extensible at 1.0), with the check after graph
+    capture and warm-up when ``after_warmup`` (where an extensible engine's final check runs);
+    the "To serve …" text ends with "Decreasing `max_model_len` also reduces what is needed."
+    (``kv_cache_planning.py:106-131``)."""
     bpb = layout.bytes_per_block
     check = _check_memory(available_bytes, bpb)
+    v34 = is_v034(vllm_version)
+    hint = (
+        kv_memory_hint(mode or "extensible", gpu_memory_utilization, after_warmup=after_warmup)
+        if v34
+        else HINT_H1
+    )
     if check <= 0:
-        return (
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-            "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, "
-            "despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
-            "for more details."
-        )
+        return f"No available memory for the cache blocks. {hint} {_DOCS_TAIL}"
     needed = layout.max_memory_usage_bytes(max_model_len)
     if needed <= check:
         return None
@@ -764,12 +801,17 @@ def vllm_fit_error(available_bytes: int, layout: KvLayout, max_model_len: int) -
     est_msg = (
         f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
     )
-    return (
+    head = (
         f"To serve at least one request with the model's max seq len ({max_model_len}), "
         f"({_format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({_format_gib(check)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also "
+        f"memory ({_format_gib(check)} GiB). {est_msg}"
+    )
+    if v34:
+        return f"{head}{hint} Decreasing `max_model_len` also reduces what is needed. {_DOCS_TAIL}"
+    return (
+        f"{head}Try increasing `gpu_memory_utilization` (which also "
         f"controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the "
-        f"engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        f"engine. {_DOCS_TAIL}"
     )
 
 
@@ -883,6 +925,35 @@ def estimate_available_kv_bytes(
     return (
         requested_memory_bytes(total_bytes, gpu_memory_utilization) - weights_bytes_per_gpu - overheads.total
     )
+
+
+#: What a CUDA context and the cuBLAS/NCCL handles take before vLLM's init snapshot, so that
+#: free memory at start F0 ≈ total − this (an assumption: vllm-facts §9.2's example has 560 MiB).
+CONTEXT_BYTES = 560 * MiB
+#: μ's floor on CUDA (3 GiB on ROCm), vllm-facts §9.2 step 8.
+EXTENSIBLE_MARGIN_FLOOR_BYTES = GiB
+
+
+def estimate_extensible_kv_bytes(
+    total_bytes: int,
+    gpu_memory_utilization: float,
+    weights_bytes_per_gpu: int,
+    overheads: OverheadEstimate,
+    *,
+    context_bytes: int = CONTEXT_BYTES,
+) -> int:
+    """The KV pool vLLM 0.34's extensible KV cache commits after warm-up (vllm-facts §9.2 step 8),
+    per GPU, from estimates: ``K = min(R − U, F0 − U − μ) − kept`` with ``R = ceil(total × gmu)``,
+    ``U = weights + non_torch + cudagraph`` (graphs are measured, not subtracted as an estimate),
+    ``kept = Tr = activation_peak`` (the warm-up's transient peak), ``μ = max(1 GiB, 0.75 × Tr)``
+    and ``F0 = total − context_bytes``; may be negative. Granule rounding (2 MiB steps per layer
+    segment) is left out: the result is an upper bound by up to one granule per layer."""
+    r = requested_memory_bytes(total_bytes, gpu_memory_utilization)
+    u = weights_bytes_per_gpu + overheads.non_torch + overheads.cudagraph
+    kept = overheads.activation_peak
+    mu = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(0.75 * kept))
+    f0 = total_bytes - context_bytes
+    return min(r - u, f0 - u - mu) - kept
 
 
 # --------------------------------------------------------------------------- weights

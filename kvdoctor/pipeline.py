@@ -18,7 +18,7 @@ from kvdoctor.facts import Snapshot, SourceStatus, Timeline
 
 if TYPE_CHECKING:
     from kvdoctor.report import Report
-    from kvdoctor.rules_engine import Rule, RuleMemo
+    from kvdoctor.rulekit import Rule
 
 #: spec/rules.md "Windows": length of the "recent" window rules read, seconds.
 DEFAULT_WINDOW_S = 60.0
@@ -33,34 +33,42 @@ class PipelineError(Exception):
         super().__init__(message)
 
 
-def variable_catalogue() -> set[str]:
-    """Names of the variables rules may read (derive's declared catalogue)."""
-    from kvdoctor.derive import VARIABLES
-
-    return set(VARIABLES)
-
-
 def load_rules(
     rules_dirs: Iterable[str | Path] | None = None, config_path: str | Path | None = None
-) -> list[Rule]:
-    """The rule catalogue (``rules/*.yaml``, or ``rules_dirs``) with the user config applied
-    (``config_path``, else ``$KVDOCTOR_CONFIG`` / ``~/.config/kvdoctor/config.yaml``).
+) -> list[Rule[Any]]:
+    """:func:`load_configured` without the applied configuration."""
+    return load_configured(rules_dirs, config_path)[0]
 
-    Raises :class:`PipelineError` for an invalid rule file (kind "rules") or config ("config")."""
-    from kvdoctor.rules_engine import RuleFileError
-    from kvdoctor.rules_engine import load_rules as _load
+
+def load_configured(
+    rules_dirs: Iterable[str | Path] | None = None, config_path: str | Path | None = None
+) -> tuple[list[Rule[Any]], dict[str, Any]]:
+    """The rule catalogue (the built-in ``kvdoctor.rules`` modules, or the Python rule modules
+    of ``rules_dirs``, then the ``kvdoctor.rules`` entry-point group's) with the user config
+    applied (``config_path``, else ``$KVDOCTOR_CONFIG`` / ``~/.config/kvdoctor/config.yaml``).
+
+    Returns the rules and what the config changed, as reports show it: ``{"file": path or
+    None, "thresholds": {rule id: {name: value}}, "disabled": [rule ids]}``. Raises
+    :class:`PipelineError` for an invalid rule (kind "rules") or config ("config")."""
+    from kvdoctor.rulekit import RuleFileError
+    from kvdoctor.rulekit import load_rules as _load
     from kvdoctor.userconfig import UserConfigError, apply_user_config, load_user_config
 
     dirs = list(rules_dirs) if rules_dirs else None
     try:
-        rules = _load(dirs, known_names=variable_catalogue())
+        rules = _load(dirs)
     except RuleFileError as e:
         raise PipelineError("rules", f"invalid rule file: {e}") from None
     try:
         user = load_user_config(config_path, rules)
     except UserConfigError as e:
         raise PipelineError("config", f"invalid config: {e}") from None
-    return apply_user_config(rules, user)
+    applied = {
+        "file": user.origin,
+        "thresholds": {rid: dict(values) for rid, values in sorted(user.thresholds.items()) if values},
+        "disabled": sorted(user.disabled),
+    }
+    return apply_user_config(rules, user), applied
 
 
 @shared_methods
@@ -73,8 +81,10 @@ class Pipeline:
     the same Report (bar ``generated_at``) and its facts are left unchanged.
     """
 
-    rules: list[Rule] = field(default_factory=list)
+    rules: list[Rule[Any]] = field(default_factory=list)
     window_s: float = DEFAULT_WINDOW_S
+    #: what the user config changed (:func:`load_configured`), shown in every report
+    config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(
@@ -86,26 +96,15 @@ class Pipeline:
     ) -> Pipeline:
         """A pipeline over the shipped (or given) rules and the user config; raises
         :class:`PipelineError`."""
-        return cls(rules=load_rules(rules_dirs, config_path), window_s=window_s)
+        rules, config = load_configured(rules_dirs, config_path)
+        return cls(rules=rules, window_s=window_s, config=config)
 
     def evaluate(self, timeline: Timeline, *, now: float | None = None) -> Report:
         """Facts → engines → rule contexts → findings → :class:`~kvdoctor.report.Report`.
 
-        ``now``: unix seconds stamped as ``generated_at`` (default: the clock). Never raises for missing or partial facts."""
-        return evaluate(timeline, rules=self.rules, window_s=self.window_s, now=now, memo=self.memo)
-
-    @property
-    def memo(self) -> RuleMemo:
-        """The rules' results kept between this pipeline's evaluations
-        (``kvdoctor.rules_engine.RuleMemo``, made on first use; not a field): a rule whose
-        variables did not change since the last evaluation of that engine is not evaluated
-        again, with the same result."""
-        memo: RuleMemo | None = self.__dict__.get("_memo")
-        if memo is None:
-            from kvdoctor.rules_engine import RuleMemo
-
-            memo = self.__dict__["_memo"] = RuleMemo()
-        return memo
+        ``now``: unix seconds stamped as ``generated_at`` (default: the clock). Never raises for
+        missing or partial facts; a rule that fails is listed in the report's ``errors``."""
+        return evaluate(timeline, rules=self.rules, window_s=self.window_s, now=now, config=self.config)
 
 
 #: the modules of the stages, imported on the first evaluation (not to import this module)
@@ -113,41 +112,40 @@ _STAGES: list[Any] = []
 
 
 def _stages() -> list[Any]:
-    """kvdoctor.derive, kvdoctor.report and kvdoctor.rules_engine, imported once (an import
+    """kvdoctor.derive, kvdoctor.report and kvdoctor.rulekit, imported once (an import
     statement per evaluation costs a lookup each; their functions are looked up per call)."""
     if not _STAGES:
         import kvdoctor.derive
         import kvdoctor.report
-        import kvdoctor.rules_engine
+        import kvdoctor.rulekit
 
-        _STAGES[:] = [kvdoctor.derive, kvdoctor.report, kvdoctor.rules_engine]
+        _STAGES[:] = [kvdoctor.derive, kvdoctor.report, kvdoctor.rulekit]
     return _STAGES
 
 
 def evaluate(
     timeline: Timeline,
     *,
-    rules: list[Rule],
+    rules: list[Rule[Any]],
     window_s: float = DEFAULT_WINDOW_S,
     now: float | None = None,
-    memo: RuleMemo | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Report:
     """Functional form of :meth:`Pipeline.evaluate`.
 
     derive (``kvdoctor.derive.build_contexts``: new engine objects, one variables dict per
     engine, reading only the window and a bounded history) → the rules
-    (``kvdoctor.rules_engine.evaluate``: findings, ``caused_by`` linked from ``explains:``) →
-    ``kvdoctor.report.build_report`` (root causes first, redacted copies). ``memo``: a
-    ``kvdoctor.rules_engine.RuleMemo`` kept across calls (same Report, fewer rules evaluated)."""
-    derive, report_mod, rules_engine = _stages()
+    (``kvdoctor.rulekit.evaluate``: findings, ``caused_by`` linked from ``explains``, rules
+    that failed as errors) → ``kvdoctor.report.build_report`` (root causes first, redacted)."""
+    derive, report_mod, rulekit = _stages()
     latest = timeline.latest
     configs: list[Any] = list(latest.configs) if latest is not None else []
     engines, contexts, kv = derive.build_contexts(timeline, configs, window_s=window_s)
     failed_key = derive.FAILED_KEY
     failed = sorted({f for _eid, v, _inputs in contexts for f in v.pop(failed_key, ())})
-    context = rules_engine.RuleContext
+    context = rulekit.RuleContext
     ctxs = [context(engine=eid, variables=v, inputs=inputs) for eid, v, inputs in contexts]
-    result = rules_engine.evaluate(rules, ctxs, memo=memo)
+    result = rulekit.evaluate(rules, ctxs)
     # A GPU-level fact (two engines stacked on GPU 0) reads the same from every engine's
     # context: report it once.
     seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
@@ -159,7 +157,15 @@ def evaluate(
             findings.append(f)
     # the findings are this call's own (the rule engine makes them afresh): redacted in place
     report = report_mod.build_report(
-        latest or Snapshot(), findings, result.skipped, engine_kv=kv, now=now, engines=engines, owned=True
+        latest or Snapshot(),
+        findings,
+        result.skipped,
+        engine_kv=kv,
+        now=now,
+        engines=engines,
+        owned=True,
+        errors=[vars(e) for e in result.errors],
+        config=config,
     )
     for f in failed:
         family, _, why = f.partition(": ")

@@ -19,11 +19,12 @@ from typing import Any
 
 import click
 
-from kvdoctor import catalog, kvmath
+from kvdoctor import catalog, kvmath, vllm_defaults
 from kvdoctor.facts import ModelArch, SourceError
 from kvdoctor.sources.model_config import parse_model_config, parse_model_config_file
 from kvdoctor.sources.model_dir import hf_cache_dir, weights_bytes_from_dir
 from kvdoctor.units import GiB, fmt_bytes
+from kvdoctor.vllm_defaults import SizingMode
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 2, 3
 
@@ -93,6 +94,25 @@ def _parse_max_model_len(text: str | None) -> int | None:
     return n
 
 
+def _sizing_mode(
+    vllm_version: str, enable_extensible: bool | None, kv_cache_memory_bytes: int | None
+) -> tuple[SizingMode, str]:
+    """The KV sizing mode ``plan`` models, and why (vllm-facts §9.1)."""
+    if not vllm_defaults.is_v034(vllm_version):
+        return "estimate", f"vLLM {vllm_version} sizes the KV cache from profiling estimates"
+    if kv_cache_memory_bytes is not None:
+        if enable_extensible:
+            raise PlanError(
+                "vLLM rejects --enable-extensible-kv-cache with --kv-cache-memory-bytes: "
+                "enable_extensible_kv_cache: it sizes the KV cache from measured memory, which "
+                "kv_cache_memory_bytes overrides."
+            )
+        return "estimate", "--kv-cache-memory-bytes turns the extensible KV cache off"
+    if enable_extensible is False:
+        return "estimate", "--no-enable-extensible-kv-cache"
+    return "extensible", "vLLM 0.34's default on CUDA and ROCm"
+
+
 def _capacity_row(
     arch: ModelArch,
     *,
@@ -111,6 +131,7 @@ def _capacity_row(
     enforce_eager: bool,
     vllm_version: str | None,
     dtype: str | None = None,
+    mode: SizingMode = "estimate",
 ) -> dict[str, Any]:
     layout = kvmath.kv_layout(
         arch,
@@ -135,6 +156,10 @@ def _capacity_row(
     if kv_cache_memory_bytes is not None:
         available = kv_cache_memory_bytes
         available_source = "--kv-cache-memory-bytes"
+    elif mode == "extensible":
+        assert total_bytes is not None
+        available = kvmath.estimate_extensible_kv_bytes(total_bytes, gmu, w_gpu, overheads)
+        available_source = "estimate (extensible KV cache, after warm-up)"
     else:
         assert total_bytes is not None
         available = kvmath.estimate_available_kv_bytes(total_bytes, gmu, w_gpu, overheads)
@@ -184,7 +209,9 @@ def _capacity_row(
             log_line=cap.log_line(),
         )
     else:
-        row["error"] = kvmath.vllm_fit_error(available, layout, max(mml, 1))
+        row["error"] = kvmath.vllm_fit_error(
+            available, layout, max(mml, 1), vllm_version=vllm_version, mode=mode, gpu_memory_utilization=gmu
+        )
     row["_layout"] = layout
     return row
 
@@ -210,8 +237,16 @@ def build_plan(
     enforce_eager: bool = False,
     vllm_version: str | None = None,
     grid: bool = True,
+    enable_extensible_kv_cache: bool | None = None,
 ) -> dict[str, Any]:
     """Compute the whole plan as a JSON-ready dict (bytes, tokens, fractions).
+
+    ``vllm_version`` None = the newest version kvdoctor knows
+    (:data:`kvdoctor.vllm_defaults.NEWEST_KNOWN_VERSION`, 0.34); a version kvdoctor does not know
+    (newer, or unparseable) is a :class:`PlanError`, never read as the newest. On 0.34 the plan
+    models the extensible KV cache (gmu unset = 1.0, block 64, the pool measured after warm-up)
+    unless ``enable_extensible_kv_cache`` is False or ``kv_cache_memory_bytes`` is given (which
+    turns it off in vLLM too); ``sizing_mode`` and ``sizing_mode_reason`` say which it modelled.
 
     Top-level keys include the golden names ``page_size_bytes_per_layer``, ``bytes_per_block``,
     ``num_gpu_blocks``, ``kv_cache_tokens``, ``max_concurrency`` (2 decimals), ``fits`` and
@@ -227,12 +262,24 @@ def build_plan(
     if gpu is None and kv_cache_memory_bytes is None:
         raise PlanError("give --gpu NAME, --gpu-memory SIZE or --kv-cache-memory-bytes N")
     total = gpu.memory_bytes if gpu is not None else None
-    gmu = gpu_memory_utilization or kvmath.default_gpu_memory_utilization(vllm_version)
+    if vllm_version is None:
+        vllm_version = vllm_defaults.NEWEST_KNOWN_VERSION
+    if not vllm_defaults.is_known_version(vllm_version):
+        raise PlanError(
+            f"unknown --vllm-version {str(vllm_version)[:40]!r}: kvdoctor models vLLM up to "
+            f"{vllm_defaults.NEWEST_KNOWN_VERSION} (give one of those; a newer release is not assumed to behave like it)"
+        )
+    mode, mode_reason = _sizing_mode(vllm_version, enable_extensible_kv_cache, kv_cache_memory_bytes)
+    gmu = gpu_memory_utilization or vllm_defaults.default_gpu_memory_utilization(vllm_version, mode)
     if not 0 < gmu <= 1:
         raise PlanError(f"--gpu-memory-utilization must be in (0, 1], got {gmu}")
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise PlanError("--tensor-parallel-size and --pipeline-parallel-size must be ≥ 1")
-    mnbt = max_num_batched_tokens or kvmath.default_max_num_batched_tokens(gpu)
+    mnbt = max_num_batched_tokens or vllm_defaults.default_max_num_batched_tokens(
+        vllm_version,
+        gpu.memory_bytes if gpu is not None else 80 * GiB,
+        gpu.name if gpu is not None else "H100",
+    )
     mns = max_num_seqs or kvmath.default_max_num_seqs(gpu, vllm_version)
     if not kvmath.valid_tensor_parallel_size(arch, tensor_parallel_size):
         valid = ", ".join(str(n) for n in kvmath.valid_tensor_parallel_sizes(arch))
@@ -280,6 +327,7 @@ def build_plan(
         enforce_eager=enforce_eager,
         vllm_version=vllm_version,
         dtype=dtype,
+        mode=mode,
     )
     main = _capacity_row(
         arch, tp=tensor_parallel_size, pp=pipeline_parallel_size, kv_cache_dtype=kv_cache_dtype, **common
@@ -293,8 +341,11 @@ def build_plan(
         "gpu": None
         if gpu is None
         else {"name": gpu.name, "memory_bytes": gpu.memory_bytes, "fp8": gpu.fp8, "sm": gpu.sm},
-        "vllm_version": vllm_version or "0.33",
+        "vllm_version": vllm_version,
+        "sizing_mode": mode,
+        "sizing_mode_reason": mode_reason,
         "gpu_memory_utilization": gmu,
+        "gpu_memory_utilization_explicit": gpu_memory_utilization is not None,
         "max_num_batched_tokens": mnbt,
         "max_num_seqs": mns,
         "block_size_flag": block_size,
@@ -320,6 +371,18 @@ def build_plan(
             "available KV memory is an estimate (gmu × total − weights − activation/non-torch/CUDA-graph "
             "allowances); a real log's 'Available KV cache memory' or --kv-cache-memory-bytes is exact"
         )
+    elif main["available_kv_source"].startswith("estimate"):
+        notes.append(
+            f"modelled vLLM {vllm_version} with the extensible KV cache ({mode_reason}): the pool is what is "
+            f"free after weights, CUDA graphs and warm-up, less the kept transient peak and the margin "
+            f"max(1 GiB, 0.75 × peak), capped at gmu {gmu:g} × total (an estimate; a real log's 'Extended KV "
+            "cache to N blocks (X GiB)' is exact, and 'Available KV cache memory' there is only a reservation)"
+        )
+    if mode == "estimate" and vllm_defaults.is_v034(vllm_version) and kv_cache_memory_bytes is not None:
+        notes.append(
+            "--kv-cache-memory-bytes turns vLLM 0.34's extensible KV cache off: with gpu-memory-utilization "
+            "unset the budget is 0.92, the startup free-memory check applies and torch is not capped"
+        )
 
     # Typical request (workload): concurrency the KV cache holds without preemption.
     typical = (prompt_tokens or 0) + (output_tokens or 0)
@@ -344,7 +407,9 @@ def build_plan(
                     f"--max-num-seqs {chosen} replaces {given} {mns}: the KV cache holds {chosen} "
                     f"requests of {typical:,} tokens at once; more would be preempted"
                 )
-        flags["--gpu-memory-utilization"] = f"{gmu:.2f}"
+        if not (mode == "extensible" and gpu_memory_utilization is None):
+            # on 0.34 extensible an unset gmu (1.0) is the advice: no explicit value to add
+            flags["--gpu-memory-utilization"] = f"{gmu:.2f}"
     else:
         largest = main["largest_max_model_len"]
         if largest > 0:
@@ -359,7 +424,11 @@ def build_plan(
                 + kvmath.required_kv_bytes(layout, mml)
             )
             g = kvmath.gmu_for_bytes(need, total)
-            if g <= 0.95:
+            if mode == "extensible":
+                # nothing is above 1.0; an explicit gmu below 1.0 only costs KV (spec/vllm-0.34.md §1)
+                if gpu_memory_utilization is not None and gmu < 1.0:
+                    flags["--gpu-memory-utilization"] = "1.0"
+            elif g <= 0.95 and g > gmu:
                 flags["--gpu-memory-utilization"] = f"{g:.2f}"
     plan["suggested_flags"] = flags
 
@@ -426,6 +495,7 @@ def render_text(plan: dict[str, Any]) -> None:
     def add(k: str, v: Any) -> None:
         t.add_row(k, "—" if v is None else str(v))
 
+    add("vLLM / KV sizing", f"{plan['vllm_version']} / {plan['sizing_mode']} ({plan['sizing_mode_reason']})")
     add("TP × PP", f"{plan['tensor_parallel_size']} × {plan['pipeline_parallel_size']}")
     add(
         "dtype / kv_cache_dtype / block_size",
@@ -502,7 +572,12 @@ def render_text(plan: dict[str, Any]) -> None:
 @click.option("-tp", "--tensor-parallel-size", "tp", type=int, default=1, show_default=True)
 @click.option("-pp", "--pipeline-parallel-size", "pp", type=int, default=1, show_default=True)
 @click.option("--max-model-len", "max_model_len", help="Tokens per request (8192, 32k, -1/auto = auto-fit).")
-@click.option("--gpu-memory-utilization", "gmu", type=float, help="Default 0.92 (0.9 before vLLM 0.20).")
+@click.option(
+    "--gpu-memory-utilization",
+    "gmu",
+    type=float,
+    help="Default: 1.0 on vLLM 0.34 with the extensible KV cache, 0.92 without it and on 0.20-0.33, 0.9 before.",
+)
 @click.option("--kv-cache-dtype", "kv_cache_dtype", default="auto", show_default=True)
 @click.option("--block-size", "block_size", type=int, help="Default: what vLLM picks for the model and GPU.")
 @click.option("--max-num-seqs", "max_num_seqs", type=int)
@@ -518,7 +593,19 @@ def render_text(plan: dict[str, Any]) -> None:
 @click.option("--dtype", "dtype", help="Model dtype override (--dtype).")
 @click.option("--quantization", "quantization", help="Quantization override (awq, gptq, fp8, …).")
 @click.option("--enforce-eager", is_flag=True, help="No CUDA graphs (no graph memory estimate).")
-@click.option("--vllm-version", "vllm_version", help="vLLM version to model (default: 0.33).")
+@click.option(
+    "--vllm-version",
+    "vllm_version",
+    default=vllm_defaults.NEWEST_KNOWN_VERSION,
+    show_default=True,
+    help="vLLM version to model; a version kvdoctor does not know is an error.",
+)
+@click.option(
+    "--enable-extensible-kv-cache/--no-enable-extensible-kv-cache",
+    "extensible",
+    default=None,
+    help="vLLM 0.34: model the extensible KV cache (the default on CUDA/ROCm) or the estimate-based sizing.",
+)
 @click.option("--no-grid", is_flag=True, help="Skip the TP × KV dtype grid.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def plan_command(
@@ -541,6 +628,7 @@ def plan_command(
     quantization: str | None,
     enforce_eager: bool,
     vllm_version: str | None,
+    extensible: bool | None,
     no_grid: bool,
     fmt: str,
 ) -> None:
@@ -573,6 +661,7 @@ def plan_command(
             enforce_eager=enforce_eager,
             vllm_version=vllm_version,
             grid=not no_grid,
+            enable_extensible_kv_cache=extensible,
         )
     except (PlanError, SourceError, ValueError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)

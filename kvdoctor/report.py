@@ -1,4 +1,4 @@
-"""The diagnosis report: one :class:`Report` (schema ``kvdoctor.report/1``), three renderings
+"""The diagnosis report: one :class:`Report` (schema ``kvdoctor.report/2``), three renderings
 (rich text, JSON, markdown) and the exit code (spec/report.md).
 
 The report only lays out what the sources read and the rules found; it computes no diagnosis.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from kvdoctor.findings import (
     FAMILIES,
     Evidence,
     Finding,
+    Fix,
     Health,
     Skipped,
     causal_order,
@@ -33,7 +33,10 @@ if TYPE_CHECKING:  # rich is imported by the text renderer only: JSON/markdown s
     from rich.console import Console
     from rich.panel import Panel
 
-SCHEMA = "kvdoctor.report/1"
+#: report/2 (kvdoctor 0.2): ``findings[].fixes`` (alternatives) and ``errors`` (rules that failed);
+#: ``findings[].suggested_flags`` is the first alternative's flags and environment, kept for one
+#: release.
+SCHEMA = "kvdoctor.report/2"
 
 #: EngineConfig fields copied into ``engines[].config`` (spec/report.md, plus a few more).
 ENGINE_CONFIG_FIELDS: tuple[str, ...] = (
@@ -74,6 +77,12 @@ class Report:
     engines: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    #: rules that failed on this input (raised, or computed an invalid fix): {rule, engine,
+    #: where, message}. A failed rule is never a silent absence: see :func:`exit_code`.
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    #: what the user config changed: {"file", "thresholds": {rule: {name: value}}, "disabled"}
+    #: (empty when no config was read)
+    config: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +99,12 @@ class Report:
             "engines": self.engines,
             "findings": [f.to_dict() for f in self.findings],
             "skipped": [s.to_dict() for s in self.skipped],
+            "errors": [dict(e) for e in self.errors],
+            "config": {
+                "file": self.config.get("file"),
+                "thresholds": self.config.get("thresholds") or {},
+                "disabled": list(self.config.get("disabled") or ()),
+            },
             # Added in report/1 (fields may be added): the process exit code, 3 = nothing readable,
             # so a consumer of the JSON need not re-derive "unknown" from the sources.
             "exit_code": exit_code(self),
@@ -127,6 +142,8 @@ def build_report(
     *,
     engines: list[Engine] | None = None,
     owned: bool = False,
+    errors: list[dict[str, Any]] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Report:
     """Assemble a :class:`Report` from a snapshot and the rule engine's output.
 
@@ -164,6 +181,8 @@ def build_report(
                 "kv": {name: kv_src.get(name) for name in ENGINE_KV_FIELDS},
                 # how GPU memory was matched to it: "pid" | "gpu_uuid" | None (derive/container.py)
                 "attribution": kv_src.get("attribution"),
+                # the vLLM version and KV sizing mode read or assumed (derive/extensible.py)
+                "vllm": dict(kv_src.get("vllm") or {}),
             }
         )
     # The last line of defence for "secrets never leave": whatever a source echoed back
@@ -181,6 +200,10 @@ def build_report(
         engines=engine_rows,
         findings=_causal_order(shown),
         skipped=sorted(skipped, key=lambda s: (s.rule, s.engine or "")),
+        errors=[
+            {k: _redacted(str(v)) if isinstance(v, str) else v for k, v in e.items()} for e in errors or ()
+        ],
+        config=dict(config or {}),
     )
 
 
@@ -237,6 +260,7 @@ def _shown(f: Finding) -> Finding:
             summary=f.summary,
             evidence=[Evidence(ev.fact, ev.value, ev.source) for ev in f.evidence],
             suggested_flags=dict(f.suggested_flags),
+            fixes=list(f.fixes),
             gpus=list(f.gpus),
             engine=f.engine,
             docs=f.docs,
@@ -249,6 +273,10 @@ def _redact_owned(f: Finding) -> Finding:
     """A finding shared with nothing (its lists and dict its own), redacted in place: the
     summary and the evidence values and sources (``kvdoctor.redact``)."""
     f.summary = _redacted(f.summary)
+    f.fixes = [
+        Fix(dict(x.flags), dict(x.env), tuple(_redacted(c) for c in x.commands), _redacted(x.why))
+        for x in f.fixes
+    ]
     for ev in f.evidence:
         ev.value = _redacted(ev.value)
         ev.source = _redacted(ev.source)
@@ -256,10 +284,16 @@ def _redact_owned(f: Finding) -> Finding:
 
 
 def exit_code(report: Report) -> int:
-    """0 ok/info, 1 warning, 2 critical, 3 when no source could be read (spec/report.md)."""
+    """0 ok/info, 1 warning, 2 critical, 3 when no source could be read (spec/report.md), and 3
+    when a rule failed (``errors``) and nothing critical was found: the diagnosis is incomplete,
+    so "OK" or "WARNING" would claim more than was checked."""
     if report.health == "unknown" or not any(s.status == "ok" for s in report.sources):
         return EXIT_UNKNOWN
-    return {"critical": EXIT_CRITICAL, "warning": EXIT_WARNING}.get(report.health, EXIT_OK)
+    if report.health == "critical":
+        return EXIT_CRITICAL
+    if report.errors:
+        return EXIT_UNKNOWN
+    return EXIT_WARNING if report.health == "warning" else EXIT_OK
 
 
 # --------------------------------------------------------------------------- JSON
@@ -287,15 +321,16 @@ def render_json(report: Report) -> str:
 
 
 def fix_lines(finding: Finding) -> list[str]:
-    """The suggested flags as copy-pasteable lines: "--max-model-len 23648",
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "--enforce-eager"."""
-    out = []
-    for key, value in finding.suggested_flags.items():
-        if key.startswith("-"):
-            out.append(f"{key} {shlex.quote(value)}" if value != "" else key)
-        else:
-            out.append(f"{key}={shlex.quote(value)}")
-    return out
+    """The fixes as copy-pasteable lines, one per alternative, the recommended first
+    (:meth:`~kvdoctor.findings.Fix.line`: "--max-model-len 23648 --max-num-seqs 64",
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "kill 48211 48212"). A finding made
+    without ``fixes`` (report/1's) shows its ``suggested_flags`` as one line."""
+    if finding.fixes:
+        return [line for line in (x.line() for x in finding.fixes) if line]
+    flags = {k: v for k, v in finding.suggested_flags.items() if k.startswith("-")}
+    env = {k: v for k, v in finding.suggested_flags.items() if not k.startswith("-")}
+    line = Fix(flags, env).line()
+    return [line] if line else []
 
 
 def _source_line(s: SourceStatus) -> str:
@@ -315,18 +350,50 @@ INPUT_WORDS = {
 }
 
 
+def config_text(config: dict[str, Any]) -> str | None:
+    """The user config's changes in one line ("config c.yaml: preemption-storm min_per_min=20;
+    disabled idle-preallocation"), None when it changed nothing."""
+    parts = [
+        f"{rid} " + ", ".join(f"{k}={v}" for k, v in values.items())
+        for rid, values in (config.get("thresholds") or {}).items()
+    ]
+    if config.get("disabled"):
+        parts.append("disabled " + ", ".join(config["disabled"]))
+    if not parts:
+        return None
+    return f"config {config.get('file') or ''}: ".replace(" :", ":") + "; ".join(parts)
+
+
+def _error_text(e: dict[str, Any]) -> str:
+    """ "rule-id [engine] check: ValueError: …" """
+    eng = f" [{e.get('engine')}]" if e.get("engine") else ""
+    return f"{e.get('rule')}{eng} {e.get('where')}: {e.get('message')}"
+
+
 def _input_words(missing: str) -> str:
     return " or ".join(INPUT_WORDS.get(part, part) for part in missing.split("|"))
 
 
 def _skipped_text(skipped: list[Skipped]) -> str:
-    """ "no nvidia-smi/NVML: rule-a, rule-b; no /metrics: rule-c" (engine named only with several)."""
-    several = len({s.engine for s in skipped}) > 1
-    groups: dict[str, list[str]] = {}
+    """ "no nvidia-smi/NVML: rule-a, rule-b; no /metrics: rule-c"; with two or three engines each
+    rule names its engine (rule-a[e1]), with more it says on how many (rule-a on 25 engines)."""
+    engines = {s.engine for s in skipped}
+    groups: dict[str, dict[str, list[str | None]]] = {}
     for s in skipped:
-        name = f"{s.rule}[{s.engine}]" if several and s.engine else s.rule
-        groups.setdefault(", ".join(_input_words(m) for m in s.missing), []).append(name)
-    return "; ".join(f"no {missing}: {', '.join(rules)}" for missing, rules in groups.items())
+        missing = ", ".join(_input_words(m) for m in s.missing)
+        groups.setdefault(missing, {}).setdefault(s.rule, []).append(s.engine)
+    parts = []
+    for missing, rules in groups.items():
+        names = []
+        for rule, where in rules.items():
+            if len(engines) <= 1:
+                names.append(rule)
+            elif len(engines) <= 3:
+                names += [f"{rule}[{e}]" if e else rule for e in where]
+            else:
+                names.append(f"{rule} on {len(where)} engine{'s' if len(where) != 1 else ''}")
+        parts.append(f"no {missing}: {', '.join(names)}")
+    return "; ".join(parts)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -346,6 +413,9 @@ def render_markdown(report: Report) -> str:
         f"{n} finding{'s' if n != 1 else ''} · generated {report.generated_at} · `{report.schema}`",
         "",
     ]
+    configured = config_text(report.config)
+    if configured:
+        lines += [f"Thresholds and rules changed by the user {_md_cell(configured)}", ""]
     for f in report.findings:
         scope = []
         if f.engine:
@@ -360,14 +430,10 @@ def render_markdown(report: Report) -> str:
         else:
             lines.append(f"### {f.severity.upper()}: {f.title}")
         lines.append("")
-        fixes = fix_lines(f)
-        if fixes:
-            lines.append("**Fix:**")
-            lines.append("")
-            lines.append("```")
-            lines.extend(fixes)
-            lines.append("```")
-            lines.append("")
+        for i, line in enumerate(fix_lines(f)):
+            why = f.fixes[i].why if i < len(f.fixes) and f.fixes[i].why else ""
+            lines.append(("**Fix:**" if i == 0 else "**or:**") + (f" {_md_cell(why)}" if why else ""))
+            lines += ["", "```", line, "```", ""]
         lines.append(f.summary)
         lines.append("")
         if f.evidence:
@@ -394,6 +460,8 @@ def render_markdown(report: Report) -> str:
     lines.append("")
     if report.skipped:
         lines += [f"Skipped rules (missing inputs): {_md_cell(_skipped_text(report.skipped))}", ""]
+    for e in report.errors:
+        lines += [f"**Rule failed:** {_md_cell(_error_text(e))}", ""]
     return "\n".join(lines)
 
 
@@ -414,11 +482,15 @@ def _finding_panel(f: Finding) -> Panel:
         parts.append(Text(""))
     fixes = fix_lines(f)
     if fixes:
-        fix = Text("Fix: ", style="bold green")
-        fix.append(fixes[0], style="bold")
-        for line in fixes[1:]:
-            fix.append("\n     ")
+        fix = Text()
+        for i, line in enumerate(fixes):
+            if i:
+                fix.append("\n")
+            fix.append("Fix: " if i == 0 else "or:  ", style="bold green")
             fix.append(line, style="bold")
+            why = f.fixes[i].why if i < len(f.fixes) else ""
+            if why:
+                fix.append(f"  ({why})", style="dim")
         parts.append(fix)
         parts.append(Text(""))
     parts.append(Text(f.summary))
@@ -489,6 +561,29 @@ _ATTRIBUTION_TEXT = {
 }
 
 
+def _vllm_line(engine: dict[str, Any]) -> str | None:
+    """The text report's line on the vLLM knowledge applied to an engine (``engines[].vllm``):
+    given for a vLLM ≥ 0.34 engine (its KV sizing mode, its evidence, the gmu in effect) and
+    whenever something was assumed (an unknown version: 0.33's defaults); None otherwise."""
+    v = engine.get("vllm") or {}
+    mode, assumption = v.get("sizing_mode"), v.get("assumption")
+    v34 = str(v.get("defaults_version") or "").startswith("0.34")
+    if not assumption and not v34:
+        return None
+    text = f"vLLM of {engine.get('id')}: {v.get('version') or 'version unknown'}"
+    if v34 and mode:
+        how = "extensible (measured after warm-up)" if mode == "extensible" else "by estimate"
+        text += f", KV cache sized {how}"
+        src = str(v.get("sizing_mode_source") or "")
+        if src and not v.get("sizing_mode_assumed"):  # an assumed mode is said below
+            text += f" ({src})"
+        if v.get("gmu"):
+            text += f"; gmu {v['gmu']}"
+    if assumption:
+        text += f"; assumed: {assumption}"
+    return text
+
+
 def render_text(report: Report, console: Console) -> None:
     """Print the report with rich: a header (health; one line per source: read, missing or
     why it failed), one panel per finding worst first with the fix first, then a line of
@@ -522,7 +617,19 @@ def render_text(report: Report, console: Console) -> None:
         console.print(line, overflow="fold")
     if not report.sources:
         console.print(Text("  ✗ no source was read", style="red"))
+    configured = config_text(report.config)
+    if configured:
+        console.print(Text(f"  ⚙ {configured}", style="dim"), overflow="fold")
+    # each engine with a finding says what vLLM knowledge it got; those without one are counted
+    # on one line (a fleet of healthy pods would otherwise print one line each)
+    with_findings = {f.engine for f in report.findings}
+    quiet: list[str] = []
     for e in report.engines:
+        vline = _vllm_line(e)
+        if vline and (e.get("id") in with_findings or len(report.engines) <= 3):
+            console.print(Text(f"  {vline}", style="dim"), overflow="fold")
+        elif vline:
+            quiet.append(str((e.get("vllm") or {}).get("assumption") or "vLLM 0.34 knowledge applied"))
         if e.get("attribution") in _ATTRIBUTION_TEXT:
             gpus = ", ".join(str(i) for i in e.get("gpus") or []) or "?"
             console.print(
@@ -532,6 +639,15 @@ def render_text(report: Report, console: Console) -> None:
                 ),
                 overflow="fold",
             )
+    if quiet:
+        console.print(
+            Text(
+                f"  {len(quiet)} engines without findings: {quiet[0]}"
+                + (" (and others)" if len(set(quiet)) > 1 else ""),
+                style="dim",
+            ),
+            overflow="fold",
+        )
     console.print()
     for f in report.findings:
         depth = depth_of(f, report.findings)
@@ -548,3 +664,7 @@ def render_text(report: Report, console: Console) -> None:
         )
     elif report.skipped:
         console.print(Text(f"Skipped rules (missing inputs): {_skipped_text(report.skipped)}", style="dim"))
+    for e in report.errors:
+        console.print(
+            Text(f"Rule failed (its finding may be missing): {_error_text(e)}", style="red"), overflow="fold"
+        )

@@ -1,30 +1,11 @@
-"""Functions rule expressions may call beyond the basics (rules/*.yaml ``let``/``fix``).
-
-The KV arithmetic is kvmath's: rules call it, they never copy it. Each wrapper returns None
-instead of raising when an input is missing, so a rule with a gap renders "N/A" or drops a flag.
-"""
+"""Helpers several rules share beyond kvmath (rules import them directly): GPU lists by
+memory, gmu splits, speculative-decoding sampler sizing, data-parallel skew, pipeline layer
+partitions. The KV arithmetic is kvmath's: rules call it, they never copy it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
-
-from kvdoctor import kvmath
-from kvdoctor.vllm_flags import default_max_num_batched_tokens, default_max_num_seqs
-
-
-def _none_safe(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if any(a is None for a in args):
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, TypeError, ZeroDivisionError, KeyError):
-            return None
-
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
-    return wrapper
 
 
 def join(items: Iterable[Any] | None, sep: str = " ") -> str:
@@ -322,30 +303,3 @@ def proportional_layer_partition(arch: Any, gpus: list[int], totals: dict[int, i
         i = max(range(len(split)), key=lambda j: split[j] - exact[j])
         split[i] -= 1
     return ",".join(str(x) for x in split)
-
-
-RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "spec_sampler_bytes": spec_sampler_bytes,
-    "spec_max_num_seqs_fit": spec_max_num_seqs_fit,
-    "spec_k_fit": spec_k_fit,
-    "spec_config_with_k": spec_config_with_k,
-    "dp_skew": dp_skew,
-    "dp_absorb": dp_absorb,
-    "dp_desc": dp_desc,
-    "pp_layer_partition": _none_safe(pp_layer_partition),
-    "proportional_layer_partition": _none_safe(proportional_layer_partition),
-    "smallest_tensor_parallel_size": _none_safe(kvmath.smallest_tensor_parallel_size),
-    "max_model_len_for_tokens": _none_safe(kvmath.max_model_len_for_tokens),
-    "max_num_seqs_for": _none_safe(kvmath.max_num_seqs_for),
-    "gmu_for_bytes": _none_safe(kvmath.gmu_for_bytes),
-    "gmu_fitting": _none_safe(kvmath.gmu_fitting),
-    "join": join,
-    "gpus_under": gpus_under,
-    "gpus_full": gpus_full,
-    "gmu_split": gmu_split,
-    "pair_desc": pair_desc,
-    "count_at_least": count_at_least,
-    "format": fmt,
-    "device_default_max_num_seqs": default_max_num_seqs,
-    "device_default_max_num_batched_tokens": default_max_num_batched_tokens,
-}

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kvdoctor.dcmethods import shared_methods
-from kvdoctor.rules_engine import Rule, RuleFileError, key_line, load_yaml_with_lines, value_line
+from kvdoctor.rulekit import Rule
+from kvdoctor.yamlfile import YamlFileError, key_line, load_yaml_with_lines, value_line
 
 ENV_VAR = "KVDOCTOR_CONFIG"
 
@@ -61,7 +62,7 @@ def default_config_path() -> Path | None:
     return home if home.is_file() else None
 
 
-def load_user_config(path: str | Path | None = None, rules: Iterable[Rule] | None = None) -> UserConfig:
+def load_user_config(path: str | Path | None = None, rules: Iterable[Rule[Any]] | None = None) -> UserConfig:
     """Read the user config from ``path`` (or :func:`default_config_path`); an empty
     :class:`UserConfig` when there is none. When ``rules`` is given the overrides are checked
     against them (see :func:`validate_user_config`).
@@ -77,7 +78,7 @@ def load_user_config(path: str | Path | None = None, rules: Iterable[Rule] | Non
         raise UserConfigError(shown, None, "config file does not exist")
     try:
         data = load_yaml_with_lines(p, shown)
-    except RuleFileError as err:
+    except YamlFileError as err:
         raise UserConfigError(shown, err.line, err.reason) from None
     cfg = UserConfig(origin=shown)
     if data is None:
@@ -119,7 +120,7 @@ def _line(cfg: UserConfig, rid: str, name: str | None) -> int | None:
     return cfg.lines.get((rid, name)) or None
 
 
-def validate_user_config(cfg: UserConfig, rules: Iterable[Rule]) -> None:
+def validate_user_config(cfg: UserConfig, rules: Iterable[Rule[Any]]) -> None:
     """Check every rule id and threshold name in ``cfg`` exists in ``rules`` and each value has
     the default's kind (number/text/bool). Raises :class:`UserConfigError` naming the line."""
     by_id = {r.id: r for r in rules}
@@ -140,8 +141,9 @@ def validate_user_config(cfg: UserConfig, rules: Iterable[Rule]) -> None:
             unknown(rid, None)
             continue
         for name, value in values.items():
-            if name not in rule.thresholds:
-                known = ", ".join(sorted(rule.thresholds)) or "none"
+            current = rule.threshold_values()
+            if name not in current:
+                known = ", ".join(sorted(current)) or "none"
                 raise UserConfigError(
                     cfg.origin,
                     _line(cfg, rid, name),
@@ -153,12 +155,12 @@ def validate_user_config(cfg: UserConfig, rules: Iterable[Rule]) -> None:
                 raise UserConfigError(cfg.origin, _line(cfg, rid, name), str(err)) from None
 
 
-def apply_user_config(rules: Iterable[Rule], cfg: UserConfig) -> list[Rule]:
+def apply_user_config(rules: Iterable[Rule[Any]], cfg: UserConfig) -> list[Rule[Any]]:
     """The rules with ``cfg`` applied: disabled ones removed, thresholds overridden.
     Raises :class:`UserConfigError` like :func:`validate_user_config`."""
     rules = list(rules)
     validate_user_config(cfg, rules)
-    out: list[Rule] = []
+    out: list[Rule[Any]] = []
     for rule in rules:
         if rule.id in cfg.disabled:
             continue

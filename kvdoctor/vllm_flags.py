@@ -24,20 +24,20 @@ Value kinds (``Flag.kind``):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvdoctor import vllm_defaults
 from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import EngineConfig
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
 from kvdoctor.units import MAX_INT64, in_range
-
-Version = tuple[int, ...]
+from kvdoctor.vllm_defaults import SizingMode, Version
+from kvdoctor.vllm_defaults import parse_version as parse_version  # the one parser, re-exported
+from kvdoctor.vllm_defaults import version_tuple as version_tuple
 
 
 @shared_methods
@@ -129,7 +129,7 @@ FLAGS: tuple[Flag, ...] = (
     _f("max_context_len_to_capture", kind="int", removed_in="0.6"),
     _f("max_cudagraph_capture_size", kind="int"),
     _f("cuda_graph_sizes", kind="list"),
-    _f("compilation_config", "-O", kind="json"),
+    _f("compilation_config", "-O", "-cc", kind="json"),
     _f("mm_processor_cache_gb", kind="float"),
     _f("limit_mm_per_prompt", kind="json"),
     _f("mm_processor_kwargs", kind="json"),
@@ -140,6 +140,10 @@ FLAGS: tuple[Flag, ...] = (
     _f("sleep_mode_offload_cudagraph", kind="bool", added_in="0.32"),
     _f("enable_nccl_comm_suspend", kind="bool", added_in="0.30"),
     _f("attention_backend", kind="str", added_in="0.13"),
+    # vLLM 0.34 (reference/vllm-facts.md §9.1, §9.7): kept in args, read by the sizing-mode decision
+    _f("enable_extensible_kv_cache", kind="bool", added_in="0.34"),
+    _f("enable_elastic_ep", kind="bool"),
+    _f("checkpoint_prepare_on_startup", kind="bool", added_in="0.34"),
     _f("data_parallel_external_lb", kind="bool"),
     _f("data_parallel_hybrid_lb", kind="bool"),
     _f("aggregate_engine_logging", kind="bool"),
@@ -475,26 +479,6 @@ def update_config_from_args(cfg: EngineConfig, args: Mapping[str, Any], *, expli
 # --------------------------------------------------------------------------- versions
 
 
-def parse_version(version: str | None) -> Version | None:
-    """``"0.10.1.1"`` → (0, 10, 1, 1); ``"v0.9.1"``, ``"0.11.0rc1"``, ``"0.6.3.post1"``,
-    ``"0.10.2+cu128"`` → their numeric release part. None or unparseable → None."""
-    if not version:
-        return None
-    return _parse_version_text(str(version))
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_version_text(text: str) -> Version | None:
-    # rules ask for the same few versions every evaluation (a tuple: the cached answer is immutable)
-    m = _VERSION_RE.match(text)
-    if not m:
-        return None
-    return tuple(int(p) for p in m.group(1).split("."))
-
-
-_VERSION_RE = re.compile(r"\A\s*v?(\d+(?:\.\d+)*)")
-
-
 def _at_least(version: Version | None, ref: str) -> bool:
     """True when ``version`` ≥ ``ref``; unknown versions count as current (True)."""
     if version is None:
@@ -503,10 +487,12 @@ def _at_least(version: Version | None, ref: str) -> bool:
     return version >= ref_v
 
 
-def default_gpu_memory_utilization(version: str | None) -> float:
-    """vLLM's default ``--gpu-memory-utilization``: 0.92 from 0.20, 0.9 up to 0.19
-    (vllm-facts §4.2, §7). Unknown version → 0.92 (current)."""
-    return 0.92 if _at_least(parse_version(version), "0.20") else 0.9
+def default_gpu_memory_utilization(version: str | None, mode: SizingMode | None = None) -> float:
+    """vLLM's default ``--gpu-memory-utilization``: 0.92 from 0.20, 0.9 up to 0.19; on 0.34 1.0
+    with the extensible KV cache (``mode`` None on 0.34 = extensible, its default) and 0.92
+    without (vllm-facts §4.2, §9.3). Unknown version → 0.92 (0.33 assumed): the table is
+    :data:`kvdoctor.vllm_defaults.DEFAULTS`."""
+    return vllm_defaults.default_gpu_memory_utilization(version, mode)
 
 
 def default_max_num_seqs(
@@ -514,16 +500,10 @@ def default_max_num_seqs(
 ) -> int:
     """vLLM's device default for ``--max-num-seqs`` (vllm-facts §4.2, ``arg_utils.py``):
     1024 on a ≥160 GiB device or an H100/H200-class one (≥70 GiB, not A100/GB10), else 256;
-    256 before 0.10 (and on an unknown device). ``version`` None means current (0.33).
-    The one copy of this default: ``plan`` and ``diagnose`` (derive) both call it."""
-    if not _at_least(parse_version(version), "0.10") or not gpu_total_bytes:
-        return 256
-    gib = 2**30
-    name = (gpu_name or "").upper()
-    big_class = gpu_total_bytes >= 70 * gib and "A100" not in name and "GB10" not in name
-    # The ≥160 GiB tier arrived after 0.27 (same tiers 0.10–0.27 without it).
-    huge = gpu_total_bytes >= 160 * gib and _at_least(parse_version(version), "0.28")
-    return 1024 if (big_class or huge) else 256
+    256 before 0.10 (and on an unknown device). ``version`` None means 0.33 (assumed).
+    The one copy of this default (:func:`kvdoctor.vllm_defaults.default_max_num_seqs`):
+    ``plan`` and ``diagnose`` (derive) both call it."""
+    return vllm_defaults.default_max_num_seqs(version, gpu_total_bytes, gpu_name)
 
 
 def default_max_num_batched_tokens(
@@ -532,27 +512,9 @@ def default_max_num_batched_tokens(
     """vLLM's device default for ``--max-num-batched-tokens`` with chunked prefill on (vllm-facts
     §4.2): on a ≥160 GiB device (≥0.28) 16384; on an H100/H200-class one (≥70 GiB, not
     A100/GB10) 8192 for ``vllm serve`` (16384 for ``LLM``); otherwise 2048 (8192 for ``LLM``).
-    The same tier as :func:`default_max_num_seqs`; 2048 / 8192 before 0.10 and on an unknown
-    device (memory read as 0: the small tier)."""
-    small = 2048 if server else 8192
-    if not _at_least(parse_version(version), "0.10") or not gpu_total_bytes:
-        return small
-    gib = 2**30
-    name = (gpu_name or "").upper()
-    if gpu_total_bytes >= 160 * gib and _at_least(parse_version(version), "0.28"):
-        return 16384
-    if gpu_total_bytes >= 70 * gib and "A100" not in name and "GB10" not in name:
-        return 8192 if server else 16384
-    return small
-
-
-def version_tuple(version: str | None, width: int = 3) -> tuple[int, ...] | None:
-    """:func:`parse_version` padded/cut to ``width`` parts (``"0.9"`` → (0, 9, 0)); None when
-    unparseable. The one version parser: kvmath, derive and the log source use it."""
-    v = parse_version(version)
-    if v is None:
-        return None
-    return (tuple(v) + (0,) * width)[:width]
+    2048 / 8192 before 0.10 and on an unknown device (memory read as 0: the small tier).
+    :func:`kvdoctor.vllm_defaults.default_max_num_batched_tokens`."""
+    return vllm_defaults.default_max_num_batched_tokens(version, gpu_total_bytes, gpu_name, server)
 
 
 def flag_available(dest: str, version: str | None) -> bool:
@@ -582,11 +544,15 @@ def unavailable_flags(cfg: EngineConfig, version: str | None) -> list[str]:
 _NON_GENERATE_TASKS = {"embed", "embedding", "pooling", "classify", "score", "reward"}
 
 
-def apply_defaults(cfg: EngineConfig, version: str | None) -> EngineConfig:
+def apply_defaults(cfg: EngineConfig, version: str | None, mode: SizingMode | None = None) -> EngineConfig:
     """Return a copy of ``cfg`` with vLLM's defaults for ``version`` filled into every field the
-    user did not set (``cfg.explicit``). ``version`` None means current (0.33).
+    user did not set (``cfg.explicit``). ``version`` None (or unknown) means 0.33, assumed.
+    ``mode`` is the KV sizing mode of a 0.34 engine (:func:`kvdoctor.vllm_defaults.decide_sizing_mode`;
+    None = extensible, 0.34's default); earlier versions have only the estimate mode.
 
-    Defaults (vllm-facts §4.2): gpu_memory_utilization 0.92 (0.9 before 0.20); block_size 16;
+    Defaults (vllm-facts §4.2, §9.3; the table is :data:`kvdoctor.vllm_defaults.DEFAULTS`):
+    gpu_memory_utilization 0.92 (0.9 before 0.20; on 0.34 1.0 extensible, 0.92 estimate);
+    block_size 16 (64 from 0.34);
     swap_space_gib 4 up to 0.17, None after (removed in 0.18); cpu_offload_gb 0; dtype "auto";
     kv_cache_dtype "auto"; port 8000; from 0.8 (V1) prefix caching and chunked prefill on for
     generate models; before 0.8 (V0) prefix caching off and max_num_seqs 256. max_num_seqs and
@@ -597,9 +563,9 @@ def apply_defaults(cfg: EngineConfig, version: str | None) -> EngineConfig:
     new = dataclasses.replace(cfg, explicit=set(cfg.explicit), args=dict(cfg.args))
     ex = new.explicit
     if "gpu_memory_utilization" not in ex:
-        new.gpu_memory_utilization = default_gpu_memory_utilization(version)
+        new.gpu_memory_utilization = default_gpu_memory_utilization(version, mode)
     if "block_size" not in ex and new.block_size is None:
-        new.block_size = 16
+        new.block_size = vllm_defaults.default_block_size(version)
     if "swap_space_gib" not in ex:
         new.swap_space_gib = None if _at_least(v, "0.18") else 4.0
     if "cpu_offload_gb" not in ex and new.cpu_offload_gb is None:

@@ -84,32 +84,19 @@ def fake_metrics_server() -> Iterator[FakeMetricsServer]:
         srv.close()
 
 
-# --------------------------------------------------------------------------- compiled-rules disk cache (s2-perf)
+# --------------------------------------------------------------------------- findings' fixes
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _private_rules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The test run keeps its compiled-rules cache (kvdoctor.rules_engine) in a temporary
-    directory, never in the user's ~/.cache; CLI subprocesses inherit it through the env."""
-    import os
-
-    old = os.environ.get("KVDOCTOR_CACHE_DIR")
-    os.environ["KVDOCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvdoctor-cache"))
-    yield
-    if old is None:
-        os.environ.pop("KVDOCTOR_CACHE_DIR", None)
-    else:
-        os.environ["KVDOCTOR_CACHE_DIR"] = old
+def all_flags(finding: Any) -> dict[str, str]:
+    """The flags and environment of every alternative fix of a finding, merged (the first
+    alternative's value wins), for tests that ask "which flags may it suggest"."""
+    out: dict[str, str] = {}
+    for fix in reversed(finding.fixes):
+        out.update(fix.flags)
+        out.update(fix.env)
+    return out
 
 
-# ------------------------------------------------------------------ rules memo tests
-
-
-def evaluation_outcome(ev: Any) -> tuple[Any, ...]:
-    """Everything a ``kvdoctor.rules_engine.Evaluation`` gave, as data (findings, skipped,
-    errors): a memoised evaluation and a fresh one must give the same."""
-    return (
-        [f.to_dict() for f in ev.findings],
-        [s.to_dict() for s in ev.skipped],
-        [str(e) for e in ev.errors],
-    )
+def alternatives(finding: Any) -> list[dict[str, str]]:
+    """Each alternative fix's flags and environment, the recommended first."""
+    return [{**fix.flags, **fix.env} for fix in finding.fixes]

@@ -122,8 +122,21 @@ def _targets() -> list[Target]:
         b"\x1b[32m",
         b"2025-07-01T09:12:43.123Z stdout F ",
     ]
+    # vLLM 0.34 (sources/log_v034.py, vllm-facts §9)
+    log_words_034 = [
+        b"Memory after warmup: 62.25 GiB free, 0.06 GiB committed to the KV cache, 1.86 GiB kept for transient activations (1.66 GiB allocated at peak, 1.86 GiB of torch reservation growth); 7576 KV cache blocks (59.19 GiB) fit within the requested 79.19 GiB. Torch may reserve up to 18.34 GiB.",
+        b"Extended KV cache to 7576 blocks (59.19 GiB).",
+        b"gpu_memory_utilization=0.9 caps this instance at 71.27 GiB, keeping 6.13 GiB of free device memory out of the KV cache.",
+        b"--max-model-len auto reduced max_model_len from 131072 to 4096 (0.5 GiB GPU left for the KV cache after CUDA graph capture and warmup). Requests longer than 4096 tokens will be rejected. ",
+        b"Disabling the extensible KV cache: another rank cannot use it. The KV cache will be sized from profiling estimates instead of measured memory.",
+        b"The extensible KV cache already takes all device memory left after the model, its activations, CUDA graphs and warmup;",
+        b"within `gpu_memory_utilization`=0.9; increase it",
+        b"VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 has been removed.",
+        b"RuntimeError: GPU driver error 2: out of memory",
+    ]
     return [
         Target("vllm_log.parse_log", log, _seeds("vllm_log/*.log", "bundles/*/vllm.log"), log_words),
+        Target("vllm_log.parse_log (0.34)", log, _seeds("bundles-034/*/vllm.log"), log_words + log_words_034),
         Target("vllm_log.parse_line", follower_lines, _seeds("vllm_log/*.log", limit=3), log_words),
         Target(
             "metrics.parse_metrics",

@@ -188,15 +188,29 @@ def test_overriding_the_kv_pressure_threshold_changes_the_severity(tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("gpu_name", "version"),
-    [("H100", "0.33.0"), ("H100", "0.9.2"), ("A100-80GB", "0.33.0"), ("L4", "0.19.1"), ("H200", None)],
+    [
+        ("H100", "0.33.0"),
+        ("H100", "0.9.2"),
+        ("A100-80GB", "0.33.0"),
+        ("L4", "0.19.1"),
+        ("H200", None),
+        ("H100", "0.34.0"),
+        ("L4", "0.34.1"),
+    ],
 )
 def test_plan_and_diagnose_agree_on_vllms_defaults(gpu_name: str, version: str | None) -> None:
     from kvdoctor import catalog
     from kvdoctor.plan import build_plan, resolve_model
+    from kvdoctor.vllm_defaults import UNKNOWN_VERSION_ASSUMED
 
     spec = catalog.gpu(gpu_name)
+    # an engine of unknown version is read with 0.33's defaults (stated); plan models a version it
+    # is given (its own default is the newest, 0.34)
     plan = build_plan(
-        resolve_model("meta-llama/Llama-3.1-8B-Instruct"), gpu=spec, vllm_version=version, grid=False
+        resolve_model("meta-llama/Llama-3.1-8B-Instruct"),
+        gpu=spec,
+        vllm_version=version or UNKNOWN_VERSION_ASSUMED,
+        grid=False,
     )
     snap = Snapshot(
         gpus=[Gpu(index=0, name=spec.name, memory_total_bytes=spec.memory_bytes, memory_used_bytes=GiB)]

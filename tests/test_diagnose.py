@@ -48,7 +48,7 @@ def test_report_json_shape() -> None:
     )
     assert "\n" not in out.strip()  # one document, never wrapped
     r = json.loads(out)
-    assert r["schema"] == "kvdoctor.report/1" and r["generated_at"].endswith("Z")
+    assert r["schema"] == "kvdoctor.report/2" and r["generated_at"].endswith("Z")
     assert {s["kind"] for s in r["sources"]} >= {"nvidia-smi", "log", "cmdline"}
     assert r["gpus"][0]["processes"][0] == {
         "pid": 48213,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,60 +15,27 @@ from kvdoctor.facts import Snapshot, SourceStatus
 from kvdoctor.findings import Finding, causal_order
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.report import build_report, make_console, render_json, render_markdown, render_text
-from kvdoctor.rules_engine import RuleContext, RuleFileError, evaluate, load_rules
+from kvdoctor.rulekit import Hit, Rule, RuleContext, RuleFileError, evaluate, load_rules
 from kvdoctor.sources.bundle import load_bundle
 
 DATA = Path(__file__).parent / "data"
-DOC = "doc: |\n  ## What\n  x\n  ## Why\n  x\n  ## How to confirm\n  x\n  ## Fix\n  x\n  ## Sources\n  x\n"
+DOC = "## What\nx\n## Why\nx\n## How to confirm\nx\n## Fix\nx\n## Sources\nx\n"
 
 
-def rule_text(rid: str, when: str = "True", extra: str = "", severity: str = "warning") -> str:
-    return (
-        f'id: {rid}\nfamily: K\nseverity: {severity}\ntitle: {rid}\nwhen: "{when}"\nsummary: {rid} fired\n'
-        f"evidence:\n  - {{fact: f, value: v, source: s}}\n{extra}{DOC}"
-    )
+@dataclass(frozen=True)
+class _T:
+    pass
 
 
-def write(tmp: Path, rid: str, **kw: str) -> Path:
-    p = tmp / f"{rid}.yaml"
-    p.write_text(rule_text(rid, **kw))
-    return p
+def _rule(rid: str, name: str, severity: str = "warning", **kw: Any) -> Rule[Any]:
+    def check(f: Any, t: Any) -> Hit | None:
+        return Hit(summary=f"{rid} fired") if f.get(name) else None
+
+    return Rule(id=rid, family="K", severity=severity, title=rid, doc=DOC, thresholds=_T(), check=check, **kw)  # type: ignore[arg-type]
 
 
-def test_explains_names_existing_rules_only(tmp_path: Path) -> None:
-    write(tmp_path, "root-cause", extra="explains: [symptom-a, symptm-b]\n")
-    write(tmp_path, "symptom-a")
-    write(tmp_path, "symptom-b")
-    with pytest.raises(RuleFileError) as err:
-        load_rules([tmp_path])
-    msg = str(err.value)
-    assert "root-cause.yaml:" in msg and "explains unknown rule 'symptm-b'" in msg and "symptom-b" in msg
-    # The line is the explains line.
-    line = int(msg.split("root-cause.yaml:")[1].split(":")[0])
-    assert (tmp_path / "root-cause.yaml").read_text().splitlines()[line - 1].startswith("explains:")
-
-
-def test_explains_cycles_and_self_are_refused(tmp_path: Path) -> None:
-    write(tmp_path, "a-rule", extra="explains: [b-rule]\n")
-    write(tmp_path, "b-rule", extra="explains: [a-rule]\n")
-    with pytest.raises(RuleFileError, match="cycle"):
-        load_rules([tmp_path])
-    other = tmp_path / "self"
-    other.mkdir()
-    write(other, "c-rule", extra="explains: [c-rule]\n")
-    with pytest.raises(RuleFileError, match="cannot explain itself"):
-        load_rules([other])
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    write(bad, "d-rule", extra="explains: d-rule-x\n")
-    with pytest.raises(RuleFileError, match="list of rule ids"):
-        load_rules([bad])
-
-
-def test_consequences_carry_caused_by_for_the_same_engine_only(tmp_path: Path) -> None:
-    write(tmp_path, "root-cause", when="root", extra="explains: [symptom]\n", severity="warning")
-    write(tmp_path, "symptom", when="sym", severity="critical")
-    rules = load_rules([tmp_path])
+def test_consequences_carry_caused_by_for_the_same_engine_only() -> None:
+    rules = [_rule("root-cause", "root", explains=("symptom",)), _rule("symptom", "sym", severity="critical")]
     res = evaluate(
         rules,
         [
@@ -78,6 +47,17 @@ def test_consequences_carry_caused_by_for_the_same_engine_only(tmp_path: Path) -
     assert got == {("root-cause", "e1"): None, ("symptom", "e1"): "root-cause", ("symptom", "e2"): None}
 
 
+def test_explains_must_name_loaded_rules(tmp_path: Path) -> None:
+    (tmp_path / "root_cause.py").write_text(
+        "from dataclasses import dataclass\nfrom kvdoctor.rulekit import Rule\n"
+        "@dataclass(frozen=True)\nclass T:\n    pass\n"
+        f"RULE = Rule(id='root-cause', family='K', severity='info', title='t', doc={DOC!r}, thresholds=T(),"
+        " check=lambda f, t: None, explains=('symptm-b',))\n"
+    )
+    with pytest.raises(RuleFileError, match="symptm-b"):
+        load_rules([tmp_path], plugins=False)
+
+
 def test_reports_lead_with_the_root_and_nest_consequences() -> None:
     # A real case: the preemption storm comes from --max-num-seqs admitting more than the KV holds.
     tl = load_bundle(DATA / "cases" / "real-cpu-preemptions").timeline
@@ -85,7 +65,7 @@ def test_reports_lead_with_the_root_and_nest_consequences() -> None:
     doc = json.loads(render_json(rep))
     pairs = [(f["rule"], f["caused_by"]) for f in doc["findings"]]
     assert pairs == [("max-num-seqs-exceeds-kv", None), ("preemption-storm", "max-num-seqs-exceeds-kv")]
-    assert doc["schema"] == "kvdoctor.report/1"
+    assert doc["schema"] == "kvdoctor.report/2"
     md = render_markdown(rep)
     assert md.index("### WARNING: --max-num-seqs") < md.index("#### ↳ WARNING:")
     assert "A consequence of `max-num-seqs-exceeds-kv`" in md
@@ -111,24 +91,13 @@ def test_causal_order_puts_a_warning_root_before_its_critical_consequence() -> N
     assert [f.rule for f in rep.findings] == ["root", "sym"] and rep.health == "critical"
 
 
-def test_for_and_clear_for_parse_durations(tmp_path: Path) -> None:
-    write(tmp_path, "a-rule", extra="for: 30s\n")
-    write(tmp_path, "b-rule", extra="for: 2m\nclear_for: 1h\n")
-    write(tmp_path, "c-rule", extra="for: 15\n")
-    write(tmp_path, "d-rule")
-    got = {r.id: (r.for_s, r.clear_for_s) for r in load_rules([tmp_path])}
-    assert got == {
-        "a-rule": (30.0, 30.0),
-        "b-rule": (120.0, 3600.0),
-        "c-rule": (15.0, 15.0),
-        "d-rule": (0.0, 0.0),
-    }
-    for bad in ("for: soon\n", "for: -5\n", "clear_for: true\n"):
-        d = tmp_path / f"bad{abs(hash(bad))}"
-        d.mkdir()
-        write(d, "e-rule", extra=bad)
-        with pytest.raises(RuleFileError, match="duration"):
-            load_rules([d])
+def test_for_and_clear_for_are_seconds_and_never_negative() -> None:
+    from kvdoctor.rulekit import check_rule
+
+    ok = check_rule(_rule("a-rule", "x", for_s=30.0, clear_for_s=120.0), "test")
+    assert (ok.for_s, ok.clear_for_s) == (30.0, 120.0)
+    with pytest.raises(RuleFileError, match="seconds"):
+        check_rule(_rule("b-rule", "x", for_s=-5.0), "test")
 
 
 def test_the_shipped_catalogue_declares_explains_that_hold() -> None:

@@ -14,6 +14,7 @@ from kvdoctor.units import GiB, KiB, MiB
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = json.loads((DATA / "plan" / "plan-golden-handed.json").read_text())
+GOLDEN_034 = json.loads((DATA / "plan" / "plan-golden-034-handed.json").read_text())
 
 
 def _cat(name: str) -> ModelArch:
@@ -63,6 +64,106 @@ def test_golden_rows_match_vllm(row: dict) -> None:
     else:
         assert kvmath.estimated_max_model_len(avail, layout, mml) == exp["estimated_max_model_len"]
         assert kvmath.vllm_fit_error(avail, layout, mml) == exp["error"]
+
+
+@pytest.mark.parametrize("row", GOLDEN_034, ids=[r["id"] for r in GOLDEN_034])
+def test_golden_rows_match_vllm_034(row: dict) -> None:
+    # vLLM 0.34.0 with --kv-cache-memory-bytes (the estimate path): block 64 by default, the
+    # H1 hint and the new "Decreasing `max_model_len` …" tail in the fit error
+    arch = parse_model_config(row["config"])
+    layout = kvmath.kv_layout(
+        arch,
+        tensor_parallel_size=row["tensor_parallel_size"],
+        pipeline_parallel_size=row["pipeline_parallel_size"],
+        kv_cache_dtype=row["kv_cache_dtype"],
+        block_size=row["block_size_flag"],
+        gpu=catalog.gpu("H200"),
+        max_num_batched_tokens=row["max_num_batched_tokens"],
+        vllm_version="0.34.0",
+    )
+    exp = row["expect"]
+    avail = row["available_kv_bytes_per_gpu"]
+    assert layout.block_size == exp["block_size"]
+    assert layout.page_size_bytes_per_layer == exp["page_size_bytes_per_layer"]
+    assert layout.bytes_per_block == exp["bytes_per_block"]
+    assert layout.max_in_flight_tokens == row["details"]["max_in_flight_tokens"]
+    if "bytes_per_block_per_pp_stage" in exp:
+        assert layout.bytes_per_block_per_stage == exp["bytes_per_block_per_pp_stage"]
+    mml = row["max_model_len"]
+    if mml == -1:
+        mml = kvmath.estimated_max_model_len(avail, layout, kvmath.derived_max_model_len(arch) or 0)
+        assert mml == exp["resolved_max_model_len"]
+        assert mml % exp["block_size"] == 0
+    assert kvmath.fits(avail, layout, mml) is exp["fits"]
+    err = kvmath.vllm_fit_error(avail, layout, mml, vllm_version="0.34.0", mode="estimate")
+    if exp["fits"]:
+        cap = kvmath.kv_capacity(kvmath.num_gpu_blocks(avail, layout), layout, mml)
+        assert (cap.num_gpu_blocks, cap.kv_cache_tokens) == (exp["num_gpu_blocks"], exp["kv_cache_tokens"])
+        assert f"{cap.max_concurrency:.2f}" == exp["max_concurrency"]
+        assert cap.blocks_per_request == exp["blocks_per_request"]
+        assert cap.log_line() == exp["log_line"]
+        assert err is None
+    else:
+        assert kvmath.estimated_max_model_len(avail, layout, mml) == exp["estimated_max_model_len"]
+        assert err == exp["error"]
+
+
+def test_034_fit_error_hints_by_mode() -> None:
+    arch = parse_model_config_file(DATA / "models" / "qwen3-4b.json")
+    layout = kvmath.kv_layout(arch, vllm_version="0.34")
+    assert layout.block_size == 64
+    small = 10 * layout.bytes_per_block
+    h3 = kvmath.vllm_fit_error(small, layout, 32768, vllm_version="0.34")
+    assert (
+        h3 is not None
+        and "The extensible KV cache already takes all device memory left after the model, its activations, CUDA graphs and warmup"
+        in h3
+    )
+    assert h3.endswith(
+        "Decreasing `max_model_len` also reduces what is needed. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+    h2 = kvmath.vllm_fit_error(small, layout, 32768, vllm_version="0.34", gpu_memory_utilization=0.9)
+    assert (
+        h2 is not None
+        and "within `gpu_memory_utilization`=0.9; increase it (with the extensible KV cache it defaults to 1.0)"
+        in h2
+    )
+    none = kvmath.vllm_fit_error(0, layout, 32768, vllm_version="0.34", after_warmup=False)
+    assert none == (
+        "No available memory for the cache blocks. The extensible KV cache already takes all device memory left "
+        "after the model and its activations; decrease `max_model_len` or `max_num_seqs`, or the model needs a "
+        "device with more memory. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+    # 0.33 and an unknown version keep the 0.33 text
+    for v in ("0.33", None):
+        assert "or decreasing `max_model_len` when initializing the engine" in (
+            kvmath.vllm_fit_error(small, kvmath.kv_layout(arch), 32768, vllm_version=v) or ""
+        )
+
+
+def test_034_default_block_size_is_64_mla_too() -> None:
+    dsv2 = (
+        _cat("deepseek-ai/DeepSeek-V2-Lite") if catalog.model_config("deepseek-ai/DeepSeek-V2-Lite") else None
+    )
+    h100 = catalog.gpu("H100")
+    arch = parse_model_config_file(DATA / "models" / "qwen3-4b.json")
+    assert kvmath.default_block_size(arch, gpu=h100) == 16
+    assert kvmath.default_block_size(arch, gpu=h100, vllm_version="0.34.1") == 64
+    assert kvmath.default_block_size(arch, gpu=h100, vllm_version="0.35") == 16  # unknown: 0.33 assumed
+    if dsv2 is not None:
+        assert kvmath.default_block_size(dsv2, gpu=h100) == 16  # bf16 MLA on Hopper before 0.34
+        assert kvmath.default_block_size(dsv2, gpu=h100, vllm_version="0.34") == 64
+
+
+def test_extensible_estimate_reproduces_the_facts_example_within_a_granule() -> None:
+    # vllm-facts §9.2: T 81,090 MiB, U = C + graphs + other growth 16,726 MiB, kept 1,900 MiB
+    # (Tr 1,700 → μ 1,275), F0 80,530 → K = min(64,364, 62,529) − 1,900 = 60,629 MiB
+    o = kvmath.OverheadEstimate(non_torch=0, activation_peak=1900 * MiB, cudagraph=576 * MiB + 150 * MiB)
+    k = kvmath.estimate_extensible_kv_bytes(81090 * MiB, 1.0, 16000 * MiB, o, context_bytes=560 * MiB)
+    # μ here is 0.75 × kept (1,425) rather than 0.75 × Tr (1,275): 150 MiB lower
+    assert k == (80530 - 16726 - 1425 - 1900) * MiB
+    capped = kvmath.estimate_extensible_kv_bytes(81090 * MiB, 0.9, 16000 * MiB, o, context_bytes=560 * MiB)
+    assert capped == kvmath.requested_memory_bytes(81090 * MiB, 0.9) - 16726 * MiB - 1900 * MiB
 
 
 def test_llama2_7b_is_mha_512kib_per_token() -> None:

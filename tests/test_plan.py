@@ -17,6 +17,8 @@ from kvdoctor.units import GiB, MiB
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = json.loads((DATA / "plan" / "plan-golden-handed.json").read_text())
+#: vLLM 0.34.0's own KV-cache code (shared/cases-034, default block 64 and --block-size 16)
+GOLDEN_034 = json.loads((DATA / "plan" / "plan-golden-034-handed.json").read_text())
 
 
 def _run(*args: str) -> tuple[int, str, str]:
@@ -24,12 +26,17 @@ def _run(*args: str) -> tuple[int, str, str]:
     return res.exit_code, res.stdout, res.stderr
 
 
-@pytest.mark.parametrize("row", GOLDEN, ids=[r["id"] for r in GOLDEN])
-def test_plan_json_reproduces_golden_row(row: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("row", "version"),
+    [(r, "0.33") for r in GOLDEN] + [(r, "0.34") for r in GOLDEN_034],
+    ids=[f"0.33:{r['id']}" for r in GOLDEN] + [f"0.34:{r['id']}" for r in GOLDEN_034],
+)
+def test_plan_json_reproduces_golden_row(row: dict, version: str, tmp_path: Path) -> None:
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(row["config"]))
     args = [
         "--model-config", str(cfg), "--gpu", "H200", "--format", "json", "--no-grid",
+        "--vllm-version", version,
         "--tensor-parallel-size", str(row["tensor_parallel_size"]),
         "--pipeline-parallel-size", str(row["pipeline_parallel_size"]),
         "--kv-cache-dtype", row["kv_cache_dtype"],
@@ -37,6 +44,8 @@ def test_plan_json_reproduces_golden_row(row: dict, tmp_path: Path) -> None:
         "--max-num-batched-tokens", str(row["max_num_batched_tokens"]),
         "--kv-cache-memory-bytes", str(row["available_kv_bytes_per_gpu"]),
     ]  # fmt: skip
+    if row["block_size_flag"] is not None:
+        args += ["--block-size", str(row["block_size_flag"])]
     code, out, _ = _run(*args)
     exp = row["expect"]
     assert code == (0 if exp["fits"] else 2)
@@ -64,6 +73,7 @@ def test_tutorial_case_70b_tp2_fp8_a100() -> None:
     code, out, _ = _run(
         "meta-llama/Llama-2-70b-chat-hf", "--gpu", "A100-80GB", "--tensor-parallel-size", "2",
         "--max-model-len", "2048", "--kv-cache-dtype", "fp8", "--format", "json",
+        "--vllm-version", "0.33",  # the tutorial's vLLM sized by estimate (gmu 0.92)
     )  # fmt: skip
     assert code == 0
     plan = json.loads(out)
@@ -117,7 +127,7 @@ def test_typical_request_and_gpu_memory() -> None:
 
 
 def test_auto_fit_max_model_len() -> None:
-    code, out, _ = _run(
+    args = (
         "meta-llama/Llama-3.1-8B",
         "--kv-cache-memory-bytes",
         "4G",
@@ -126,10 +136,17 @@ def test_auto_fit_max_model_len() -> None:
         "--format",
         "json",
     )
+    code, out, _ = _run(*args, "--vllm-version", "0.33")
     plan = json.loads(out)
     assert code == 0
     # 4 GiB / 2 MiB = 2048 blocks, one is the null block → 2047 × 16 tokens
     assert plan["max_model_len"] == 2047 * 16 and plan["num_gpu_blocks"] == 2048
+    # 0.34 (the default): 64-token blocks of 8 MiB → 512 blocks, 511 × 64 tokens (a multiple of 64)
+    code, out, _ = _run(*args)
+    plan = json.loads(out)
+    assert code == 0 and plan["vllm_version"] == "0.34" and plan["block_size"] == 64
+    assert plan["max_model_len"] == 511 * 64 and plan["num_gpu_blocks"] == 512
+    assert plan["sizing_mode"] == "estimate"  # --kv-cache-memory-bytes turns the extensible cache off
 
 
 @pytest.mark.parametrize(
@@ -468,3 +485,74 @@ def test_kimi_k2_mla_is_replicated_across_tp() -> None:
     # (kv_lora_rank 512 + qk_rope 64) × 2 B × 61 layers, the same on every TP rank
     assert kvmath.kv_bytes_per_token(arch) == 576 * 2 * 61
     assert kvmath.kv_bytes_per_token(arch, tensor_parallel_size=8) == 576 * 2 * 61
+
+
+# --------------------------------------------------------------------------- vLLM 0.34
+
+
+@pytest.mark.parametrize("version", ["0.35", "1.0", "main", "latest", "0.36.1"])
+def test_unknown_vllm_version_is_an_error_not_the_newest(version: str) -> None:
+    code, _, err = _run("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--vllm-version", version)
+    assert code == 3
+    assert "unknown --vllm-version" in err and "0.34" in err
+
+
+def test_plan_defaults_to_034_extensible_and_says_so() -> None:
+    code, out, _ = _run(
+        "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--max-model-len", "32768", "--format", "json"
+    )
+    plan = json.loads(out)
+    assert code == 0
+    assert plan["vllm_version"] == "0.34" and plan["sizing_mode"] == "extensible"
+    assert plan["gpu_memory_utilization"] == 1.0 and plan["block_size"] == 64
+    assert plan["available_kv_source"].startswith("estimate (extensible")
+    # an unset gmu is the 0.34 advice: no --gpu-memory-utilization to add, none already in effect
+    assert "--gpu-memory-utilization" not in plan["suggested_flags"]
+    assert any("extensible KV cache" in n for n in plan["notes"])
+    # the same plan on the estimate path: gmu 0.92, fewer KV bytes
+    code, out2, _ = _run(
+        "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--max-model-len", "32768", "--format", "json",
+        "--no-enable-extensible-kv-cache",
+    )  # fmt: skip
+    est = json.loads(out2)
+    assert est["sizing_mode"] == "estimate" and est["gpu_memory_utilization"] == 0.92
+    assert est["available_kv_bytes_per_gpu"] < plan["available_kv_bytes_per_gpu"]
+    code, out3, _ = _run(
+        "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--max-model-len", "32768", "--vllm-version", "0.33"
+    )
+    assert code == 0 and "0.33 / estimate" in out3
+
+
+def test_plan_034_text_names_the_mode() -> None:
+    code, out, _ = _run("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--max-model-len", "8192")
+    assert code == 0
+    assert "0.34 / extensible" in out
+
+
+def test_plan_034_extensible_with_kv_memory_bytes_is_vllms_startup_error() -> None:
+    code, _, err = _run(
+        "meta-llama/Llama-3.1-8B", "--kv-cache-memory-bytes", "4G", "--enable-extensible-kv-cache"
+    )
+    assert code == 3
+    assert "enable_extensible_kv_cache: it sizes the KV cache from measured memory" in err
+
+
+def test_plan_034_misfit_on_extensible_never_suggests_raising_gmu() -> None:
+    # Llama-3.1-70B bf16 on one H100: the weights alone do not fit; gmu is already 1.0
+    code, out, _ = _run(
+        "meta-llama/Llama-3.1-70B", "--gpu", "H100", "--max-model-len", "8192", "--format", "json"
+    )
+    plan = json.loads(out)
+    assert code == 2 and plan["sizing_mode"] == "extensible"
+    assert "--gpu-memory-utilization" not in plan["suggested_flags"]
+    assert "The extensible KV cache already takes all device memory left after" in plan["error"]
+    # an explicit gmu below 1.0 on the extensible path: 1.0 is the one gmu fix
+    code, out, _ = _run(
+        "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--max-model-len", "131072", "--format", "json",
+        "--gpu-memory-utilization", "0.8",
+    )  # fmt: skip
+    plan = json.loads(out)
+    assert code == 2
+    assert plan["suggested_flags"].get("--gpu-memory-utilization") == "1.0"
+    assert "within `gpu_memory_utilization`=0.8; increase it" in plan["error"]
+    assert int(plan["suggested_flags"]["--max-model-len"]) % 64 == 0

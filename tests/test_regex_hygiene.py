@@ -19,6 +19,7 @@ import pytest
 
 import kvdoctor
 import kvdoctor.derive
+import kvdoctor.sidecar
 import kvdoctor.sources
 from kvdoctor.lazyre import LazyPattern
 
@@ -78,7 +79,7 @@ BUDGET_S = 0.25  # per search at the largest length; linear patterns take ~1 ms
 
 def _modules() -> list[str]:
     names = []
-    for pkg in (kvdoctor, kvdoctor.sources, kvdoctor.derive):
+    for pkg in (kvdoctor, kvdoctor.sources, kvdoctor.derive, kvdoctor.sidecar):
         for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
             if not info.ispkg and not info.name.startswith(_SKIP):
                 names.append(info.name)

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from rich.console import Console
 
 from kvdoctor.facts import Engine, EngineConfig, Gpu, GpuProcess, Snapshot, SourceStatus
-from kvdoctor.findings import Evidence, Finding, Skipped, worst_health
+from kvdoctor.findings import Evidence, Finding, Fix, Skipped, worst_health
 from kvdoctor.report import build_report, exit_code, fix_lines, render_json, render_markdown, render_text
 
 MML = "max-model-len-exceeds-kv-capacity"
@@ -52,6 +52,19 @@ def finding(sev: str = "critical", rule: str = MML, **kw: object) -> Finding:
         engine="llama",
     )
     base.update(kw)
+    if "fixes" not in kw:  # one alternative: the suggested flags (and environment)
+        flags: dict[str, str] = base["suggested_flags"]  # type: ignore[assignment]
+        base["fixes"] = (
+            [
+                Fix(
+                    flags={k: v for k, v in flags.items() if k.startswith("-")},
+                    env={k: v for k, v in flags.items() if not k.startswith("-")},
+                    why="the fix",
+                )
+            ]
+            if flags
+            else []
+        )
     return Finding(**base)  # type: ignore[arg-type]
 
 
@@ -78,10 +91,12 @@ def test_json_shape_matches_spec() -> None:
         "engines",
         "findings",
         "skipped",
+        "errors",
+        "config",
         "exit_code",  # added field (report/1 allows additions)
     ]
     assert doc["exit_code"] == 2
-    assert doc["schema"] == "kvdoctor.report/1" and doc["generated_at"] == "2026-11-29T18:00:00Z"
+    assert doc["schema"] == "kvdoctor.report/2" and doc["generated_at"] == "2026-11-29T18:00:00Z"
     assert doc["health"] == "critical"
     assert doc["sources"][2] == {
         "kind": "metrics",
@@ -165,21 +180,28 @@ def test_worst_health() -> None:
     assert worst_health([finding("info"), finding("warning")]) == "warning"
 
 
-def test_fix_lines_are_copy_pasteable() -> None:
+def test_fix_lines_are_copy_pasteable_one_line_per_alternative() -> None:
     f = finding(
-        suggested_flags={
-            "--max-model-len": "3664",
-            "--enforce-eager": "",
-            "--limit-mm-per-prompt": '{"image": 1}',
-            "CUDA_VISIBLE_DEVICES": "2,3",
-        }
+        fixes=[
+            Fix(
+                flags={
+                    "--max-model-len": "3664",
+                    "--enforce-eager": "",
+                    "--limit-mm-per-prompt": '{"image": 1}',
+                },
+                env={"CUDA_VISIBLE_DEVICES": "2,3"},
+                why="a",
+            ),
+            Fix(commands=("kill 48211 48212",), why="b"),
+        ]
     )
     assert fix_lines(f) == [
-        "--max-model-len 3664",
-        "--enforce-eager",
-        "--limit-mm-per-prompt '{\"image\": 1}'",
-        "CUDA_VISIBLE_DEVICES=2,3",
+        "CUDA_VISIBLE_DEVICES=2,3 --max-model-len 3664 --enforce-eager --limit-mm-per-prompt '{\"image\": 1}'",
+        "kill 48211 48212",
     ]
+    # a report/1 finding without fixes shows its suggested flags as one line
+    old = finding(fixes=[], suggested_flags={"--max-model-len": "3664"})
+    assert fix_lines(old) == ["--max-model-len 3664"]
 
 
 def test_markdown_has_fix_first_and_collapsed_evidence() -> None:
@@ -221,7 +243,8 @@ def test_text_header_sources_fix_before_summary_and_skipped() -> None:
     assert "✓ log bundle/log: ok" in lines[1]
     assert "✗ nvidia-smi bundle/nvidia-smi: error — not in bundle" in lines[2]
     assert out.index("CRITICAL The KV cache") < out.index("WARNING")  # worst first
-    assert out.index("Fix: --max-model-len 3664") < out.index("The KV cache holds 3,664")
+    fix = "Fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --max-model-len 3664"
+    assert out.index(fix) < out.index("The KV cache holds 3,664")
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
     assert "[sic]" in out  # rich markup in text is printed, not interpreted
     assert f"kvdoctor explain {MML}" in out and "vllm.log line 31" in out

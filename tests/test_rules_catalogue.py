@@ -1,5 +1,5 @@
-"""The shipped rule catalogue (rules/*.yaml): loads against derive's variable catalogue, documents
-itself, and each rule fires and does not fire on the facts it is about.
+"""The shipped rule catalogue (rules/*.py): loads, documents itself, and each rule fires and does
+not fire on the facts it is about.
 
 Rules the real cases do not reach (tests/test_cases.py) are exercised here on contexts built by
 the pipeline (derive + rules + report) from small synthetic snapshots, so the rule and its variables are tested
@@ -12,9 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from kvdoctor.derive import VARIABLES
 from kvdoctor.facts import (
     EngineConfig,
     EngineMetrics,
@@ -26,10 +23,10 @@ from kvdoctor.facts import (
     Timeline,
 )
 from kvdoctor.pipeline import Pipeline
-from kvdoctor.rules_engine import default_rules_dir, load_rules
+from kvdoctor.rulekit import load_rules
 
 GiB = 2**30
-RULES = load_rules(None, known_names=set(VARIABLES))
+RULES = load_rules(plugins=False)
 PIPELINE = Pipeline(rules=RULES)
 SPEC_IDS = {
     "weights-not-sharded", "engines-stacked-on-one-gpu", "parallel-rank-imbalance", "mixed-gpus-in-parallel-group",
@@ -52,14 +49,17 @@ def test_catalogue_holds_the_issue_rules_and_each_documents_itself() -> None:
     ids = {r.id for r in RULES}
     assert SPEC_IDS <= ids
     assert SPEC2_IDS <= ids
-    assert len(ids) == 35
+    assert len(ids) >= 35
     for r in RULES:
         for section in ("## What", "## Why", "## How to confirm", "## Fix", "## Sources"):
-            assert section in r.doc, (r.id, section)
+            assert section in (r.doc or ""), (r.id, section)
 
 
 def test_rules_ship_from_the_top_level_rules_dir() -> None:
-    assert (default_rules_dir() / "preemption-storm.yaml").is_file()
+    import kvdoctor.rules
+
+    assert Path(kvdoctor.rules.__file__).resolve().parent == Path(__file__).resolve().parent.parent / "rules"
+    assert {r.source for r in RULES} >= {"kvdoctor.rules.preemption_storm"}
 
 
 def test_textual_is_never_imported_by_diagnose() -> None:
@@ -203,13 +203,6 @@ def test_orphans_from_the_live_process_table() -> None:
     snap.processes.append(HostProcess(pid=4242, name="VLLM::Worker_TP0", vllm_role="worker"))
     snap.processes.append(HostProcess(pid=4000, name="vllm", vllm_role="api_server"))
     assert "orphaned-engine-processes" not in fired(snap)
-
-
-@pytest.mark.parametrize("rule_file", sorted(Path(default_rules_dir()).glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_rule_file_names_only_known_variables(rule_file: Path) -> None:
-    from kvdoctor.rules_engine import load_rule_file
-
-    load_rule_file(rule_file, known_names=set(VARIABLES))
 
 
 def test_foreign_process_fix_is_never_a_gmu_too_small_for_the_weights() -> None:

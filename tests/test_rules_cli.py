@@ -1,9 +1,9 @@
-"""`kvdoctor rules` and `kvdoctor explain` through click's CliRunner, on fixture rule dirs."""
+"""`kvdoctor rules` (text, JSON, markdown) and `kvdoctor explain` through click's CliRunner, on
+the shipped catalogue and on rule directories of Python modules; docs/rules.md is current."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,14 +12,45 @@ from click.testing import CliRunner
 from kvdoctor import rules_cli
 from kvdoctor.cli import cli
 
-RULES = Path(__file__).parent / "data" / "rules_engine" / "rules"
+ROOT = Path(__file__).resolve().parent.parent
 MML = "max-model-len-exceeds-kv-capacity"
+
+RULE_SOURCE = '''"""## What
+w
+
+## Why
+w
+
+## How to confirm
+w
+
+## Fix
+w
+
+## Sources
+w
+"""
+from dataclasses import dataclass
+
+from kvdoctor.rulekit import Facts, Hit, Rule
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    per_min: float = 10.0
+
+
+def check(f: Facts, t: Thresholds) -> Hit | None:
+    return None
+
+
+RULE = Rule(id="RULE_ID", family="L", severity="SEVERITY", title="A title", doc=__doc__,
+            thresholds=Thresholds(), check=check, needs=("metrics",))
+'''
 
 
 @pytest.fixture(autouse=True)
-def no_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The fixture rules use their own variable names, not derive's catalogue.
-    monkeypatch.setattr(rules_cli, "variable_catalogue", lambda: None)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVDOCTOR_RULES_DIR", raising=False)
 
 
@@ -27,36 +58,27 @@ def run(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyp
     return CliRunner().invoke(cli, list(args), env=env)
 
 
-def test_rules_table() -> None:
-    res = run("rules", "--rules-dir", str(RULES))
-    assert res.exit_code == 0, res.output
-    out = res.output
-    assert "kvdoctor rules (3)" in out
-    # sorted by family W K L U P, then id
-    assert out.index(MML) < out.index("preemption-storm") < out.index("idle-preallocation")
-    assert "critical" not in out.split(MML)[1].splitlines()[0]  # fixture default is warning
-    assert "\x1b[" not in out
+def _rule_dir(tmp_path: Path, rule_id: str = "my-rule", severity: str = "warning") -> Path:
+    (tmp_path / f"{rule_id.replace('-', '_')}.py").write_text(
+        RULE_SOURCE.replace("RULE_ID", rule_id).replace("SEVERITY", severity)
+    )
+    return tmp_path
 
 
-def test_rules_json_via_env_var() -> None:
-    res = run("rules", "--format", "json", env={"KVDOCTOR_RULES_DIR": str(RULES)})
+def test_rules_table_lists_the_shipped_catalogue() -> None:
+    res = run("rules")
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
-    assert [r["id"] for r in doc] == ["idle-preallocation", MML, "preemption-storm"]
-    storm = doc[2]
-    assert storm == {
-        "id": "preemption-storm",
-        "family": "L",
-        "severity": "warning",
-        "title": "{preemptions_per_min:.0f} preemptions per minute",
-        "needs": ["metrics"],
-        "needs_any": [],
-        "thresholds": {"per_min": 10, "kv_full": 0.9},
-        "explains": [],
-        "for_s": 0.0,
-        "clear_for_s": 0.0,
-        "docs": "kvdoctor explain preemption-storm",
-    }
+    assert "preemption-storm" in res.output and MML in res.output and "kvdoctor explain ID" in res.output
+
+
+def test_rules_json_via_env_var(tmp_path: Path) -> None:
+    res = run("rules", "--format", "json", env={"KVDOCTOR_RULES_DIR": str(_rule_dir(tmp_path))})
+    assert res.exit_code == 0, res.output
+    (rule,) = json.loads(res.output)
+    assert (
+        rule["id"] == "my-rule" and rule["thresholds"] == {"per_min": 10.0} and rule["needs"] == ["metrics"]
+    )
+    assert rule["lifecycle"] == "stable" and rule["docs"] == "kvdoctor explain my-rule"
 
 
 def test_rules_empty_dir(tmp_path: Path) -> None:
@@ -65,51 +87,38 @@ def test_rules_empty_dir(tmp_path: Path) -> None:
 
 
 def test_explain_shows_doc_and_metadata() -> None:
-    res = run("explain", "preemption-storm", "--rules-dir", str(RULES))
+    res = run("explain", "preemption-storm")
     assert res.exit_code == 0, res.output
     out = res.output
-    assert out.startswith("preemption-storm — {preemptions_per_min:.0f} preemptions per minute")
-    assert "L (long-request spikes at run time)" in out
-    assert "per_min=10, kv_full=0.9" in out and "needs" in out and "metrics" in out
+    assert out.startswith("preemption-storm — ")
+    assert "L (long-request spikes at run time)" in out and "thresholds" in out and "may suggest" in out
     for section in ("What", "Why", "How to confirm", "Fix", "Sources"):
         assert section in out
-    assert "Lower --max-num-seqs." in out
+    assert "kvdoctor.rules.preemption_storm" in out
 
 
 def test_explain_unknown_id_suggests_close_matches() -> None:
-    res = run("explain", "preemption-strom", "--rules-dir", str(RULES))
+    res = run("explain", "preemption-strom")
     assert res.exit_code == 3
-    assert res.output.strip() == "kvdoctor: unknown rule 'preemption-strom' (did you mean: preemption-storm?)"
-
-
-def test_bad_rule_file_is_one_line_exit_3(tmp_path: Path) -> None:
-    shutil.copy(RULES / "preemption-storm.yaml", tmp_path)
-    bad = tmp_path / "broken-rule.yaml"
-    text = (RULES / "preemption-storm.yaml").read_text()
-    bad.write_text(
-        text.replace("id: preemption-storm", "id: broken-rule").replace(
-            "severity: warning", "severity: fatal"
-        )
+    assert res.output.strip().startswith(
+        "kvdoctor: unknown rule 'preemption-strom' (did you mean: preemption-storm"
     )
-    for args in (("rules",), ("explain", "preemption-storm")):
+
+
+def test_bad_rule_module_is_one_line_exit_3(tmp_path: Path) -> None:
+    _rule_dir(tmp_path, "broken-rule", severity="fatal")
+    for args in (("rules",), ("explain", "broken-rule"), ("diagnose", "--demo")):
         res = run(*args, "--rules-dir", str(tmp_path))
-        assert res.exit_code == 3
+        assert res.exit_code == 3, (args, res.output)
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in res.output
-        assert lines[0].startswith("kvdoctor: invalid rule file: ") and lines[0].endswith(
-            "broken-rule.yaml:3: severity 'fatal' is not one of critical|warning|info"
-        )
+        assert lines[0].startswith("kvdoctor: invalid rule file: ") and "broken_rule.py" in lines[0]
+        assert "severity must be one of" in lines[0]
 
 
 def test_missing_rules_dir_exit_3(tmp_path: Path) -> None:
     res = run("rules", "--rules-dir", str(tmp_path / "nope"))
     assert res.exit_code == 3 and "rules directory does not exist" in res.output
-
-
-def test_catalogue_check_applies_when_derive_provides_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rules_cli, "variable_catalogue", lambda: {"kv_usage"})
-    res = run("rules", "--rules-dir", str(RULES))
-    assert res.exit_code == 3 and "unknown name" in res.output
 
 
 def test_resolve_rules_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,12 +128,20 @@ def test_resolve_rules_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rules_cli.resolve_rules_dirs((Path("/c"),)) == [Path("/c")]
 
 
-_REAL_CATALOGUE = rules_cli.variable_catalogue
-
-
-def test_shipped_catalogue_is_valid_against_derive(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rules_cli, "variable_catalogue", _REAL_CATALOGUE)
+def test_shipped_catalogue_json() -> None:
     res = run("rules", "--format", "json")
     assert res.exit_code == 0, res.output
-    for rule in json.loads(res.output):
+    rules = json.loads(res.output)
+    assert len(rules) >= 35
+    for rule in rules:
         assert rule["severity"] in ("critical", "warning", "info") and rule["family"] in "WKLUP"
+        assert "## What" in rule["doc"]
+
+
+def test_docs_rules_md_is_the_catalogue_as_generated() -> None:
+    """docs/rules.md is `kvdoctor rules --format markdown` (regenerate it when a rule changes)."""
+    res = run("rules", "--format", "markdown")
+    assert res.exit_code == 0, res.output
+    page = (ROOT / "docs" / "rules.md").read_text()
+    assert page == res.output, "docs/rules.md is stale: kvdoctor rules --format markdown > docs/rules.md"
+    assert res.output.count("\n## ") == len(json.loads(run("rules", "--format", "json").output))

@@ -425,9 +425,8 @@ def test_cuda_oom_hints_name_the_code_in_the_traceback() -> None:
     assert hints(PLAIN_FRAMES) == []
 
 
-def test_every_spec_rule_exists_as_a_file() -> None:
-    from kvdoctor.rules_engine import default_rules_dir
-
+def test_every_spec_rule_exists_as_a_module() -> None:
+    rules_dir = Path(__file__).resolve().parent.parent / "rules"
     for rid in ("max-num-seqs-exceeds-kv", "swap-preemption-stall", "prefill-burst-oom", "logprobs-oom",
                 "multimodal-profile-oom", "gpu-hardware-errors", "gpu-memory-growth", "colocated-engines-overcommit"):  # fmt: skip
-        assert (default_rules_dir() / f"{rid}.yaml").is_file(), rid
+        assert (rules_dir / f"{rid.replace('-', '_')}.py").is_file(), rid

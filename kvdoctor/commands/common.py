@@ -36,7 +36,8 @@ def config_option(fn: F) -> F:
 
 
 def rules_dir_option(fn: F) -> F:
-    """Click decorator adding the hidden, repeatable ``--rules-dir DIR`` option (``rules_dirs``).
+    """Click decorator adding the repeatable ``--rules-dir DIR`` option (``rules_dirs``): rule
+    modules are Python code, imported and run.
 
     Here, not in ``kvdoctor.rules_cli``, so that ``diagnose`` does not import the rule
     catalogue's Rich tables to start (cold start, issue 8)."""
@@ -44,9 +45,9 @@ def rules_dir_option(fn: F) -> F:
         "--rules-dir",
         "rules_dirs",
         multiple=True,
-        hidden=True,
         type=click.Path(path_type=Path, file_okay=False),
-        help="Read rules from DIR instead of the shipped catalogue (repeatable).",
+        help="Load rules from the Python modules in DIR (imported: they run as code, so only trust"
+        " your own) instead of the shipped catalogue; repeatable. Default $KVDOCTOR_RULES_DIR.",
     )(fn)
 
 

@@ -30,6 +30,7 @@ from kvdoctor.derive import (
     config,
     container,
     dp,
+    extensible,
     growth,
     hardware,
     log,
@@ -102,6 +103,8 @@ FAMILIES: tuple[Family, ...] = (
     longctx.FAMILY,
     dp.FAMILY,
     sleep.FAMILY,
+    # vLLM 0.34 (spec/vllm-0.34.md §1): the sizing mode, the committed pool, the warm-up figures
+    extensible.FAMILY,
 )
 ORDER: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 
@@ -201,6 +204,20 @@ def build_contexts(
                 "capacity_tokens": variables.get("kv_capacity_tokens"),
                 "usage": variables.get("kv_usage"),
                 "attribution": variables.get("gpu_attribution"),
+                # vLLM knowledge applied to it (derive/extensible.py): what was read or assumed
+                "vllm": {
+                    "version": variables.get("vllm_version"),
+                    "version_known": variables.get("vllm_version_known"),
+                    "defaults_version": variables.get("vllm_defaults_version"),
+                    "sizing_mode": variables.get("vllm_sizing_mode"),
+                    "sizing_mode_source": variables.get("vllm_sizing_mode_source"),
+                    "sizing_mode_assumed": variables.get("vllm_sizing_mode_assumed"),
+                    "assumption": variables.get("vllm_assumption"),
+                    "gmu": variables.get("gmu_assumption"),
+                    "kv_pool_bytes": variables.get("kv_pool_bytes"),
+                    "kv_reservation_bytes": variables.get("kv_reservation_bytes"),
+                    "torch_cap_bytes": variables.get("torch_cap_bytes"),
+                },
             }
             gpus_of[eng.id] = list(variables.get("engine_gpus") or [])
     for e in listed:

@@ -29,6 +29,8 @@ from kvdoctor.facts import (
     VllmLog,
 )
 from kvdoctor.timeline import Series, histogram_step_ok, sourced_series
+from kvdoctor.vllm_defaults import FIRST_EXTENSIBLE_VERSION as V034_TEXT
+from kvdoctor.vllm_defaults import ModeDecision, decide_sizing_mode, is_v034
 from kvdoctor.vllm_flags import apply_defaults, update_config_from_args
 
 _T = TypeVar("_T")
@@ -179,7 +181,19 @@ def _build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engi
             cfg.block_size = block_size_from_log(log, cfg.max_model_len, version)
         if version and not cfg.vllm_version:
             cfg.vllm_version = version
-        cfg = apply_defaults(cfg, cfg.vllm_version)
+        # vLLM 0.34's defaults depend on how the engine sized its KV cache (vllm_defaults)
+        decision = sizing_decision(
+            cfg,
+            log_runs(log).run if log is not None else None,
+            snapshot.metrics[-1].cache_config if snapshot.metrics and i == 0 else None,
+        )
+        if decision is not None and not is_v034(cfg.vllm_version):
+            # no version, but 0.34's own cache_config_info label: 0.34's defaults, version kept unknown
+            cfg = dataclasses.replace(
+                apply_defaults(cfg, V034_TEXT, decision.mode), vllm_version=cfg.vllm_version
+            )
+        else:
+            cfg = apply_defaults(cfg, cfg.vllm_version, decision.mode if decision is not None else None)
         engine_name = (
             cfg.served_model_name
             or cfg.model
@@ -193,6 +207,43 @@ def _build_engines(snapshot: Snapshot, configs: list[EngineConfig]) -> list[Engi
             )
         )
     return engines
+
+
+def sizing_decision(
+    cfg: EngineConfig, run: LogView | None, cache_config: dict[str, str] | None
+) -> ModeDecision | None:
+    """How a vLLM ≥ 0.34 engine sized its KV cache (spec/vllm-0.34.md §1), None for an engine not
+    known to be 0.34 (:func:`kvdoctor.vllm_defaults.decide_sizing_mode`). Evidence: the log's
+    ``memory_after_warmup`` / ``kv_extended`` events (ran extensible) or ``extensible_disabled``
+    (fell back, or off for want of an IMEX channel); the launch flags (``cfg.args`` and the
+    fields ``kv_cache_memory_bytes`` / ``num_gpu_blocks_override``); a CPU engine ("CPU KV
+    cache size"); the ``cache_config_info{enable_extensible_kv_cache}`` label."""
+    version = cfg.vllm_version or (run.vllm_version if run is not None else None)
+    ran = None
+    disabled = None
+    platform = None
+    if run is not None:
+        ran = bool(run.of("memory_after_warmup") or run.of("kv_extended")) or None
+        off = run.last("extensible_disabled")
+        if off is not None:
+            disabled = str(off.values.get("reason") or "")
+        size = run.last("kv_cache_size")
+        if size is not None and str(size.values.get("device") or "").upper() == "CPU":
+            platform = "cpu"
+    args = dict(cfg.args)
+    if cfg.kv_cache_memory_bytes is not None:
+        args["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
+    if cfg.num_gpu_blocks_override is not None:
+        args["num_gpu_blocks_override"] = cfg.num_gpu_blocks_override
+    label = (cache_config or {}).get("enable_extensible_kv_cache")
+    return decide_sizing_mode(
+        version,
+        log_ran_extensible=ran,
+        log_disabled_reason=disabled,
+        args=args,
+        label=label,
+        platform=platform,
+    )
 
 
 def separate_log_engines(log: VllmLog) -> list[LogEngine]:
@@ -281,9 +332,10 @@ _BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 def block_size_from_log(log: VllmLog, max_model_len: int | None, version: str | None) -> int | None:
     """Tokens per KV block as the log of the latest run shows it, or None when it does not.
 
-    In order: "Setting attention block size to N tokens" (hybrid alignment); else the block
-    size that makes the engine's own KV lines agree: the number of blocks ("Overriding
-    num_gpu_blocks=… with num_gpu_blocks_override=N", V1; "# GPU blocks: N", V0) against "<dev>
+    In order: "Setting attention block size to N tokens" (hybrid alignment); on 0.34 "Setting kv
+    cache block size to N for … backend(s)"; else the block size that makes the engine's own KV
+    lines agree: the number of blocks ("Overriding num_gpu_blocks=… with num_gpu_blocks_override=N",
+    V1; "# GPU blocks: N", V0; 0.34's "Extended KV cache to N blocks") against "<dev>
     KV cache size: T tokens" (vllm-facts §2.4: T = N × B before 0.21; T = int(N / cdiv(L, B) × L)
     from 0.21, L = max_model_len). Only a single answer is taken (several block sizes can give
     the same T when L is not a multiple of them); None otherwise.
@@ -294,13 +346,21 @@ def block_size_from_log(log: VllmLog, max_model_len: int | None, version: str | 
     hybrid = run.last("hybrid_block_size")
     if hybrid is not None and isinstance(hybrid.values.get("block_size"), int):
         return int(hybrid.values["block_size"])
+    if is_v034(version):
+        # 0.34: a backend whose preference differs from the default 64 says so (CUTLASS MLA: 128)
+        pref = run.last("backend_block_size")
+        if pref is not None and isinstance(pref.values.get("block_size"), int):
+            return int(pref.values["block_size"])
     size = run.last("kv_cache_size")
     tokens = size.values.get("tokens") if size is not None else None
     override, v0 = run.last("num_gpu_blocks_override"), run.last("v0_blocks")
+    extended = [
+        int(e.values["blocks"]) for e in run.of("kv_extended") if isinstance(e.values.get("blocks"), int)
+    ]
     blocks = (
         override.values.get("override")
         if override is not None
-        else (v0.values.get("gpu_blocks") if v0 is not None else None)
+        else (v0.values.get("gpu_blocks") if v0 is not None else (min(extended) if extended else None))
     )
     if not isinstance(tokens, int) or not isinstance(blocks, int) or tokens <= 0 or blocks <= 0:
         return None

@@ -244,6 +244,9 @@ def engine_config_from_vllm(vllm_config: Any, version: str | None = None) -> Eng
     cfg.enable_prefix_caching = _get(cc, "enable_prefix_caching")
     cfg.num_gpu_blocks_override = _get(cc, "num_gpu_blocks_override")
     cfg.kv_cache_memory_bytes = _get(cc, "kv_cache_memory_bytes")
+    # vLLM 0.34: the extensible KV cache as configured (None = its default; the engine may still
+    # fall back at run time, which the log says). gpu_memory_utilization None there means unset.
+    extensible = _get(cc, "enable_extensible_kv_cache")
     cfg.max_num_seqs = _get(sc, "max_num_seqs")
     cfg.max_num_batched_tokens = _get(sc, "max_num_batched_tokens")
     cfg.enable_chunked_prefill = _get(sc, "enable_chunked_prefill")
@@ -263,6 +266,7 @@ def engine_config_from_vllm(vllm_config: Any, version: str | None = None) -> Eng
             "max_model_len": cfg.max_model_len,
             "max_num_seqs": cfg.max_num_seqs,
             "num_gpu_blocks_override": cfg.num_gpu_blocks_override,
+            "enable_extensible_kv_cache": extensible if isinstance(extensible, bool) else None,
         }.items()
         if v is not None
     }
@@ -280,7 +284,14 @@ def cache_config_labels(vllm_config: Any) -> dict[str, str]:
             return {str(k): str(v) for k, v in info().items()}
         except Exception:
             pass
-    names = ("block_size", "num_gpu_blocks", "gpu_memory_utilization", "cache_dtype", "enable_prefix_caching")
+    names = (
+        "block_size",
+        "num_gpu_blocks",
+        "gpu_memory_utilization",
+        "cache_dtype",
+        "enable_prefix_caching",
+        "enable_extensible_kv_cache",  # vLLM ≥ 0.34
+    )
     return {n: str(getattr(cc, n, None)) for n in names if hasattr(cc, n)}
 
 

@@ -58,10 +58,11 @@ def sidecar_command(
 
     Evaluates every --interval over the live machine (or a --bundle / --recording, for tests and
     demos) and serves /metrics, /healthz, /readyz, /findings and / on --listen. Logs finding
-    transitions (fired / resolved) as JSON lines on stdout. Stops cleanly on SIGTERM/SIGINT.
+    transitions (fired / resolved) as JSON lines on stdout, each with the pod's namespace and
+    name when POD_NAMESPACE / POD_NAME are set (the downward API). Stops cleanly on SIGTERM/SIGINT.
     """
     from kvdoctor.inputs import options_from_kwargs
-    from kvdoctor.sidecar.server import Sidecar, parse_listen, serve
+    from kvdoctor.sidecar.server import Sidecar, parse_listen, pod_identity, serve
 
     try:
         parse_listen(listen)
@@ -71,7 +72,14 @@ def sidecar_command(
     pipeline = load_pipeline(rules_dirs, config_path)
     feed = open_feed_or_fail(opts)
     max_len = max(2, math.ceil(history_s / interval_s))
-    sidecar = Sidecar(feed, pipeline, interval_s=interval_s, listen=listen, max_len=max_len)
+    sidecar = Sidecar(
+        feed,
+        pipeline,
+        interval_s=interval_s,
+        listen=listen,
+        max_len=max_len,
+        identity=pod_identity(dict(os.environ)),
+    )
     try:
         serve(sidecar)
     except OSError as e:

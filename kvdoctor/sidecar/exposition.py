@@ -6,21 +6,33 @@ the sources' statuses); nothing is computed at scrape time but the text. Convent
 (https://prometheus.io/docs/practices/naming/): base units (bytes, seconds), ratios 0..1, no
 target labels (Prometheus adds ``namespace``/``pod``), no ``_created`` series.
 
-Series (``gpu`` is the GPU index as text, ``engine`` the report's engine id):
+Series. Labels mean what vLLM's own series' labels mean, so that one Prometheus joins them
+(``on (namespace, pod, model_name, engine)``): ``model_name`` the served model name (vLLM's
+``model_name``; kvdoctor's engine id where the model is unknown), ``engine`` the vLLM engine
+index (vLLM's ``engine``: "0", "1" with data parallelism; "" where kvdoctor read no /metrics
+page naming one), ``gpu`` the GPU index as text and ``uuid`` its NVML UUID (dcgm-exporter's
+``UUID``):
 
-- ``kvdoctor_finding{rule,severity,family,engine,gpu}`` 1 while a finding is active (it held its
-  rule's ``for:``; see :mod:`kvdoctor.sidecar.transitions`); one series per GPU it names
-  (``gpu=""`` when none);
-- ``kvdoctor_suggested_flag_info{rule,engine,flag,value}`` 1 per suggested flag of an active one;
-- ``kvdoctor_gpu_memory_bytes{gpu,part}``, ``kvdoctor_gpu_memory_total_bytes{gpu}``,
-  ``kvdoctor_gpu_utilization_ratio{gpu}``, ``kvdoctor_gpu_info{gpu,uuid,name,engine,attribution}``;
-- ``kvdoctor_engine_kv_capacity_tokens{engine}``, ``kvdoctor_engine_kv_usage_ratio{engine}``,
-  ``kvdoctor_engine_preemptions_per_second{engine}``;
+- ``kvdoctor_finding{rule,severity,family,model_name,engine,gpu}`` 1 while a finding is active
+  (it held its rule's ``for:``; see :mod:`kvdoctor.sidecar.transitions`); one series per GPU it
+  names (``gpu=""`` when none);
+- ``kvdoctor_suggested_flag_info{rule,model_name,engine,flag,value}`` 1 per suggested flag of
+  an active one;
+- ``kvdoctor_gpu_memory_bytes{gpu,uuid,part}``, ``kvdoctor_gpu_memory_total_bytes{gpu,uuid}``,
+  ``kvdoctor_gpu_torch_cap_bytes{gpu,uuid}`` (vLLM 0.34 extensible only),
+  ``kvdoctor_gpu_utilization_ratio{gpu,uuid}``,
+  ``kvdoctor_gpu_info{gpu,uuid,name,model_name,engine,attribution}``;
+- ``kvdoctor_engine_kv_capacity_tokens{model_name,engine}``,
+  ``kvdoctor_engine_kv_usage_ratio{model_name,engine}``,
+  ``kvdoctor_engine_preemptions_per_second{model_name,engine}``;
 - ``kvdoctor_source_up{source,origin}``, ``kvdoctor_source_last_success_timestamp_seconds``,
   ``kvdoctor_source_errors_total``, ``kvdoctor_source_read_duration_seconds`` (when the loop
   measures it);
 - ``kvdoctor_last_evaluation_timestamp_seconds``, ``kvdoctor_evaluation_duration_seconds``,
   ``kvdoctor_evaluations_total``, ``kvdoctor_build_info{version}``.
+
+Each scrape shows the last cycle only: the series of a GPU, engine or finding that is gone
+vanish with it; a source not read for :data:`SOURCE_FORGET_S` is dropped (a process that ended).
 """
 
 from __future__ import annotations
@@ -40,6 +52,9 @@ from kvdoctor.findings import Finding
 from kvdoctor.redact import redact_text
 
 _FROM = "(from kvdoctor's own evaluation cycle)"
+#: seconds after which a source no cycle reported is dropped from the series (an engine's
+#: /metrics URL or log of a process that ended): 10 minutes, the default --history.
+SOURCE_FORGET_S = 600.0
 
 
 @dataclass
@@ -61,11 +76,14 @@ class SourceHealth:
 class SourceHealthTracker:
     """Per (kind, origin) :class:`SourceHealth`, updated from each cycle's
     ``snapshot.sources`` (``SourceStatus``; ``duration_s`` read when the status carries one).
-    Bounded: at most ``max_sources`` entries (the least recently seen dropped)."""
+    Bounded: at most ``max_sources`` entries (the least recently seen dropped), and a source no
+    cycle reported for ``forget_s`` seconds is dropped."""
 
-    def __init__(self, max_sources: int = 64) -> None:
+    def __init__(self, max_sources: int = 64, forget_s: float = SOURCE_FORGET_S) -> None:
         self.max_sources = max_sources
+        self.forget_s = forget_s
         self.sources: dict[tuple[str, str], SourceHealth] = {}
+        self._seen: dict[tuple[str, str], float] = {}
 
     def update(self, statuses: list[SourceStatus], now: float) -> None:
         """Fold one cycle's statuses in (a "missing" source is down but no error)."""
@@ -73,6 +91,7 @@ class SourceHealthTracker:
             key = (s.kind, redact_text(s.origin))
             h = self.sources.pop(key, None) or SourceHealth()
             self.sources[key] = h  # re-insert: most recently seen last
+            self._seen[key] = now
             h.up = s.status == "ok"
             if h.up:
                 h.last_success = now
@@ -80,8 +99,11 @@ class SourceHealthTracker:
                 h.errors += 1
             dur = getattr(s, "duration_s", None)
             h.duration_s = float(dur) if isinstance(dur, (int, float)) else None
+        for key in [k for k, t in self._seen.items() if now - t > self.forget_s]:
+            self.sources.pop(key, None)
         while len(self.sources) > self.max_sources:
             del self.sources[next(iter(self.sources))]
+        self._seen = {k: self._seen[k] for k in self.sources}
 
 
 @dataclass
@@ -93,6 +115,8 @@ class View:
     gpu_info: list[dict[str, Any]] = field(default_factory=list)
     engines: list[dict[str, Any]] = field(default_factory=list)
     preemptions_per_s: dict[str, float | None] = field(default_factory=dict)
+    #: engine id (the report's) → vLLM engine index ("0"), where one /metrics page names one
+    engine_index: dict[str, str] = field(default_factory=dict)
     sources: dict[tuple[str, str], SourceHealth] = field(default_factory=dict)
     last_evaluation: float | None = None
     evaluation_duration_s: float | None = None
@@ -170,23 +194,28 @@ def _families(v: View, version: str) -> Iterator[Metric]:
     finding = GaugeMetricFamily(
         "kvdoctor_finding",
         f"1 while a kvdoctor finding is active (held its rule's for: time) {_FROM}.",
-        labels=["rule", "severity", "family", "engine", "gpu"],
+        labels=["rule", "severity", "family", "model_name", "engine", "gpu"],
     )
     flags = GaugeMetricFamily(
         "kvdoctor_suggested_flag_info",
         f"A vLLM flag (or environment variable) an active finding suggests, with its value {_FROM}.",
-        labels=["rule", "engine", "flag", "value"],
+        labels=["rule", "model_name", "engine", "flag", "value"],
     )
+
+    def index(engine_id: str) -> str:
+        return v.engine_index.get(engine_id, "")
+
     seen_f: set[tuple[str, ...]] = set()
     seen_s: set[tuple[str, ...]] = set()
     for f in v.findings:
+        model, eidx = f.engine or "", index(f.engine or "")
         for gpu in [str(g) for g in f.gpus] or [""]:
-            flabels: tuple[str, ...] = (f.rule, f.severity, f.family, f.engine or "", gpu)
+            flabels: tuple[str, ...] = (f.rule, f.severity, f.family, model, eidx, gpu)
             if flabels not in seen_f:
                 seen_f.add(flabels)
                 finding.add_metric(list(flabels), 1.0)
         for flag, value in f.suggested_flags.items():
-            labels = (f.rule, f.engine or "", flag, value)
+            labels = (f.rule, model, eidx, flag, value)
             if labels not in seen_s:
                 seen_s.add(labels)
                 flags.add_metric(list(labels), 1.0)
@@ -195,32 +224,45 @@ def _families(v: View, version: str) -> Iterator[Metric]:
 
     mem = GaugeMetricFamily(
         "kvdoctor_gpu_memory_bytes",
-        f"GPU memory by part: weights, kv_cache, activation_and_graphs, engine (not split), other_engines, "
-        f"foreign, unlisted (used but held by no listed process), free {_FROM}.",
-        labels=["gpu", "part"],
+        f"GPU memory by part: weights, kv_cache (the committed pool on vLLM 0.34's extensible KV cache, never "
+        f"its reservation), cuda_graphs (0.34 extensible), activation_and_graphs, engine (not split), other_engines, "
+        f"foreign, unlisted (used but held by no listed process), transient_headroom (free memory a 0.34 engine "
+        f"keeps for transient activations by design), free {_FROM}.",
+        labels=["gpu", "uuid", "part"],
     )
     total = GaugeMetricFamily(
-        "kvdoctor_gpu_memory_total_bytes", f"GPU memory total (NVML memory.total) {_FROM}.", labels=["gpu"]
+        "kvdoctor_gpu_memory_total_bytes",
+        f"GPU memory total (NVML memory.total) {_FROM}.",
+        labels=["gpu", "uuid"],
     )
     util = GaugeMetricFamily(
         "kvdoctor_gpu_utilization_ratio",
         f"GPU utilisation 0..1 (NVML utilization.gpu) {_FROM}.",
-        labels=["gpu"],
+        labels=["gpu", "uuid"],
     )
+    torch_cap = GaugeMetricFamily(
+        "kvdoctor_gpu_torch_cap_bytes",
+        f"vLLM 0.34 extensible KV cache: the engine's torch allocator cap ('Torch may reserve up to L GiB', "
+        f"Memory after warmup) {_FROM}.",
+        labels=["gpu", "uuid"],
+    )
+    uuids = {int(g.get("index") or 0): str(g.get("uuid") or "") for g in v.gpu_info}
     for b in v.breakdown:
-        gpu = str(b.index)
+        gpu, uuid = str(b.index), uuids.get(b.index, "")
         for part in b.parts:
-            mem.add_metric([gpu, part.part], float(part.bytes))
+            mem.add_metric([gpu, uuid, part.part], float(part.bytes))
+        if b.torch_cap_bytes is not None:
+            torch_cap.add_metric([gpu, uuid], float(b.torch_cap_bytes))
         if b.total_bytes is not None:
-            total.add_metric([gpu], float(b.total_bytes))
+            total.add_metric([gpu, uuid], float(b.total_bytes))
         if b.utilization is not None:
-            util.add_metric([gpu], float(b.utilization))
+            util.add_metric([gpu, uuid], float(b.utilization))
     info = GaugeMetricFamily(
         "kvdoctor_gpu_info",
         f"The GPUs kvdoctor reads, by index; attribution: how engine memory was told apart "
         f"(pid: NVML processes matched the engine's pids; gpu: by the engine's GPUs, pids unresolvable; "
         f"gpu_uuid: the GPUs the engine's container was given, NVML's pids another PID namespace's) {_FROM}.",
-        labels=["gpu", "uuid", "name", "engine", "attribution"],
+        labels=["gpu", "uuid", "name", "model_name", "engine", "attribution"],
     )
     how = {b.index: (b.engine or "", b.attribution or "") for b in v.breakdown}
     for e in v.engines:  # the report's word when it matched the GPUs by UUID (derive/container.py)
@@ -230,36 +272,44 @@ def _families(v: View, version: str) -> Iterator[Metric]:
     for g in v.gpu_info:
         engine, attribution = how.get(int(g.get("index") or 0), ("", ""))
         info.add_metric(
-            [str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or ""), engine, attribution],
+            [
+                str(g.get("index")),
+                str(g.get("uuid") or ""),
+                str(g.get("name") or ""),
+                engine,
+                index(engine),
+                attribution,
+            ],
             1.0,
         )
-    yield from (mem, total, util, info)
+    yield from (mem, total, util, info, torch_cap)
 
     cap = GaugeMetricFamily(
         "kvdoctor_engine_kv_capacity_tokens",
         f"Tokens the engine's KV cache holds (num_gpu_blocks x block_size) {_FROM}.",
-        labels=["engine"],
+        labels=["model_name", "engine"],
     )
     usage = GaugeMetricFamily(
         "kvdoctor_engine_kv_usage_ratio",
         f"KV cache usage 0..1 (vllm:kv_cache_usage_perc) {_FROM}.",
-        labels=["engine"],
+        labels=["model_name", "engine"],
     )
     pre = GaugeMetricFamily(
         "kvdoctor_engine_preemptions_per_second",
         f"Preemptions per second over the rules' window (rate of vllm:num_preemptions_total) {_FROM}.",
-        labels=["engine"],
+        labels=["model_name", "engine"],
     )
     for e in v.engines:
         eid = str(e.get("id"))
+        elabels = [eid, index(eid)]
         kv = e.get("kv") or {}
         if kv.get("capacity_tokens") is not None:
-            cap.add_metric([eid], float(kv["capacity_tokens"]))
+            cap.add_metric(elabels, float(kv["capacity_tokens"]))
         if kv.get("usage") is not None:
-            usage.add_metric([eid], float(kv["usage"]))
+            usage.add_metric(elabels, float(kv["usage"]))
         rate = v.preemptions_per_s.get(eid)
         if rate is not None:
-            pre.add_metric([eid], float(rate))
+            pre.add_metric(elabels, float(rate))
     yield from (cap, usage, pre)
 
     up = GaugeMetricFamily(

@@ -35,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
 from kvdoctor.breakdown import engine_preemption_rates, gpu_breakdown
-from kvdoctor.facts import Timeline
+from kvdoctor.facts import Snapshot, Timeline
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.redact import redact_text
 from kvdoctor.sampler import Cycle, LiveLoop, SnapshotFeed, error_status
@@ -55,7 +55,7 @@ _LANDING = """<!doctype html>
 <p>Why is this vLLM GPU out of memory (or idle), and which flag fixes it.</p>
 <ul>
 <li><a href="metrics">/metrics</a> Prometheus series of kvdoctor's evaluation cycle</li>
-<li><a href="findings">/findings</a> the last report (JSON, kvdoctor.report/1)</li>
+<li><a href="findings">/findings</a> the last report (JSON, kvdoctor.report/2)</li>
 <li><a href="healthz">/healthz</a> liveness</li>
 <li><a href="readyz">/readyz</a> readiness: an engine source was read in the last cycle</li>
 </ul></body></html>
@@ -73,6 +73,33 @@ def _recent(timeline: Timeline, window_s: float) -> Timeline:
     while i > 0 and (snaps[i - 1].timestamp or 0.0) >= latest - window_s - 1.0:
         i -= 1
     return Timeline(snaps[i:], max_len=timeline.max_len)
+
+
+#: environment variables a pod spec sets from the downward API (fieldRef metadata.namespace /
+#: metadata.name): log field → variable
+POD_ENV = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME"}
+
+
+def pod_identity(env: dict[str, str]) -> dict[str, str]:
+    """``{"namespace": …, "pod": …}`` from ``env`` (:data:`POD_ENV`; unset or empty ones left
+    out, each value at most 253 characters: a Kubernetes name)."""
+    return {k: env[v][:253] for k, v in POD_ENV.items() if env.get(v)}
+
+
+def engine_indexes(snapshot: Snapshot, report: Report) -> dict[str, str]:
+    """Report engine id → vLLM's engine index (the ``engine`` label of its /metrics series,
+    "0"), where the cycle's pages name exactly one for it (matched by ``model_name``: the
+    engine's id or served model); engines with several (data parallel) or none are left out."""
+    out: dict[str, str] = {}
+    pages = [(m.model_name, m.engine) for m in snapshot.metrics if m.engine is not None]
+    for e in report.engines:
+        names = {str(e.get("id")), str(e.get("model"))}
+        found = {idx for model, idx in pages if model in names}
+        if not found and len(report.engines) == 1:  # one engine: its pages, whatever they call it
+            found = {idx for _, idx in pages}
+        if len(found) == 1:
+            out[str(e.get("id"))] = str(found.pop())
+    return out
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -101,9 +128,13 @@ class Sidecar:
         max_len: int = 720,
         out: IO[str] | None = None,
         clock: Callable[[], float] = time.time,
+        identity: dict[str, str] | None = None,
     ) -> None:
         from kvdoctor import __version__
 
+        #: fields every JSON log line starts with (the pod's namespace and name, from the
+        #: downward API: :func:`pod_identity`), so a log pipeline can tell the sidecars apart
+        self.identity = {k: v for k, v in (identity or {}).items() if v}
         self.feed = feed
         self.pipeline = pipeline
         self.interval_s = interval_s
@@ -135,7 +166,7 @@ class Sidecar:
         """Write one JSON line to stdout (flushed); never raises (a closed stdout is ignored)."""
         with self._out_lock:
             try:
-                self.out.write(event_line(event) + "\n")
+                self.out.write(event_line({**self.identity, **event} if self.identity else event) + "\n")
                 self.out.flush()
             except (OSError, ValueError):
                 pass
@@ -180,6 +211,7 @@ class Sidecar:
                 gpu_info=[{"index": g["index"], "uuid": g["uuid"], "name": g["name"]} for g in report.gpus],
                 engines=list(report.engines),
                 preemptions_per_s=engine_preemption_rates(recent, report, window_s),
+                engine_index=engine_indexes(snapshot, report),
                 sources=sources,
                 last_evaluation=now,
                 evaluation_duration_s=duration_s,

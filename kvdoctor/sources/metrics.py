@@ -49,6 +49,7 @@ __all__ = [
     "load_metrics_dir",
     "parse_metrics",
     "probe_endpoints",
+    "read_sample_names",
     "scrape",
 ]
 
@@ -172,14 +173,23 @@ def _parse_sample(line: str) -> _Parsed:
     return name, labels, number
 
 
+def read_sample_names(histograms: Collection[str] = READ_HISTOGRAMS) -> list[str]:
+    """The sample names :func:`parse_metrics` reads with ``histograms`` (sorted): the gauges and
+    counters, ``vllm:cache_config_info``, ``vllm:engine_sleep_state``, and each histogram's
+    ``_bucket``/``_count``/``_sum``. Fleet mode asks Prometheus for these only."""
+    hists = [h for h in histograms if h.startswith("vllm:")]
+    words = set(_SCALAR_NAMES | {_INFO, _SLEEP}) | {
+        h + sfx for h in hists for sfx in ("_bucket", "_count", "_sum")
+    }
+    return sorted(words)
+
+
 @functools.lru_cache(maxsize=16)
 def _filter_re(histograms: tuple[str, ...]) -> re.Pattern[str]:
     """The regex that keeps only the sample lines of the families we read (applied to
     ``"\\n" + text``; a literal first character keeps the scan at C speed). The names are one
     trie (:func:`_trie`): a line of a family we skip fails after a character or two."""
-    names = [n[len("vllm:") :] for n in _SCALAR_NAMES | {_INFO, _SLEEP}]
-    hists = [h[len("vllm:") :] for h in histograms if h.startswith("vllm:")]
-    words = names + [h + suffix for h in hists for suffix in ("_bucket", "_count", "_sum")]
+    words = [n[len("vllm:") :] for n in read_sample_names(histograms)]
     return re.compile(r"\n(vllm:" + _trie(words) + r"[{ \t][^\n]*)")
 
 

@@ -9,6 +9,7 @@ that one field None (or the process list empty) and never stops the read.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 import time
@@ -65,6 +66,13 @@ _LACKS_NAMES = ("NVMLError_NotSupported", "NVMLError_NoPermission", "NVMLError_F
 #: seconds between reads of the fields only an administrator changes (enforced power limit,
 #: MIG mode): :class:`NvmlReader`
 SLOW_FIELDS_S = 10.0
+#: seconds between reads of a GPU's running-process lists while its used memory holds still:
+#: :class:`NvmlReader`. The lists are the costly NVML query (milliseconds, under the driver's
+#: lock, beside the engine's own CUDA calls); a served vLLM GPU's memory is steady.
+PROCESS_LIST_S = 30.0
+#: a change of a GPU's used memory (bytes) since its process lists were read that reads them
+#: again at once (a process started, ended or grew): 64 MiB, under one CUDA context (~300 MiB).
+PROCESS_LIST_MEMORY_CHANGE = 64 * 2**20
 
 
 def _lacks(err: BaseException) -> bool:
@@ -85,8 +93,15 @@ class NvmlReader:
     (default :data:`SLOW_FIELDS_S`, 10; ``clock`` is monotonic seconds): they may be that much
     stale. Any NVML error on a device other than "not supported", "no permission" or "function
     not found" (what the device, driver or user lacks, every read alike) drops
-    its handle and those fields: the next read asks for them again. Every other field is read
-    on every read.
+    its handle and those fields: the next read asks for them again.
+
+    The running-process lists (``nvmlDeviceGetComputeRunningProcesses`` and ``…Graphics…``, the
+    costly query) are read every ``processes_s`` seconds (default :data:`PROCESS_LIST_S`, 30),
+    and at once when the GPU's used memory moved by ``process_memory_change`` bytes or more
+    (default :data:`PROCESS_LIST_MEMORY_CHANGE`) since they were read, or its memory is unknown;
+    between those reads a read gives copies of the last lists (so a process's ``used_bytes`` is
+    at most that much and that long stale). ``processes_s=0`` reads them every read. Every
+    other field is read on every read.
     """
 
     #: every read's Gpu, GpuProcess and list objects are new and given to no one else (the
@@ -98,12 +113,18 @@ class NvmlReader:
         nvml: ModuleType | None = None,
         *,
         slow_s: float = SLOW_FIELDS_S,
+        processes_s: float = PROCESS_LIST_S,
+        process_memory_change: int = PROCESS_LIST_MEMORY_CHANGE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._nvml: Any = nvml
         self._initialised = False
         self._lock = threading.Lock()
         self.slow_s = slow_s
+        self.processes_s = processes_s
+        self.process_memory_change = process_memory_change
+        # index → (monotonic time the process lists were read, used bytes then, the processes)
+        self._procs: dict[int, tuple[float, int | None, list[GpuProcess]]] = {}
         self._clock = clock
         # What one NVML session does not change, read once per device index: name, UUID, bus
         # id, the device handle (four of a device's ~15 calls a read; ctypes calls cost µs each,
@@ -133,6 +154,7 @@ class NvmlReader:
                 self._nvml = importlib.import_module("pynvml")
             self._nvml.nvmlInit()
             self._static, self._names, self._handles, self._slow = {}, {}, {}, {}
+            self._procs = {}
         except ImportError as e:
             raise SourceUnavailable(f"NVML unavailable: cannot import pynvml ({e})") from None
         except Exception as e:  # pynvml.NVMLError_* (library not found, driver not loaded, …)
@@ -147,7 +169,7 @@ class NvmlReader:
         with self._lock:
             if self._initialised:
                 self._initialised = False
-                self._handles, self._slow = {}, {}
+                self._handles, self._slow, self._procs = {}, {}, {}
                 try:
                     self._nvml.nvmlShutdown()
                 except Exception:  # noqa: BLE001 - shutting down; nothing to report
@@ -257,10 +279,11 @@ class NvmlReader:
             getattr(nv, "NVML_VOLATILE_ECC", 0),
         )
         gpu.ecc_uncorrectable = None if ecc is None else int(ecc)
-        gpu.processes = self._processes(handle, gpu)
+        gpu.processes = self._processes_now(index, handle, gpu, now)
         if self._failed:  # the handle may be stale (GPU lost, reset): asked again next read
             self._handles.pop(index, None)
             self._slow.pop(index, None)
+            self._procs.pop(index, None)
         else:
             self._handles[index] = handle
             self._slow[index] = slow
@@ -278,6 +301,25 @@ class NvmlReader:
         if mig is not None:
             enabled = int(mig[0]) == int(getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1))
         return (now, None if lim is None else lim / 1000.0, enabled)
+
+    def _processes_now(self, index: int, handle: Any, gpu: Gpu, now: float) -> list[GpuProcess]:
+        """The GPU's processes: read from NVML when due (the class doc), else copies of the last
+        read's (their names kept for the next read, as a read that saw them would)."""
+        used = gpu.memory_used_bytes
+        last = self._procs.get(index)
+        if (
+            last is not None
+            and used is not None
+            and last[1] is not None
+            and now - last[0] < self.processes_s
+            and abs(used - last[1]) < self.process_memory_change
+        ):
+            for p in last[2]:
+                self._names_now[p.pid] = p.name
+            return [dataclasses.replace(p) for p in last[2]]
+        procs = self._processes(handle, gpu)
+        self._procs[index] = (now, used, procs)
+        return [dataclasses.replace(p) for p in procs]
 
     def _processes(self, handle: Any, gpu: Gpu) -> list[GpuProcess]:
         """Compute ("C") and graphics ("G") processes; one in both lists is "C+G"."""

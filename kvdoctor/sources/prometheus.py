@@ -3,17 +3,24 @@
 ``kvdoctor diagnose --prometheus URL [--since 15m] [--selector '{namespace="ml"}']`` reads what
 the fleet's Prometheus already scraped, over the window ``[now − since, now]``:
 
-- **vLLM**: every ``vllm:*`` series matching the selector, as one range query
+- **vLLM**: every ``vllm:*`` series matching the selector (and ``vllm_*``: the same series where
+  a pipeline turned the colon into an underscore, as OpenTelemetry collectors and some remote
+  writers do; read as ``vllm:*``, and left out for a pod that has the ``vllm:`` series too), as
+  one range query
   (``/api/v1/query_range``, step :func:`step_for`), grouped by pod and laid back out, one
   instant at a time, as the ``/metrics`` page vLLM served then, parsed by the same
   :func:`kvdoctor.sources.metrics.parse_metrics` a live scrape uses. So the rules see the same
   facts as ``diagnose --metrics URL`` and compute rates (``vllm:num_preemptions_total``) and
   quantiles (``vllm:request_prompt_tokens`` buckets) over the window the same way.
-- **GPUs**, when present: DCGM exporter series joined to the pod by its ``namespace``/``pod``
-  labels — ``DCGM_FI_DEV_FB_USED``/``_FREE``/``_RESERVED`` MiB and ``DCGM_FI_DEV_GPU_UTIL``
-  percent, or its DCGM 4.6 name ``DCGM_FI_DEV_GPU_UTIL_RATIO``, still percent
-  (:data:`DCGM_METRICS`) — else
-  a kvdoctor sidecar's own ``kvdoctor_gpu_memory_*`` / ``kvdoctor_gpu_utilization_ratio``.
+- **GPUs**, when present: DCGM exporter series joined to the pod by the pod labels
+  dcgm-exporter's Kubernetes mapping gives them (``exported_namespace``/``exported_pod`` where
+  Prometheus kept the exporter pod's own ``namespace``/``pod``, i.e. no ``honorLabels``; else
+  ``namespace``/``pod``) — ``DCGM_FI_DEV_FB_USED``/``_FREE``/``_RESERVED`` MiB and
+  ``DCGM_FI_DEV_GPU_UTIL`` percent, or its DCGM 4.6 name ``DCGM_FI_DEV_GPU_UTIL_RATIO``, still
+  percent, else ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a 0..1 ratio, in the default counters of
+  exporter 4.x where GPU_UTIL is not) (:data:`DCGM_METRICS`); the GPU's UUID from the ``UUID``
+  label (``uuid`` with the exporter's old-namespace option) — else a kvdoctor sidecar's own
+  ``kvdoctor_gpu_memory_*`` / ``kvdoctor_gpu_utilization_ratio`` (with their ``uuid``).
 - A pod is ``namespace/pod`` when those labels exist (Kubernetes discovery), else ``instance``.
 
 Errors are :class:`~kvdoctor.facts.SourceError` with one line (``GET …/api/v1/query_range:
@@ -26,6 +33,7 @@ import math
 import re
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +61,12 @@ DCGM_METRICS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_FB_TOTAL": ("total", MiB),
     "DCGM_FI_DEV_GPU_UTIL": ("util", 0.01),
     "DCGM_FI_DEV_GPU_UTIL_RATIO": ("util", 0.01),
+    # Exporter 4.x default counters (4.5.3-4.8.2 etc/default-counters.csv): "Ratio of time the
+    # graphics engine is active", 0..1; read only where neither GPU_UTIL name is there.
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("engine_active", 1.0),
 }
+#: a vLLM series name as Prometheus may hold it: ``vllm:…`` as vLLM exports it, or ``vllm_…``
+_VLLM_NAME = re.compile(r"^vllm[:_](.+)$")
 _KVDOCTOR_GPU = (
     "kvdoctor_gpu_memory_total_bytes",
     "kvdoctor_gpu_memory_bytes",
@@ -142,6 +155,15 @@ class PrometheusClient:
             raise SourceError(f"{label}: HTTP {status}: {err.splitlines()[0][:200] if err else 'error'}")
         return body.get("data")
 
+    def label_values(self, label: str, match: str, start: float, end: float) -> list[str]:
+        """``/api/v1/label/LABEL/values?match[]=…`` over ``[start, end]``: the label's values
+        on the series ``match`` selects, sorted ("" left out)."""
+        data = self._get(
+            f"/api/v1/label/{label}/values",
+            {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"},
+        )
+        return sorted(str(v) for v in data or [] if v) if isinstance(data, list) else []
+
     def query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """``/api/v1/query_range`` → the matrix ``[{"metric": {labels}, "values": [[t, "v"], …]}]``."""
         data = self._get(
@@ -155,6 +177,14 @@ def _pod_key(labels: dict[str, str]) -> str:
     if labels.get("pod"):
         return f"{labels.get('namespace', '')}/{labels['pod']}".lstrip("/")
     return labels.get("instance", "") or labels.get("job", "") or "unknown"
+
+
+def _dcgm_pod_key(labels: dict[str, str]) -> str:
+    """The pod a DCGM series is about: the exported pod labels when Prometheus renamed them
+    (the scrape's own pod/namespace are the exporter's), else :func:`_pod_key`."""
+    if labels.get("exported_pod"):
+        return f"{labels.get('exported_namespace', '')}/{labels['exported_pod']}".lstrip("/")
+    return _pod_key(labels)
 
 
 def _fmt_labels(labels: dict[str, str]) -> str:
@@ -194,6 +224,11 @@ def _histogram_family(name: str) -> str | None:
     return name[: m.start()] if m else None
 
 
+#: pods whose vLLM series one range query asks for: bounds one answer (:data:`MAX_BODY_BYTES`)
+#: and the raw samples held before they are parsed into snapshots (500 pods: 10 queries).
+POD_BATCH = 50
+
+
 def fetch_fleet(
     url: str,
     *,
@@ -202,12 +237,31 @@ def fetch_fleet(
     timeout_s: float = 10.0,
     now: float | None = None,
 ) -> list[PodData]:
+    """Every pod of :func:`iter_fleet`, in key order (all held at once: :func:`iter_fleet`
+    gives them a batch at a time)."""
+    pods = iter_fleet(url, since_s=since_s, selector=selector, timeout_s=timeout_s, now=now)
+    return sorted(pods, key=lambda p: p.key)
+
+
+def iter_fleet(
+    url: str,
+    *,
+    since_s: float = 900.0,
+    selector: str | None = None,
+    timeout_s: float = 10.0,
+    now: float | None = None,
+) -> Iterator[PodData]:
     """Every pod with vLLM series in ``[now − since_s, now]`` (matching ``selector``), each with
     one Snapshot per query step (vLLM metrics parsed as a scrape, GPUs from DCGM or a kvdoctor
-    sidecar). Pods in key order. Raises SourceError when Prometheus cannot be queried or the
-    selector is invalid; a pod whose series cannot be parsed gets an "error" SourceStatus."""
-    from kvdoctor.sources.metrics import parse_metrics
+    sidecar), key order within a batch. Raises SourceError (when iterated) when Prometheus
+    cannot be queried or the selector is invalid; a pod whose series cannot be parsed gets an
+    "error" SourceStatus.
 
+    Only the vLLM series kvdoctor reads are asked for (:func:`~kvdoctor.sources.metrics.
+    read_sample_names`, as ``vllm:`` or ``vllm_`` names), :data:`POD_BATCH` pods a range query
+    (the pods from ``/api/v1/label/pod/values``; one query for all where that API fails); a
+    batch's raw samples are dropped once its pods are parsed, and a caller that lets each pod go
+    once used holds one batch at a time."""
     try:
         inner = selector_matchers(selector)
     except ValueError as e:
@@ -217,34 +271,77 @@ def fetch_fleet(
     start = end - since_s
     step = step_for(since_s)
     extra = f",{inner}" if inner else ""
-    vllm = client.query_range(f'{{__name__=~"vllm:.+"{extra}}}', start, end, step)
-    # per pod, per timestamp: samples
-    pages: dict[str, dict[float, list[tuple[str, dict[str, str], float]]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+    names = _vllm_names_re()
+    gpus = _gpu_series(client, extra, start, end, step)
+    for batch in _pod_batches(client, f'{{__name__=~"{names}"{extra}}}', start, end):
+        vllm = client.query_range(f'{{__name__=~"{names}"{extra}{batch}}}', start, end, step)
+        pods = _pods_from(vllm, gpus, client.shown)
+        del vllm
+        for pod in pods:
+            gpus.pop(pod.key, None)
+        yield from pods
+
+
+def _vllm_names_re() -> str:
+    """``vllm[:_](?:cache_config_info|…)``: the vLLM sample names parse_metrics reads."""
+    from kvdoctor.sources.metrics import read_sample_names
+
+    return "vllm[:_](?:" + "|".join(re.escape(n[len("vllm:") :]) for n in read_sample_names()) + ")"
+
+
+def _regex_of(values: list[str]) -> str:
+    """A PromQL regex string literal's inside matching exactly ``values``."""
+    alt = "|".join(re.escape(v) for v in values)
+    return alt.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _pod_batches(client: PrometheusClient, match: str, start: float, end: float) -> list[str]:
+    """Extra matchers (``,pod=~"a|b"``) that split the series of ``match`` into batches of at
+    most :data:`POD_BATCH` pods (series without a pod label: by instance); ``[""]`` (one batch)
+    when the label-values API is not answered or names none."""
+    try:
+        pods = client.label_values("pod", match, start, end)
+        bare = client.label_values("instance", match[:-1] + ',pod=""}', start, end)
+    except SourceError:
+        return [""]
+    if not pods and not bare:  # nothing, or an API that ignores match[]: one query finds out
+        return [""]
+    out = [f',pod=~"{_regex_of(pods[i : i + POD_BATCH])}"' for i in range(0, len(pods), POD_BATCH)]
+    out += [
+        f',pod="",instance=~"{_regex_of(bare[i : i + POD_BATCH])}"' for i in range(0, len(bare), POD_BATCH)
+    ]
+    return out
+
+
+def _pods_from(
+    vllm: list[dict[str, Any]],
+    gpus: dict[str, tuple[dict[float, list[Gpu]], str | None]],
+    shown: str,
+) -> list[PodData]:
+    """PodData (with snapshots) of one range answer's vLLM series."""
+    from kvdoctor.sources.metrics import parse_metrics
+
+    # per pod: (name, labels, [[t, "value"], …]) of each series
+    per_pod: dict[str, list[tuple[str, dict[str, str], list[Any]]]] = defaultdict(list)
+    colon_pods = {_pod_key(dict(s.get("metric") or {})) for s in vllm if _is_colon(s)}
     for series in vllm:
         labels = dict(series.get("metric") or {})
-        name = labels.get("__name__", "")
-        if not name or name.endswith("_created"):
+        m = _VLLM_NAME.match(labels.get("__name__", ""))
+        if m is None or m.group(1).endswith("_created"):
             continue
         key = _pod_key(labels)
-        for t, v in series.get("values") or []:
-            try:
-                pages[key][float(t)].append((name, labels, float(v)))
-            except (TypeError, ValueError):
-                continue
-    gpus = _gpu_series(client, extra, start, end, step)
+        if not _is_colon(series) and key in colon_pods:
+            continue  # the pod's vllm: series are there: these are a copy
+        per_pod[key].append(("vllm:" + m.group(1), labels, list(series.get("values") or [])))
     out: list[PodData] = []
-    for key in sorted(pages):
+    for key in sorted(per_pod):
         pod = PodData(key)
-        origin = f"prometheus {client.shown} pod {key}"
+        origin = f"prometheus {shown} pod {key}"
         pod_gpus, pod.gpu_source = gpus.get(key, ({}, None))
-        for t in sorted(pages[key]):
+        for t, page in sorted(_pages(per_pod.pop(key)).items()):
             snap = Snapshot(timestamp=t)
             try:
-                snap.metrics = parse_metrics(
-                    render_page(_fix_hist(pages[key][t])), origin=origin, timestamp=t
-                )
+                snap.metrics = parse_metrics(page, origin=origin, timestamp=t)
                 snap.sources.append(SourceStatus("metrics", origin, "ok", f"vLLM series at {_iso(t)}"))
             except SourceError as e:
                 snap.sources.append(SourceStatus("metrics", origin, "error", str(e).splitlines()[0]))
@@ -261,6 +358,38 @@ def fetch_fleet(
             pod.snapshots.append(snap)
         out.append(pod)
     return out
+
+
+def _pages(series: list[tuple[str, dict[str, str], list[Any]]]) -> dict[float, str]:
+    """Timestamp → the /metrics page of one pod's series then (what :func:`render_page` writes
+    for that instant's samples), each series' labels formatted once for all its samples."""
+    hist = {n[: -len("_bucket")] for n, _, _ in series if n.endswith("_bucket")}
+    rows = []
+    for name, labels, values in series:
+        fam = _histogram_family(name)
+        base = fam if fam in hist else name
+        kind = "histogram" if base in hist else ("counter" if name.endswith("_total") else "gauge")
+        rows.append(((base, name), base, kind, f"{name}{_fmt_labels(labels)} ", values))
+    rows.sort(key=lambda r: r[0])  # a histogram's buckets, count and sum under one # TYPE line
+    lines: dict[float, list[str]] = defaultdict(list)
+    last: dict[float, str] = {}
+    for _, base, kind, prefix, values in rows:
+        for t, v in values:
+            try:
+                t = float(t)
+                float(v)
+            except (TypeError, ValueError):
+                continue
+            page = lines[t]
+            if last.get(t) != base:
+                page.append(f"# TYPE {base} {kind}")
+                last[t] = base
+            page.append(prefix + str(v))
+    return {t: "\n".join(page) + "\n" for t, page in lines.items()}
+
+
+def _is_colon(series: dict[str, Any]) -> bool:
+    return str((series.get("metric") or {}).get("__name__", "")).startswith("vllm:")
 
 
 def _fix_hist(samples: list[tuple[str, dict[str, str], float]]) -> list[tuple[str, dict[str, str], float]]:
@@ -289,14 +418,15 @@ def _gpu_series(
         fld, factor = DCGM_METRICS.get(labels.get("__name__", ""), ("", 0.0))
         if not fld or not labels.get("gpu", "").isdigit():
             continue
-        key = _pod_key(labels)
+        key = _dcgm_pod_key(labels)
         source[key] = "DCGM exporter"
+        uuid = labels.get("UUID") or labels.get("uuid")
         for t, v in series.get("values") or []:
             value = number_in_range(v, factor)
             if value is None:
                 continue
             g = acc[key][float(t)].setdefault(
-                int(labels["gpu"]), {"uuid": labels.get("UUID"), "name": labels.get("modelName")}
+                int(labels["gpu"]), {"uuid": uuid, "name": labels.get("modelName")}
             )
             g[fld] = value
     if not acc:
@@ -322,7 +452,10 @@ def _gpu_series(
             for t, v in series.get("values") or []:
                 value = number_in_range(v)
                 if value is not None:
-                    acc[key][float(t)].setdefault(int(labels["gpu"]), {})[side_fld] = value
+                    g = acc[key][float(t)].setdefault(int(labels["gpu"]), {})
+                    g[side_fld] = value
+                    if labels.get("uuid"):
+                        g["uuid"] = labels["uuid"]
     out: dict[str, tuple[dict[float, list[Gpu]], str | None]] = {}
     for key, by_t in acc.items():
         per_t: dict[float, list[Gpu]] = {}
@@ -345,5 +478,5 @@ def _gpu(index: int, f: dict[str, Any]) -> Gpu:
         name=f.get("name"),
         memory_total_bytes=int(total) if total is not None else None,
         memory_used_bytes=int(used) if used is not None else None,
-        utilization_gpu=f.get("util"),
+        utilization_gpu=f.get("util", f.get("engine_active")),
     )

@@ -127,7 +127,7 @@ from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import MARK, is_secret_name, redact_text
-from kvdoctor.sources import log_catalogue2
+from kvdoctor.sources import log_catalogue2, log_v034
 from kvdoctor.sources.limits import (
     MAX_DIGITS,
     MAX_LINE_CHARS,
@@ -697,6 +697,8 @@ _ERROR_KINDS = frozenset(
 )
 # catalogue-2 errors (sources/log_catalogue2.py) are kept once per failure too
 _ERROR_KINDS |= log_catalogue2.ERROR_KINDS
+# vLLM 0.34's errors (sources/log_v034.py) too
+_ERROR_KINDS |= log_v034.ERROR_KINDS
 # Kinds that move a process through startup (phase tracking for cuda_oom).
 _PHASE_OF = {
     "weights_loading_start": "weight_loading",
@@ -1285,6 +1287,9 @@ class _Parser:
         # --- catalogue 2 lines (sources/log_catalogue2.py): extra events; the line goes on below
         for kind, values in log_catalogue2.match(msg):
             self._emit_catalogue2(kind, values, pl, key, block)
+        # --- vLLM 0.34 lines (sources/log_v034.py): extra events; the line goes on below
+        for kind, values in log_v034.match(msg):
+            self._emit_catalogue2(kind, values, pl, key, block, log_v034.BLOCK_KINDS)
 
         # --- engine pids named by a line (log_engines): "Started engine process with PID N", …
         if "pid" in msg or "PID" in msg or "Started server process" in msg:
@@ -1751,12 +1756,19 @@ class _Parser:
     # ------------------------------------------------------------------ sub-matchers
 
     def _emit_catalogue2(
-        self, kind: str, values: dict[str, Any], pl: ParsedLine, key: Any, block: _Block | None
+        self,
+        kind: str,
+        values: dict[str, Any],
+        pl: ParsedLine,
+        key: Any,
+        block: _Block | None,
+        block_kinds: frozenset[str] = log_catalogue2.BLOCK_KINDS,
     ) -> None:
-        """One event of :mod:`log_catalogue2`; errors raised in a traceback get ``phase`` and
-        ``hints`` as a ``cuda_oom`` does (refined when the block closes)."""
+        """One event of :mod:`log_catalogue2` (or :mod:`log_v034`, with its ``block_kinds``);
+        errors raised in a traceback get ``phase`` and ``hints`` as a ``cuda_oom`` does (refined
+        when the block closes)."""
         ev = self._emit(kind, pl, key, values)
-        if ev is None or kind not in log_catalogue2.BLOCK_KINDS:
+        if ev is None or kind not in block_kinds:
             return
         state = self._state.get(key, self._global_state)
         if key in self._capturing:

@@ -8,13 +8,11 @@ import json
 import subprocess
 from pathlib import Path
 
-import yaml
-
 from tests.integration import vllm_env
 from tests.integration.conftest import REPO, pin
 from tests.integration.server import server_env
 
-STORM = yaml.safe_load((REPO / "rules" / "preemption-storm.yaml").read_text())["thresholds"]
+STORM = PREEMPTION_STORM.threshold_values()
 
 
 def test_llm_watcher_diagnoses_an_offline_engine(vllm: vllm_env.VllmEnv, workdir: Path) -> None:

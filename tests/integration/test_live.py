@@ -2,7 +2,7 @@
 
 What must fire is decided from the server's own counters, read here with prometheus_client's
 parser (not kvdoctor's): the preemption rate over the window kvdoctor sampled and the highest
-KV usage seen, against the thresholds in ``rules/preemption-storm.yaml``.
+KV usage seen, against the thresholds of ``rules/preemption_storm.py``.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import REPO, has_command, kvdoctor, kvdoctor_json, pin
 from tests.integration.server import Load, VllmServer, free_port
 
-STORM = yaml.safe_load((REPO / "rules" / "preemption-storm.yaml").read_text())["thresholds"]
+STORM = PREEMPTION_STORM.threshold_values()
 #: how long kvdoctor samples the live server under load, seconds
 LIVE_WINDOW_S = 30.0
 SEVERITY = {"info": 0, "warning": 1, "critical": 2}
@@ -460,7 +459,9 @@ def test_live_diagnose_under_pressure_matches_the_servers_counters(
         # kvdoctor's own rate agrees with the server's counters (different instants: within 2x).
         shown = float(f["evidence"][0]["value"].split("/min")[0])
         assert rate / 2 <= shown <= rate * 2, (shown, rate)
-        seqs = f["suggested_flags"].get("--max-num-seqs")
+        seqs = next(
+            (x["flags"]["--max-num-seqs"] for x in f["fixes"] if "--max-num-seqs" in x["flags"]), None
+        )
         if seqs is not None:
             # A valid fix: a positive limit below vLLM's default (256) that the KV can hold.
             capacity = int(win[-1].cache_config["kv_cache_size_tokens"])

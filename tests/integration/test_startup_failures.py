@@ -56,7 +56,9 @@ def test_kv_smaller_than_max_model_len_gives_vllms_estimate(
     assert "kv-budget-exhausted" not in found
     f = found["max-model-len-exceeds-kv-capacity"]
     assert f["severity"] == "critical" and doc["exit_code"] == 2
-    suggested = int(f["suggested_flags"]["--max-model-len"])
+    suggested = int(
+        next(x["flags"]["--max-model-len"] for x in f["fixes"] if "--max-model-len" in x["flags"])
+    )
     if estimate:
         assert suggested == int(estimate.group(1))
     # Valid: shorter than what failed, and a whole number of 128-token blocks fits it.

@@ -11,6 +11,8 @@ import functools
 import gzip
 import io
 import re
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,12 +22,15 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.sampler import SnapshotFeed
 from kvdoctor.sidecar.server import Sidecar
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+#: the shipped alert rules (a real Prometheus loads them: the ``prometheus`` fixture)
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "kvdoctor-alerts.yaml"
 #: a V1 0.10.0 preemption storm (case b17): 8 real scrapes 10 s apart.
 STORM_DIR = DATA / "metrics" / "b17"
 #: a real 0.33.0 page (55 KB).
@@ -211,3 +216,71 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, step: float = 0.05)
             return got
         time.sleep(step)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[[list[tuple[str, str]]], str]]:
+    """A real Prometheus (Debian's prometheus, on a loopback port with a temp config and data dir).
+
+    Factory: ``start([(job, "127.0.0.1:PORT"), …])`` → the base URL of a Prometheus scraping
+    those targets every second (labels namespace=ml, pod=vllm-0: both containers of one pod)
+    with the shipped alert rules, their ``for:`` shortened to 2 s so the test need not wait 1 m."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(targets: list[tuple[str, str]]) -> str:
+        rules = ALERTS.read_text().replace("for: 1m", "for: 2s")
+        (tmp_path / "alerts.yaml").write_text(rules)
+        cfg = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+            "rule_files": ["alerts.yaml"],
+            "scrape_configs": [
+                {
+                    "job_name": job,
+                    "static_configs": [{"targets": [t], "labels": {"namespace": "ml", "pod": "vllm-0"}}],
+                }
+                for job, t in targets
+            ],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        port = free_port()
+        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            try:
+                return httpx.get(base + "/-/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 30, 0.2)
+        return base
+
+    yield start
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()

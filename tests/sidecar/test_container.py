@@ -247,4 +247,7 @@ def test_sidecar_gpu_info_says_gpu_uuid(tmp_path: Path) -> None:
     finally:
         feed.close()
     (line,) = [ln for ln in page.splitlines() if ln.startswith("kvdoctor_gpu_info{") and 'gpu="1"' in ln]
-    assert 'attribution="gpu_uuid"' in line and 'engine="/models/llama"' in line
+    assert 'attribution="gpu_uuid"' in line and 'model_name="/models/llama"' in line
+    # every GPU series carries NVML's UUID: they join dcgm-exporter's UUID label
+    mem = [ln for ln in page.splitlines() if ln.startswith("kvdoctor_gpu_memory_bytes{") and 'gpu="1"' in ln]
+    assert mem and all('uuid="GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"' in ln for ln in mem)

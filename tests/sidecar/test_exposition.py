@@ -108,3 +108,19 @@ def test_the_text_over_a_live_storm_is_generate_latest_s(fake_vllm: FakeVllm) ->
         assert "kvdoctor_engine_preemptions_per_second{" in sc.collector.text()
     finally:
         feed.close()
+
+
+def test_a_source_no_cycle_reports_is_dropped_after_forget_s() -> None:
+    """The /metrics URL of an engine that ended stops being a series (vanished process); a
+    source read now and then (within forget_s) stays."""
+    from kvdoctor.facts import SourceStatus
+    from kvdoctor.sidecar.exposition import SourceHealthTracker
+
+    t = SourceHealthTracker(forget_s=600.0)
+    gone = SourceStatus("metrics", "http://127.0.0.1:8001/metrics", "ok", "")
+    steady = SourceStatus("nvml", "NVML", "ok", "")
+    t.update([gone, steady], now=0.0)
+    t.update([steady], now=300.0)
+    assert ("metrics", "http://127.0.0.1:8001/metrics") in t.sources  # near miss: 300 s < 600 s
+    t.update([steady], now=601.0)
+    assert list(t.sources) == [("nvml", "NVML")]

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from kvdoctor.cli import cli
 from kvdoctor.sidecar.server import Sidecar
-from tests.sidecar.conftest import FakeVllm, live_feed, wait_for
+from tests.sidecar.conftest import FakeVllm, free_port, live_feed, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "kvdoctor-alerts.yaml"
@@ -29,71 +26,6 @@ pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,
     reason="prometheus not installed (.ci/run installs the Debian package)",
 )
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Callable[[list[tuple[str, str]]], str]]:
-    """Factory: ``start([(job, "127.0.0.1:PORT"), …])`` → the base URL of a Prometheus scraping
-    those targets every second (labels namespace=ml, pod=vllm-0: both containers of one pod)
-    with the shipped alert rules, their ``for:`` shortened to 2 s so the test need not wait 1 m."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(targets: list[tuple[str, str]]) -> str:
-        rules = ALERTS.read_text().replace("for: 1m", "for: 2s")
-        (tmp_path / "alerts.yaml").write_text(rules)
-        cfg = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-            "rule_files": ["alerts.yaml"],
-            "scrape_configs": [
-                {
-                    "job_name": job,
-                    "static_configs": [{"targets": [t], "labels": {"namespace": "ml", "pod": "vllm-0"}}],
-                }
-                for job, t in targets
-            ],
-        }
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        port = _free_port()
-        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-        )
-        procs.append(proc)
-        base = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            try:
-                return httpx.get(base + "/-/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 30, 0.2)
-        return base
-
-    yield start
-    for p in procs:
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def _alert_state(base: str, name: str) -> str | None:
@@ -143,7 +75,7 @@ def test_alert_fires_and_fleet_mode_agrees_with_diagnose(
 
 
 def test_fleet_mode_errors_are_one_line() -> None:
-    port = _free_port()
+    port = free_port()
     r = CliRunner().invoke(cli, ["diagnose", "--prometheus", f"http://127.0.0.1:{port}", "--since", "5m"])
     assert r.exit_code == 3 and "connection refused" in r.stderr and "Traceback" not in r.output
     r = CliRunner().invoke(cli, ["diagnose", "--prometheus", "http://127.0.0.1:1", "--since", "five"])

@@ -3,6 +3,7 @@ the transitions log, read-only endpoints; and as a process: SIGTERM/SIGINT exit 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.inputs import InputOptions, open_feed
+from kvdoctor.pipeline import Pipeline
 from kvdoctor.sidecar.server import Sidecar, parse_listen
 from tests.sidecar.conftest import DATA, FakeVllm, get, live_feed, wait_for
 
@@ -51,6 +53,12 @@ def test_metrics_pass_promtool_and_follow_conventions(start_sidecar: Callable[..
     assert "_percent" not in text  # ratios, never percentages
 
 
+def parts_uuid(base: str) -> str:
+    """The one uuid the memory series carry (they join DCGM's UUID)."""
+    (uuid,) = {lb["uuid"] for lb, _ in series(base, "kvdoctor_gpu_memory_bytes")}
+    return uuid
+
+
 def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., Sidecar]) -> None:
     sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
     base = sc.base  # type: ignore[attr-defined]
@@ -60,7 +68,8 @@ def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., 
         "rule": "gpu-shared-with-foreign-process",
         "severity": "critical",
         "family": "K",
-        "engine": "Qwen/Qwen2.5-7B-Instruct",
+        "model_name": "Qwen/Qwen2.5-7B-Instruct",  # vLLM's model_name
+        "engine": "",  # vLLM's engine index: no /metrics page in this bundle names one
         "gpu": "0",
     }
     flags = series(base, "kvdoctor_suggested_flag_info")
@@ -77,7 +86,10 @@ def test_bundle_finding_flags_and_memory_breakdown(start_sidecar: Callable[..., 
     (util,) = series(base, "kvdoctor_gpu_utilization_ratio")
     assert 0 <= util[1] <= 1
     (info,) = series(base, "kvdoctor_gpu_info")
-    assert info[0]["engine"] == "Qwen/Qwen2.5-7B-Instruct" and info[0]["attribution"] == "gpu"
+    assert info[0]["model_name"] == "Qwen/Qwen2.5-7B-Instruct" and info[0]["attribution"] == "gpu"
+    # the same uuid on every GPU series ("" here: this bundle's nvidia-smi table prints none;
+    # live NVML always gives one, tests/sidecar/test_container.py)
+    assert info[0]["uuid"] == parts_uuid(base) == ""
     (build,) = series(base, "kvdoctor_build_info")
     assert build[0]["version"]
     up = {lb["source"]: v for lb, v in series(base, "kvdoctor_source_up")}
@@ -94,7 +106,7 @@ def test_findings_endpoint_is_the_report(start_sidecar: Callable[..., Sidecar]) 
     sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
     base = sc.base  # type: ignore[attr-defined]
     report = wait_for(lambda: get(base + "/findings").json() or None)
-    assert report["schema"] == "kvdoctor.report/1"
+    assert report["schema"] == "kvdoctor.report/2"
     assert [f["rule"] for f in report["findings"]][:1] == ["gpu-shared-with-foreign-process"]
 
 
@@ -104,13 +116,16 @@ def test_live_storm_fires_logs_and_readyz(start_sidecar: Callable[..., Sidecar],
     got = wait_for(
         lambda: [lb for lb, _ in series(base, "kvdoctor_finding") if lb["rule"] == "preemption-storm"], 15
     )
-    assert got[0]["engine"] and got[0]["severity"] == "warning"
+    # vLLM's label meanings: its series of the same engine join on (model_name, engine)
+    assert got[0]["model_name"] == "meta-llama/Llama-3.1-8B-Instruct" and got[0]["engine"] == "0"
+    assert got[0]["severity"] == "warning"
     r = get(base + "/readyz")
     assert r.status_code == 200 and "metrics" in r.text
     cap = series(base, "kvdoctor_engine_kv_capacity_tokens")
     usage = series(base, "kvdoctor_engine_kv_usage_ratio")
     rate = series(base, "kvdoctor_engine_preemptions_per_second")
     assert cap and cap[0][1] > 0 and usage and 0.9 <= usage[0][1] <= 1 and rate and rate[0][1] > 0
+    assert usage[0][0] == {"model_name": "meta-llama/Llama-3.1-8B-Instruct", "engine": "0"}
     events = [json.loads(line) for line in sc.out.lines()]  # type: ignore[attr-defined]
     assert events[0]["event"] == "started"
     fired = [e for e in events if e.get("event") == "fired" and e["rule"] == "preemption-storm"]
@@ -130,6 +145,21 @@ def test_readyz_is_503_without_an_engine_source(start_sidecar: Callable[..., Sid
     assert get(base + "/healthz").status_code == 200
     (err,) = [v for lb, v in series(base, "kvdoctor_source_errors_total") if lb["source"] == "metrics"]
     assert err >= 2
+
+
+def test_log_lines_name_the_pod_from_the_downward_api() -> None:
+    from kvdoctor.sidecar.server import pod_identity
+
+    ident = pod_identity({"POD_NAMESPACE": "ml", "POD_NAME": "vllm-0", "HOSTNAME": "x"})
+    assert ident == {"namespace": "ml", "pod": "vllm-0"}
+    assert pod_identity({"POD_NAME": ""}) == {}  # near miss: unset or empty adds nothing
+    out = io.StringIO()
+    sc = Sidecar(open_feed(InputOptions(bundle=B05)), Pipeline.load(), out=out, identity=ident)
+    try:
+        sc.log({"event": "fired", "rule": "r"})
+    finally:
+        sc.feed.close()
+    assert json.loads(out.getvalue()) == {"namespace": "ml", "pod": "vllm-0", "event": "fired", "rule": "r"}
 
 
 def test_parse_listen() -> None:
@@ -282,7 +312,7 @@ def test_findings_json_is_rendered_when_asked_for(monkeypatch: pytest.MonkeyPatc
             sc.on_cycle(cycle)
         assert calls == []  # three cycles, nobody asked
         doc = json.loads(sc.report_json)
-        assert doc["schema"] == "kvdoctor.report/1" and sc.report_json and calls == [1]  # kept
+        assert doc["schema"] == "kvdoctor.report/2" and sc.report_json and calls == [1]  # kept
         sc.on_cycle(dataclasses.replace(cycle, report=sc.pipeline.evaluate(cycle.timeline)))
         assert json.loads(sc.report_json) == doc and calls == [1, 1]  # a new report: rendered anew
     finally:

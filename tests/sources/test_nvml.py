@@ -294,7 +294,7 @@ def test_identity_field_that_failed_is_asked_again() -> None:
 
 def test_process_name_asked_once_while_the_pid_stays(monkeypatch: pytest.MonkeyPatch) -> None:
     mod = make_fake([H100])
-    reader = NvmlReader(mod)
+    reader = NvmlReader(mod, processes_s=0)  # the process lists read every read
     asked: list[int] = []
     real = NvmlReader._lookup_name
 
@@ -317,6 +317,57 @@ def test_process_name_asked_once_while_the_pid_stays(monkeypatch: pytest.MonkeyP
     mod.nvmlDeviceGetGraphicsRunningProcesses = real_gfx
     reader.read()
     assert len(asked) == 4
+
+
+def test_process_lists_read_every_processes_s_and_at_once_when_memory_moves() -> None:
+    """The costly query (running processes) waits processes_s while used memory holds still;
+    a memory change of process_memory_change or more reads it at once; the near miss (just under
+    the change) does not."""
+    dev = dict(H100)
+    mod = make_fake([dev])
+    counts: dict[str, int] = {}
+    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMemoryInfo"):
+        _counting(mod, name, counts)
+    now = [0.0]
+    reader = NvmlReader(mod, processes_s=30.0, process_memory_change=64 * MiB, clock=lambda: now[0])
+    first = reader.read()[0].processes
+    for t in range(1, 30):  # 29 more reads a second apart, memory steady
+        now[0] = float(t)
+        again = reader.read()[0].processes
+        assert again == first and again is not first and again[0] is not first[0]  # fresh copies
+    assert counts["nvmlDeviceGetComputeRunningProcesses"] == 1 and counts["nvmlDeviceGetMemoryInfo"] == 30
+    now[0] = 30.0
+    reader.read()
+    assert counts["nvmlDeviceGetComputeRunningProcesses"] == 2  # processes_s passed
+    used = dev["nvmlDeviceGetMemoryInfo_v2"].used
+    now[0] = 31.0
+    dev["nvmlDeviceGetMemoryInfo_v2"] = obj(total=81559 * MiB, used=used + 63 * MiB, free=0, reserved=0)
+    reader.read()
+    assert counts["nvmlDeviceGetComputeRunningProcesses"] == 2  # near miss: under the change
+    now[0] = 32.0
+    dev["nvmlDeviceGetMemoryInfo_v2"] = obj(total=81559 * MiB, used=used + 64 * MiB, free=0, reserved=0)
+    mod.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
+    real_c = mod.nvmlDeviceGetComputeRunningProcesses
+    mod.nvmlDeviceGetComputeRunningProcesses = lambda h: (real_c(h), [])[1]  # the process ended
+    assert reader.read()[0].processes == []  # read at once, not 30 s later
+    assert counts["nvmlDeviceGetComputeRunningProcesses"] == 3
+
+
+def test_process_lists_read_again_when_memory_is_unknown_or_after_an_error() -> None:
+    dev = dict(H100)
+    mod = make_fake([dev])
+    counts: dict[str, int] = {}
+    _counting(mod, "nvmlDeviceGetComputeRunningProcesses", counts)
+    reader = NvmlReader(mod, clock=lambda: 0.0)
+    reader.read()
+    dev["nvmlDeviceGetMemoryInfo_v2"] = NVMLError_NotSupported()
+    dev["nvmlDeviceGetMemoryInfo"] = NVMLError_NotSupported()
+    reader.read()
+    assert counts["nvmlDeviceGetComputeRunningProcesses"] == 2  # no memory to compare: asked
+    dev["nvmlDeviceGetTemperature"] = mod.NVMLError("GPU is lost")
+    reader.read()
+    reader.read()
+    assert counts["nvmlDeviceGetComputeRunningProcesses"] == 4
 
 
 # --------------------------------------------------------------------------- handles and slow fields kept
@@ -410,7 +461,10 @@ def test_the_sampler_stamps_a_readers_own_objects_as_it_would_copies() -> None:
         if step == 2:
             devices[0]["nvmlDeviceGetComputeRunningProcesses"] = [
                 obj(pid=os.getpid(), usedGpuMemory=71 * GiB)
-            ]
+            ]  # and the GPU's used memory with it (what reads the process lists again)
+            devices[0]["nvmlDeviceGetMemoryInfo_v2"] = obj(
+                total=81559 * MiB, used=75327 * MiB + GiB, free=4878 * MiB, reserved=330 * MiB
+            )
         a, b = in_place.read().values["gpus"], copied.read().values["gpus"]
         for ga, gb in zip(a, b, strict=True):
             assert ga.timestamp is not None and gb.timestamp is not None

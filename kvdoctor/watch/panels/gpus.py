@@ -13,14 +13,22 @@ from kvdoctor.watch.panels import gib, pct, sparkline
 PART_STYLE = {
     "weights": "dodger_blue2",
     "kv_cache": "green3",
+    "cuda_graphs": "medium_purple",
     "activation_and_graphs": "magenta",
     "engine": "dodger_blue2",
     "other_engines": "orange1",
     "foreign": "red1",
     "unlisted": "grey50",
+    "transient_headroom": "grey42",
     "free": "grey30",
 }
-PART_SHORT = {"activation_and_graphs": "act+graphs", "other_engines": "other eng", "kv_cache": "KV"}
+PART_SHORT = {
+    "activation_and_graphs": "act+graphs",
+    "other_engines": "other eng",
+    "kv_cache": "KV",
+    "cuda_graphs": "graphs",
+    "transient_headroom": "kept free",
+}
 
 
 #: the word written inside a part's run of the bar (colour never carries meaning alone)
@@ -144,6 +152,9 @@ def _legend(b: GpuBreakdown, width: int) -> Text:
             continue
         t.append("■ " if p.part != "free" else "· ", style=PART_STYLE.get(p.part, ""))
         t.append(f"{PART_SHORT.get(p.part, PART_LABELS.get(p.part, p.part))} {gib(p.bytes)}  ")
+    if b.torch_cap_bytes is not None:
+        # vLLM 0.34: torch's reserved memory may not grow past this after startup
+        t.append(f"torch cap {gib(b.torch_cap_bytes)}  ", style="dim")
     t.truncate(width, overflow="ellipsis")
     return t
 
