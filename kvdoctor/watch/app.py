@@ -268,7 +268,7 @@ class DetailScreen(Screen[None]):
             for i, alt in enumerate(alternatives):
                 fix = Text("Fix: " if i == 0 else "  or ", style="bold green")
                 fix.append(findings_panel.alt_text(alt), style="bold")
-                why = alt.get("why") if isinstance(alt, dict) else getattr(alt, "why", None)
+                why = findings_panel.fix_why(alt)
                 if why:
                     fix.append(f"  — {why}", style="dim")
                 parts.append(fix)

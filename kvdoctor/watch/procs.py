@@ -22,6 +22,7 @@ from kvdoctor.watch.controller import View
 #: the rule whose finding names orphaned pids (``kill PID …`` in its summary)
 ORPHAN_RULE = "orphaned-engine-processes"
 _KILL_RE = re.compile(r"`kill ((?:\d{1,10} ?){1,64})`")
+_KILL_CMD_RE = re.compile(r"kill ((?:\d{1,10} ?){1,64})")
 _PID_RE = re.compile(r"(?:^|, )pid (\d{1,10}) \(")
 #: columns of the view: key, heading
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -75,7 +76,8 @@ class ProcRow:
 
 def orphan_pids(view: View | None) -> set[int]:
     """Pids the report's ``orphaned-engine-processes`` finding names (firing now): from its
-    summary's ``kill PID …`` (the rule's own list of ints), else its evidence's "pid N (name)";
+    fix's ``kill PID …`` command (the rule's own list of ints), else its summary's, else its
+    evidence's "pid N (name)";
     only pids that hold memory on a GPU of this View under a vLLM process name (a process
     cannot name another pid into the list)."""
     out: set[int] = set()
@@ -88,7 +90,10 @@ def orphan_pids(view: View | None) -> set[int]:
         f = row.finding
         if f.rule != ORPHAN_RULE or row.resolved_at is not None:
             continue
-        m = _KILL_RE.search(f.summary[:4096])
+        # The rule's fix: ``kill PID …`` as a command (report/2 ``fixes``), else its summary.
+        cmds = [str(c) for fx in getattr(f, "fixes", None) or [] for c in getattr(fx, "commands", ())]
+        m = next((m for c in cmds if (m := _KILL_CMD_RE.fullmatch(c.strip()[:4096]))), None)
+        m = m or _KILL_RE.search(f.summary[:4096])
         if m:
             out.update(int(x) for x in m.group(1).split())
             continue

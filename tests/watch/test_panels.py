@@ -23,18 +23,22 @@ def _finding(**kw) -> Finding:
     return Finding(**base)
 
 
-def test_fix_line_from_flags_and_from_the_first_alternative():
+def test_fix_line_from_the_first_alternative_or_the_flags():
+    from kvdoctor.findings import Fix
+
     f = _finding(suggested_flags={"--max-num-seqs": "26", "--enforce-eager": ""})
-    assert fix_text(f) == "--max-num-seqs 26 --enforce-eager"
-    f.fixes = [  # type: ignore[attr-defined]
-        {
-            "flags": {"--kv-cache-dtype": "fp8"},
-            "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-        },
-        {"flags": {"--max-num-seqs": "26"}},
+    assert fix_text(f) == "--max-num-seqs 26 --enforce-eager"  # a report/1 finding
+    f.fixes = [
+        Fix({"--kv-cache-dtype": "fp8"}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+        Fix({"--max-num-seqs": "26"}),
     ]
-    assert fix_text(f) == "--kv-cache-dtype fp8 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    f.fixes = [SimpleNamespace(flags={}, env={}, commands=["kill 4242"], why="")]  # type: ignore[attr-defined]
+    assert fix_text(f) == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --kv-cache-dtype fp8"
+    f.fixes = [Fix(commands=("kill 4242",), why="frees the memory")]
+    assert fix_text(f) == "kill 4242"
+    # an alternative that is not a Fix (a dict, an object) reads the same way
+    f.fixes = [{"flags": {"--max-num-seqs": "26"}, "commands": ["kill 1"]}]  # type: ignore[list-item]
+    assert fix_text(f) == "kill 1; then relaunch with --max-num-seqs 26"
+    f.fixes = [SimpleNamespace(flags={}, env={}, commands=["kill 4242"], why="")]  # type: ignore[list-item]
     assert fix_text(f) == "kill 4242"
     assert fix_text(_finding()) == ""
 
@@ -81,12 +85,13 @@ def test_level_rows_are_the_rows_each_level_draws(demo_feed, pipeline):
 
 
 def test_detail_lists_every_fix_alternative():
+    from kvdoctor.findings import Fix
     from kvdoctor.watch.app import DetailScreen
 
     f = _finding(suggested_flags={"--max-num-seqs": "26"})
-    f.fixes = [  # type: ignore[attr-defined]
-        {"flags": {"--max-num-seqs": "26"}, "why": "fewer sequences, each with its KV"},
-        {"flags": {"--kv-cache-dtype": "fp8"}, "why": "about 2x the tokens"},
+    f.fixes = [
+        Fix({"--max-num-seqs": "26"}, why="fewer sequences, each with its KV"),
+        Fix({"--kv-cache-dtype": "fp8"}, why="about 2x the tokens"),
     ]
     text = "\n".join(str(p) for p in DetailScreen(FindingRow(f, 0.0), None, None)._parts())
     assert "Fix: --max-num-seqs 26  — fewer sequences" in text and "  or --kv-cache-dtype fp8" in text

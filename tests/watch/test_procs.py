@@ -159,6 +159,12 @@ def test_orphans_come_from_the_finding_not_from_names():
     )
     view = View(index=0, now=0.0, snapshot=Snapshot(gpus=[gpu]), report=None, findings=[FindingRow(f, 0.0)])
     assert procs.orphan_pids(view) == {4242, 4243}
+    # report/2: the fix's command is the list
+    from kvdoctor.findings import Fix
+
+    f.fixes = [Fix(commands=("kill 4243",))]
+    assert procs.orphan_pids(view) == {4243}
+    f.fixes = []
     f.summary = "a wording with no kill list"
     assert procs.orphan_pids(view) == {4242}
     # resolved: no orphan any more

@@ -33,29 +33,42 @@ _CONSOLE = Console(file=io.StringIO(), width=400, color_system=None, legacy_wind
 
 
 def alt_text(alt: Any) -> str:
-    """One fix alternative ``{flags, env, commands, why}`` (dict or object) as one line."""
+    """One fix alternative as one line: a :class:`kvdoctor.findings.Fix` by its ``line()``
+    ("kill 1 2; then relaunch with --max-num-seqs 26"), anything else with ``flags``, ``env``,
+    ``commands`` (a dict or an object) pieced together the same way."""
+    line = getattr(alt, "line", None)
+    if callable(line):
+        return str(line())
 
     def get(name: str) -> Any:
         return alt.get(name) if isinstance(alt, dict) else getattr(alt, name, None)
 
-    parts: list[str] = []
-    for key, value in dict(get("flags") or {}).items():
-        value = str(value)
-        parts.append(f"{key} {shlex.quote(value)}" if value != "" else str(key))
-    parts += [f"{k}={shlex.quote(str(v))}" for k, v in dict(get("env") or {}).items()]
-    parts += [str(c) for c in list(get("commands") or [])]
-    return " ".join(parts)
+    cmds = [str(c) for c in list(get("commands") or [])]
+    rest = [f"{k}={shlex.quote(str(v))}" for k, v in dict(get("env") or {}).items()]
+    rest += [
+        f"{k} {shlex.quote(str(v))}" if str(v) != "" else str(k) for k, v in dict(get("flags") or {}).items()
+    ]
+    if cmds and rest:
+        return " && ".join(cmds) + "; then relaunch with " + " ".join(rest)
+    return " && ".join(cmds) or " ".join(rest)
+
+
+def fix_why(alt: Any) -> str:
+    """The alternative's one-line "why" ("" when it has none)."""
+    why = alt.get("why") if isinstance(alt, dict) else getattr(alt, "why", None)
+    return str(why or "")
 
 
 def fix_text(f: Any) -> str:
-    """The fix line of a finding: the first of its ``fixes`` alternatives when it has them,
-    else its ``suggested_flags`` (``kvdoctor.report.fix_lines``) on one line; "" when none."""
+    """The fix line of a finding: the first (recommended) of its ``fixes`` alternatives, else
+    its ``suggested_flags`` (``kvdoctor.report.fix_lines``) on one line; "" when none."""
     fixes = getattr(f, "fixes", None)
     if fixes:
         text = alt_text(fixes[0])
         if text:
             return text
-    return " ".join(fix_lines(f))
+    lines = fix_lines(f)
+    return lines[0] if lines else ""
 
 
 def scope_text(f: Any) -> str:
@@ -141,6 +154,9 @@ def finding_lines(
         line = Text(body)
         line.append("Fix: ", style="bold green")
         line.append(fix, style="bold")
+        more = len(getattr(f, "fixes", None) or []) - 1
+        if more > 0:
+            line.append(f"  (+{more} alternative{'s' if more > 1 else ''}: Enter)", style="dim")
         out += _wrap(line, width, indent + 5)
     scope = scope_text(f)
     line = Text(body)
