@@ -8,6 +8,8 @@ import json
 import subprocess
 from pathlib import Path
 
+from kvdoctor.rules.preemption_storm import RULE as PREEMPTION_STORM
+
 from tests.integration import vllm_env
 from tests.integration.conftest import REPO, pin
 from tests.integration.server import server_env

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from kvdoctor.rules.preemption_storm import RULE as PREEMPTION_STORM
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import REPO, has_command, kvdoctor, kvdoctor_json, pin
