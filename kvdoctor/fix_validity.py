@@ -28,8 +28,9 @@ A value is also dropped when it would leave vLLM unable to serve (issue 24, the 
   minus (gmu − value) × total) no longer holds one ``max_model_len`` request: vLLM refuses to
   start;
 - ``--max-num-seqs`` of 1 or 2 (the engine serialised) unless the KV cache holds fewer than three
-  ``max_model_len`` requests, or below the running requests of the log's first stats line of
-  this run (the concurrency the traffic needed before the trouble).
+  ``max_model_len`` requests, or below the concurrency the traffic needed before the trouble
+  (derive ``running_before_trouble``, else the running requests of the log's first stats line
+  of this run).
 
 The rule engine calls :func:`valid_fix` with the rule context's variables (derive's names).
 """
@@ -204,7 +205,12 @@ def _serialises(names: Mapping[str, Any], n: float) -> str | None:
     holds = capacity // mml if isinstance(capacity, int) and isinstance(mml, int) and mml > 0 else None
     if n <= 2 and (holds is None or holds >= 3):
         return "serialises the engine (1 or 2 sequences at a time)"
-    before = get("log_running_first")
-    if isinstance(before, int) and before > n:
+    # the peak running before the trouble (derive episodes: scrapes over the whole series, else
+    # stats lines), else the log's first stats line of this run
+    before = get("running_before_trouble")
+    if not isinstance(before, (int, float)) or before <= 0:
+        before = get("log_running_first")
+    if isinstance(before, (int, float)) and before > n:
+        before = int(before)
         return f"below the {before} requests running before the trouble"
     return None

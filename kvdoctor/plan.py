@@ -431,6 +431,37 @@ def build_plan(
             elif g <= 0.95 and g > gmu:
                 flags["--gpu-memory-utilization"] = f"{g:.2f}"
     plan["suggested_flags"] = flags
+    # issue 24 kind 10: the launch flags the plan assumed, then its advice, so that pasting the
+    # Flags line after `vllm serve MODEL` reproduces the plan ("" = a flag without a value).
+    assumed: dict[str, str] = {
+        "--tensor-parallel-size": str(tensor_parallel_size),
+        "--kv-cache-dtype": kv_cache_dtype,
+    }
+    if pipeline_parallel_size != 1:
+        assumed["--pipeline-parallel-size"] = str(pipeline_parallel_size)
+    for flag, value in (
+        ("--block-size", block_size),
+        ("--dtype", dtype),
+        ("--quantization", quantization),
+        ("--max-num-batched-tokens", max_num_batched_tokens),
+        ("--max-num-seqs", max_num_seqs),
+        ("--kv-cache-memory-bytes", kv_cache_memory_bytes),
+    ):
+        if value is not None:
+            assumed[flag] = str(value)
+    if gpu_memory_utilization is not None:
+        assumed["--gpu-memory-utilization"] = f"{gpu_memory_utilization:g}"
+    if max_model_len is not None:
+        assumed["--max-model-len"] = str(max_model_len)
+    if enforce_eager:
+        assumed["--enforce-eager"] = ""
+    if (
+        enable_extensible_kv_cache is False
+        and vllm_defaults.is_v034(vllm_version)
+        and kv_cache_memory_bytes is None
+    ):
+        assumed["--no-enable-extensible-kv-cache"] = ""
+    plan["launch_flags"] = {**assumed, **flags}
 
     if grid:
         rows = []
@@ -529,8 +560,13 @@ def render_text(plan: dict[str, Any]) -> None:
     con.print(t)
     if plan.get("log_line"):
         con.print(f"vLLM would log: [bold]{plan['log_line']}[/bold]")
-    if plan["suggested_flags"]:
-        con.print("Flags: " + " ".join(f"{k} {v}" for k, v in plan["suggested_flags"].items()))
+    launch = plan.get("launch_flags") or plan["suggested_flags"]
+    if launch:
+        con.print(
+            "Flags: " + " ".join(f"{k} {v}" if v != "" else k for k, v in launch.items()),
+            markup=False,
+            soft_wrap=True,
+        )
     if plan.get("grid"):
         g = Table(title="TP × KV dtype", title_justify="left")
         for col in (

@@ -303,3 +303,55 @@ def proportional_layer_partition(arch: Any, gpus: list[int], totals: dict[int, i
         i = max(range(len(split)), key=lambda j: split[j] - exact[j])
         split[i] -= 1
     return ",".join(str(x) for x in split)
+
+
+def seqs_step(n: int) -> int:
+    """``n`` rounded down to a step of about 1/8 of itself (a power of two: exact below 16,
+    multiples of 2 up to 31, of 4 up to 63, of 8 up to 127, …; at least 1): a computed
+    ``--max-num-seqs`` moves only when its evidence moves by more than a step, so a live view and
+    the sidecar do not flap (issue 24), and it stays within about 12 % of what fits."""
+    if n < 1:
+        return 1
+    q = 1
+    while q * 2 <= n // 8:
+        q *= 2
+    return n // q * q
+
+
+def concurrency_fix(
+    kv_tokens: int | None,
+    typical_tokens: int | None,
+    needed: float | None,
+    prompt_p50: float | None,
+    prompt_tail: float | None,
+    tail_ratio: float = 4,
+    fits: int | None = None,
+) -> tuple[int | None, str]:
+    """The ``--max-num-seqs`` that admits only what the KV cache holds at once, and why not when
+    None (issue 24 kind 1: a fix that helps, never one that serialises the engine).
+
+    ``kv_tokens``: KV capacity in tokens; ``typical_tokens``: a typical request (p50 prompt + p50
+    generation); ``needed``: the requests running before the trouble (derive
+    ``running_before_trouble``); ``prompt_p50`` / ``prompt_tail``: the prompt median and the
+    larger of p99 and the highest bucket; ``fits``: the requests the pool holds counted in
+    blocks where known (vLLM 0.34: (N − 1) // req_blocks(typical), derive
+    ``kv_pool_requests_typical``), else kv // typical. The value is that count rounded down to
+    :func:`seqs_step`. None when the traffic is mixed (the tail ≥ ``tail_ratio`` × the median:
+    a few huge requests are the problem, a limit from the median would only serialise the
+    rest), or when the value is below ``needed`` (the cache cannot hold the concurrency the
+    traffic needs at this request size: cap or chunk the tail, or more KV, instead)."""
+    if not kv_tokens or not typical_tokens or typical_tokens < 1:
+        return None, "the KV capacity or the request size is unknown"
+    if prompt_p50 and prompt_tail and prompt_tail >= tail_ratio * prompt_p50:
+        return None, (
+            f"the prompts are mixed (p99 {prompt_tail:,.0f} vs median {prompt_p50:,.0f} tokens): a few huge"
+            " requests fill the cache, and a limit from the median would only serialise the rest"
+        )
+    held = fits if fits is not None and fits >= 0 else kv_tokens // typical_tokens
+    seqs = seqs_step(held)
+    if needed and seqs < needed:
+        return None, (
+            f"the cache holds only about {held:,} such requests, below the"
+            f" {needed:,.0f} running before the trouble: fewer sequences would serialise the traffic"
+        )
+    return seqs, ""

@@ -65,6 +65,35 @@ def _split_desc(names: list[str] | None, split: list[float] | None) -> str:
     return ", ".join(f"{n} {flag_value(x)}" for n, x in zip(names, split, strict=True))
 
 
+def _sleeping(f: Facts) -> list[bool] | None:
+    """Per colocated engine: asleep by its gauge (derive), this engine also by its log."""
+    sleeping = f["colocated_sleeping"]
+    own = f["colocated_self"]
+    if f["asleep"] and own is not None and f["colocated_names"]:
+        sleeping = list(sleeping or [False] * len(f["colocated_names"]))
+        if own < len(sleeping):
+            sleeping[own] = True
+    return sleeping
+
+
+def _effective_bytes(f: Facts, sleeping: list[bool] | None) -> float | None:
+    """Σ gmu × total of the awake engines + Σ NVML bytes of the sleeping ones (what the card
+    must hold when they alternate)."""
+    gmus, card = f["colocated_gmus"], f["colocated_total_bytes"]
+    if sleeping is None or not gmus or not card:
+        return f["colocated_effective_bytes"]
+    held = f["colocated_bytes"] or [None] * len(gmus)
+    eff = 0.0
+    for gmu, asleep, b in zip(gmus, sleeping, held, strict=False):
+        if asleep and b is not None:
+            eff += b
+        elif gmu is not None:
+            eff += gmu * card
+        else:
+            return None
+    return eff
+
+
 def check(f: Facts, t: Thresholds) -> Hit | None:
     gmu_sum, reserved, card = (
         f["colocated_gmu_sum"],
@@ -76,8 +105,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         reserved is not None and card and reserved > card
     )
     close_start = gap is not None and gap < t.profile_window_s
-    # Sleep-swap sets (catalogue 2 §3.6): a sleeping engine counts by its measured bytes.
-    sleeping, effective = f["colocated_sleeping"], f["colocated_effective_bytes"]
+    # Sleep-swap sets (catalogue 2 §3.6): a sleeping engine counts by its measured bytes. Sleep
+    # state per engine from its vllm:engine_sleep_state, and for this engine also from its log
+    # ('It took … seconds to fall asleep.' with no wake after it).
+    sleeping = _sleeping(f)
+    effective = _effective_bytes(f, sleeping)
     sleep_fit = bool(
         sleeping is not None
         and any(sleeping)
@@ -86,6 +118,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         and effective <= t.max_gmu_sum * card
     )
     if (f["colocated_count"] or 0) < 2 or not (over or close_start) or sleep_fit:
+        return None
+    # vLLM 0.34, extensible, every engine with gmu unset: shared-gpu-gmu-unset gives the split
+    # once (spec/vllm-0.34.md §2).
+    ext = bool(f["vllm_v34"]) and f["vllm_sizing_mode"] == "extensible"
+    explicit = f["colocated_gmu_explicit"]
+    if ext and explicit and not any(x is not False for x in explicit):
         return None
 
     # A gmu per engine proportional to what each asked for, summing to at most max_gmu_sum.
@@ -100,10 +138,22 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         # The flag is named where this engine's value is the fix.
         with_flag = f" with {GMU} per engine" if fixes else ""
         bytes_part = f" ({fmt_bytes(reserved)} of {fmt_bytes(card)})" if reserved and card else ""
+        if ext:
+            # 0.34 extensible: no startup refusal; the later engine gets what the first left.
+            consequence = (
+                " each engine commits up to its gmu × total after its warm-up, so the later one gets only"
+                ' what the first left (its "No available memory for the cache blocks" / "To serve at least'
+                ' one request" after warm-up, or a small "Extended KV cache" pool), or one runs out at run'
+                " time when the other's transient grows."
+            )
+        else:
+            consequence = (
+                " each engine preallocates its gmu × total, so the one that profiles last finds too little"
+                ' free memory ("Free memory on device … is less than desired GPU memory utilization") or runs'
+                " out at run time."
+            )
         body = (
-            f"Together they ask for gmu {na(gmu_sum, '.2f')} of the card{bytes_part}: each engine preallocates"
-            ' its gmu × total, so the one that profiles last finds too little free memory ("Free memory on'
-            ' device … is less than desired GPU memory utilization") or runs out at run time.'
+            f"Together they ask for gmu {na(gmu_sum, '.2f')} of the card{bytes_part}:{consequence}"
             f" Split the card{with_flag}: {_split_desc(f['colocated_names'], split)} (sum ≤ {t.max_gmu_sum:.2f})."
         )
     else:
@@ -112,9 +162,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             " the memory profiler counts the other engine’s allocations as its own, so one of them got a"
             " smaller KV cache than it should."
         )
+    ready = "Extended KV cache to" if ext else "Starting vLLM server"
     summary = (
-        f"{head} {body} Start them one after another, the next only once the previous one logs"
-        ' "Starting vLLM server".'
+        f'{head} {body} Start them one after another, the next only once the previous one logs "{ready}".'
     )
 
     evidence = [

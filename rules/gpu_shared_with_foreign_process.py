@@ -1,6 +1,8 @@
 """## What
 Free memory when vLLM starts is below gpu_memory_utilization × total, or NVML shows another
-process holding memory on the engine's GPU.
+process holding memory on the engine's GPU. Without a visible process the finding says the
+memory is held outside vLLM, never "another process". On vLLM ≥ 0.34 with the extensible KV
+cache and gmu unset, `shared-gpu-gmu-unset` owns a shared GPU.
 
 ## Why
 vLLM reserves `ceil(total × gpu_memory_utilization)` bytes at startup and refuses to start when
@@ -88,6 +90,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     siblings_overcommit = (f["colocated_count"] or 0) >= 2 and (f["colocated_gmu_sum"] or 0) > 0.95
     if not ((fbu and not f["orphan_pids"]) or seen_foreign) or siblings_overcommit:
         return None
+    # vLLM 0.34 with the extensible KV cache and gmu unset: shared-gpu-gmu-unset owns the GPU
+    # shared with another process (spec/vllm-0.34.md §2, N1).
+    ext = bool(f["vllm_v34"]) and f["vllm_sizing_mode"] == "extensible"
+    if ext and f["gmu_explicit"] is False:
+        return None
     gmu, gpu_total = f["gmu"], f["gpu_total_bytes"]
     total = f["fbu_total_bytes"] if fbu else gpu_total
     free: float | None
@@ -107,6 +114,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     pids = f["foreign_pids"]
     # a process on two GPUs is listed twice: one pid once
     kill = "kill " + " ".join(str(p) for p in dict.fromkeys(pids)) if pids else None
+    # "another process" only where one is visible; else the memory is only known to be held
+    # outside vLLM (issue 24 kind 3).
+    other = "the other process" if seen_foreign else "whatever holds the memory outside vLLM"
     stop = [Fix(commands=(kill,), why="frees the memory the other process holds")] if kill else []
 
     # The words name --gpu-memory-utilization only for the value its fix sets; the gmu in effect
@@ -128,18 +138,34 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
                 "Even gmu 0.95 cannot hold those weights plus a KV cache on this card: preload a smaller"
                 " or quantized model, or shard it over more GPUs."
             )
+    elif fix is not None and ext:
+        # On the extensible path the gmu is a cap on this engine, not a fit to what is free now.
+        advice = (
+            f"Set {GMU} {flag_value(fix)} (the card less what {other} holds and a {t.margin_gib} GiB"
+            " margin): it caps this engine so the other process keeps its memory and can grow; it is"
+            " not a fit to the memory free now. vLLM then logs the WARNING 'gpu_memory_utilization=…"
+            f" caps this instance at …', which is expected. Or stop {other} first{f' ({kill})' if kill else ''}."
+        )
+        fixes.append(Fix(flags={GMU: str(flag_value(fix))}, why="caps this engine beside the other process"))
+        fixes += stop
     elif fix is not None:
         advice = (
             f"Lower {GMU} to {flag_value(fix)} (what is free, less a {t.margin_gib} GiB margin),"
-            f" or stop the other process first{f' ({kill})' if kill else ''}."
+            f" or stop {other} first{f' ({kill})' if kill else ''}."
         )
         fixes.append(
-            Fix(flags={GMU: str(flag_value(fix))}, why="a budget that fits beside the other process")
+            Fix(flags={GMU: str(flag_value(fix))}, why="a budget that fits the memory free at startup")
         )
         fixes += stop
     elif wanted is not None:
-        advice = f"Stop the other process{f' ({kill})' if kill else ''} first."
+        advice = f"Stop {other}{f' ({kill})' if kill else ''} first."
         fixes += stop
+    elif current_fits and ext:
+        advice = (
+            f"The gmu {gmu} in effect caps this engine (vLLM measures after warm-up and commits up to"
+            " gmu × total), so the other process keeps its room as long as it stays within what the cap"
+            " leaves; vLLM's 'gpu_memory_utilization=… caps this instance at …' WARNING is expected."
+        )
     elif current_fits:
         advice = (
             f"The current gmu {gmu} still fits beside it, but a restart of the engine will fail if the"
@@ -147,7 +173,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     else:
         advice = (
-            f"Stop the other process{f' ({kill})' if kill else ''} - what it leaves free (gmu {fit}) cannot"
+            f"Stop {other}{f' ({kill})' if kill else ''} - what it leaves free (gmu {fit}) cannot"
             " hold the model."
         )
         fixes += stop
@@ -168,6 +194,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         opening = (
             f"vLLM refused to start, only {gib_text(free)} GiB of {gib_text(total)} GiB is free, less than"
             f" gmu {f['fbu_gmu']} asks for{after}."
+        )
+    elif ext:
+        opening = (
+            "Memory on the engine GPU is held by another process; this vLLM 0.34 engine sizes its KV cache"
+            " after warm-up within its gmu cap."
         )
     else:
         opening = (
@@ -206,6 +237,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         fixes=fixes,
         gpus=sorted(set(f["engine_gpus"] or ())),
         severity=severity,
+        title=None if seen_foreign else "Memory on the engine's GPU is held outside vLLM",
     )
 
 

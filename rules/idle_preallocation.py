@@ -9,9 +9,14 @@ tutorial's "low utilisation with full memory" is vLLM's normal idle state.
 ## How to confirm
 `vllm:kv_cache_usage_perc` 0, `vllm:num_requests_running` 0, used ≈ gmu × total.
 
+On vLLM ≥ 0.34 with the extensible KV cache and gmu unset (u = 1.0) this is normal too:
+0.34 measures after warm-up and commits all but μ + kept. A sleeping engine beside it on the
+same GPU (a sleep-swap set) is counted by the memory it still holds.
+
 ## Fix
-Nothing to fix. To share the card, start with a lower `--gpu-memory-utilization` (the finding
-computes one that leaves 16 GiB free).
+Nothing to fix. To share the card, start with a lower `--gpu-memory-utilization`: the finding
+computes one that leaves 16 GiB free (0.5 GiB margin on 0.34 extensible), or, where that would
+not hold the model and one max_model_len request, the lowest one that still does.
 
 ## Sources
 vllm-facts.md §2.1; seed-tutorial errata 6.
@@ -19,6 +24,7 @@ vllm-facts.md §2.1; seed-tutorial errata 6.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvdoctor.kvmath import gmu_fitting
@@ -37,17 +43,65 @@ class Thresholds:
     idle_util: float = 0.05
 
 
-def _gmu_share(f: Facts, t: Thresholds) -> float | None:
-    """The gmu that leaves ``share_free_gib`` free, when lower than the gmu in effect (and a
-    value vLLM accepts); else None."""
+def _gmu_share(f: Facts, t: Thresholds, neighbours: int, ext: bool) -> float | None:
+    """The gmu that leaves ``share_free_gib`` free (beside ``neighbours`` bytes other engines
+    hold; 0.5 GiB margin on 0.34 extensible), else the lowest one vLLM still starts with (one
+    max_model_len request), when lower than the gmu in effect; else None."""
     total, gmu = f["gpu_total_bytes"], f["gmu"]
     if not total or gmu is None:
         return None
+    margin = int(0.5 * 2**30) if ext else 0
     try:
-        share = gmu_fitting(int(total - t.share_free_gib * 2**30), total, 0)
+        share = gmu_fitting(int(total - neighbours - t.share_free_gib * 2**30), total, margin)
     except ValueError:
         return None
-    return share if share < gmu and is_valid(f, GMU, share) else None
+    lo, hi = round(share * 100), round(gmu * 100) - 1
+    if lo < 1 or not is_valid(f, GMU, lo / 100):
+        # The share does not hold the model: the lowest gmu above the weights (per rank) plus
+        # 1 GiB that vLLM still starts with; without the weights, none.
+        weights, tp_pp = f["weights_bytes"], f["tp_pp"]
+        if weights is None or not tp_pp:
+            return None
+        lo = max(lo, math.ceil((weights / tp_pp + 2**30) / total * 100))
+    # validity rises with the gmu (more KV): the lowest valid hundredth in [lo, hi]
+    best = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if is_valid(f, GMU, mid / 100):
+            best, hi = mid / 100, mid - 1
+        else:
+            lo = mid + 1
+    # a value that frees less than a quarter of the share beyond the gmu in effect is not worth
+    # a restart (it changes nothing that matters)
+    if best is not None and (gmu - best) * total < t.share_free_gib * 2**30 / 4:
+        return None
+    return best
+
+
+def _awake_neighbour(f: Facts) -> bool:
+    """Another awake vLLM engine shares this GPU (its memory is in the used figure; the
+    colocation rules own the finding), or, on 0.34 extensible with gmu unset, another process
+    does (shared-gpu-gmu-unset owns it)."""
+    own, asleep = f["colocated_self"], f["colocated_sleeping"] or []
+    n = f["colocated_count"] or 0
+    if n >= 2 and any(i != own and not (i < len(asleep) and asleep[i]) for i in range(n)):
+        return True
+    ext_unset = bool(f["vllm_v34"]) and f["vllm_sizing_mode"] == "extensible" and f["gmu_explicit"] is False
+    return ext_unset and (f["foreign_bytes"] or 0) >= 2**30 // 4
+
+
+def _sleeping_neighbours(f: Facts) -> tuple[int, str | None]:
+    """Bytes and names of the other engines on this GPU that are asleep (their gauge)."""
+    own, names = f["colocated_self"], f["colocated_names"] or []
+    asleep, held = f["colocated_sleeping"] or [], f["colocated_bytes"] or []
+    out: list[tuple[str, int]] = []
+    for i in range(min(len(names), len(asleep), len(held))):
+        b = held[i]
+        if i != own and asleep[i] and b:
+            out.append((names[i], int(b)))
+    if not out:
+        return 0, None
+    return sum(b for _, b in out), ", ".join(f"{n} {gib_text(b)} GiB" for n, b in out)
 
 
 def check(f: Facts, t: Thresholds) -> Hit | None:
@@ -69,27 +123,45 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         or f["oom_count"]
         or f["orphan_pids"]
         or f["asleep"]
+        or _awake_neighbour(f)
     ):
         return None
-    share = _gmu_share(f, t)
+    ext = bool(f["vllm_v34"]) and f["vllm_sizing_mode"] == "extensible"
+    neighbours, neighbour_desc = _sleeping_neighbours(f)
+    share = _gmu_share(f, t, neighbours, ext)
     kv_words = (
         " (a pooling engine: its KV usage gauge is a placeholder, not read)"
         if pooling
         else " and an empty KV cache"
     )
+    if ext:
+        idle = f["idle_headroom_design_bytes"]
+        kept = f" ({gib_text(idle)} GiB here)" if idle is not None else ""
+        how = (
+            f"normal: vLLM 0.34 measures after warm-up and commits all but μ + kept{kept} of gmu"
+            f" {float(gmu):.2f} × total as KV blocks (gmu {na(f['gmu_assumption'])})."
+        )
+    else:
+        how = f"vLLM reserves gmu {gmu} × total at start for weights and KV blocks."
+    asleep_words = (
+        f" {gib_text(neighbours)} GiB of it is held by sleeping engine(s) beside it ({neighbour_desc})."
+        if neighbour_desc
+        else ""
+    )
     summary = (
-        f"{gib_text(used, '.1f')} of {gib_text(total, '.1f')} GiB is used with no traffic{kv_words}: vLLM reserves"
-        f" gmu {gmu} × total at start for weights and KV blocks. This is not a leak."
+        f"{gib_text(used, '.1f')} of {gib_text(total, '.1f')} GiB is used with no traffic{kv_words}: {how}"
+        f"{asleep_words} This is not a leak."
     )
     fixes: list[Fix] = []
     if share is not None:
+        left = total - neighbours - share * total
         summary += (
-            f" To share the card, {GMU} {flag_value(share)} would leave about {t.share_free_gib} GiB free."
+            f" To share the card, {GMU} {flag_value(share)} would leave about {int(left // 2**30)} GiB free."
         )
         fixes.append(
             Fix(
                 flags={GMU: str(flag_value(share))},
-                why=f"about {t.share_free_gib} GiB left free to share the card",
+                why="memory left free to share the card",
             )
         )
     evidence = [

@@ -33,8 +33,10 @@ from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, gib_te
 class Thresholds:
     #: GiB of KV one request needs when the model's KV size per token is unknown
     min_kv_gib: float = 0.5
-    #: the highest --gpu-memory-utilization worth suggesting
+    #: the highest --gpu-memory-utilization worth suggesting (1.0 on a 0.34 extensible engine)
     max_gmu: float = 0.95
+    #: GiB another process must hold on the GPU before an explicit gmu is left for it (0.34, N1)
+    foreign_min_gib: float = 0.25
 
 
 def _mnbt_fix(f: Facts) -> int | None:
@@ -56,7 +58,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     if not (f["no_kv_memory"] or negative) or f["fi_overflow"]:
         return None
-    gmu = f["gmu"]
+    ext = f["vllm_sizing_mode"] == "extensible"
+    if ext and f["kv_error_after_warmup"]:
+        # vLLM ≥ 0.34 extensible: no KV after graph capture and warm-up belongs to
+        # graphs-warmup-left-no-kv (N2), or to shared-gpu-gmu-unset (N1) with another process
+        return None
+    gmu = f["gmu_resolved"] if f["gmu_resolved"] is not None else f["gmu"]
     total = f["v0_profile_total_bytes"] or f["gpu_total_bytes"] or f["fbu_total_bytes"]
     non_kv: float | None = None
     if f["v0_profile_weights_bytes"] is not None:
@@ -70,6 +77,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     kv_bpt, mml = f["kv_bytes_per_token"], f["max_model_len"]
     one_request_kv = kv_bpt * mml if kv_bpt and mml else t.min_kv_gib * 2**30
     gmu_needed = gmu_for_bytes(int(non_kv + one_request_kv), total) if non_kv is not None and total else None
+    if ext and gmu_needed is not None and gmu_needed <= 1.0:
+        # the extensible pool is sized after graph capture and warm-up: a gmu that only just fits
+        # the reservation fails there (graphs-warmup-left-no-kv); give it the whole GPU
+        gmu_needed = 1.0
     arch, weights, gpus = f["arch"], f["weights_bytes"], f["gpu_count"]
     tp_alt = None
     if arch is not None and weights and total and gpus and gmu is not None and mml:
@@ -85,9 +96,19 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     mnbt = _mnbt_fix(f)
 
     fixes: list[Fix] = []
+    # On 0.34 extensible (spec/vllm-0.34.md §2): gmu reaches 1.0, and a gmu is advised only for an
+    # explicit gmu below 1 with no other process on the GPU; with gmu unset 1.0 is in effect.
+    max_gmu = 1.0 if ext else t.max_gmu
+    gmu_allowed = not ext or bool(
+        f["gmu_explicit"]
+        and gmu is not None
+        and gmu < 1.0
+        and (f["foreign_bytes"] or 0) < t.foreign_min_gib * 2**30
+    )
     if (
         gmu_needed is not None
-        and gmu_needed <= t.max_gmu
+        and gmu_allowed
+        and gmu_needed <= max_gmu
         and is_valid(f, "--gpu-memory-utilization", gmu_needed)
     ):
         advice = f"Raise --gpu-memory-utilization to {flag_value(gmu_needed)}."
@@ -113,6 +134,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     activation = f["v0_profile_activation_bytes"]
     kv = f["v0_profile_kv_bytes"]
     budget = gmu * total if gmu is not None and total else None
+    if ext and gmu is not None and gmu >= 1.0:
+        advice = "gmu is 1.0 already, so raising it is no fix. " + advice
     summary = (
         f"After weights{f', {gib_text(activation)} GiB of activation peak' if activation else ''}"
         f" and non-torch memory, nothing of the {gib_text(budget)} GiB budget"

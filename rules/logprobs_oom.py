@@ -82,6 +82,13 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         f" code (vllm.log line {line}). prompt_logprobs materialise fp32 logits for every prompt token of"
         f" a step{size}, on top of the activation peak the profiling run measured. {advice}"
     )
+    if f["vllm_sizing_mode"] == "extensible":
+        # vLLM 0.34's sizing warm-up requests prompt logprobs at max_logprobs for one prompt
+        # (v1/worker/gpu/warmup.py:495-525): one such request is measured, concurrent ones are not
+        summary += (
+            " (vLLM 0.34's sizing warm-up measured prompt logprobs for one request; several at once are"
+            " outside what it kept for transients.)"
+        )
     evidence = [
         Evidence(
             "run-time CUDA OOM",

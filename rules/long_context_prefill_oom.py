@@ -25,6 +25,12 @@ KV_now − E_max − 0.5 GiB; alternative `--max-num-batched-tokens` = half, a m
 ≥ 2048. When the gmu would leave less KV than one max_model_len request the chunk change leads.
 The factor 4 (`long_factor`) is an estimate, overridable in the user config.
 
+On vLLM 0.34 with the extensible KV cache (gmu unset means B = T, so P + A − B never exceeds 0)
+E is measured against torch's cap: E = (allocated by PyTorch + reserved but unallocated + A) −
+L, and only attention / MLA / indexer frames make it this rule's (else `torch-cap-oom`); the
+gmu fix floor_0.01((R − E_max − 0.5 GiB)/T) is valid there: it lowers the KV pool and raises L by
+the same bytes.
+
 ## Sources
 spec/rules-catalogue2.md §3.3, §2 (B, P, A, E, run-time phase); vllm-facts.md §2.1 "What the
 profile run does not see", §3.6 (the OOM message).
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 from kvdoctor.units import GiB, MiB, floor_to, fmt_bytes
+from kvdoctor.vllm_flags import default_max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -50,17 +57,26 @@ class Thresholds:
     min_chunk_tokens: int = 2048
 
 
+def _overrun(f: Facts) -> tuple[int | None, bool]:
+    """E and whether it is the torch-cap form: on a 0.34 extensible engine E = (allocated by
+    PyTorch + reserved but unallocated + A) − L (the budget is T with gmu unset, so P + A − B
+    never exceeds 0; spec/vllm-0.34.md long-context-prefill-oom row), else P + A − B."""
+    if f["vllm_sizing_mode"] == "extensible" and f["torch_cap_overrun_bytes"] is not None:
+        return f["torch_cap_overrun_bytes"], True
+    return f["oom_overrun_bytes"], False
+
+
 def _e_max(f: Facts) -> int | float | None:
     """E_max = E × max(1, max_model_len / C): the overrun grown linearly to max_model_len."""
-    e, mml, c = f["oom_overrun_bytes"], f["max_model_len"], f["context_at_oom_tokens"]
+    e, mml, c = _overrun(f)[0], f["max_model_len"], f["context_at_oom_tokens"]
     if e and mml and c:
         return e * max(1.0, mml / c)
     return e
 
 
 def check(f: Facts, t: Thresholds) -> Hit | None:
-    e, requested, reserved = (
-        f["oom_overrun_bytes"],
+    (e, at_cap), requested, reserved = (
+        _overrun(f),
         f["oom_requested_bytes"],
         f["oom_reserved_unallocated_bytes"],
     )
@@ -71,6 +87,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         and not f["alloc_conf_expandable"]
     )
     longest, mnbt = f["longest_context_tokens"], f["max_num_batched_tokens"]
+    if mnbt is None and at_cap and f["gpu_total_bytes"]:
+        # not logged on 0.34: vLLM's default for the version and device, the value in effect
+        mnbt = default_max_num_batched_tokens(f["vllm_defaults_version"], f["gpu_total_bytes"], f["gpu_name"])
     long_ctx = longest is not None and bool(mnbt) and longest >= t.long_factor * (mnbt or 0)
     if not (
         f["runtime_oom"]
@@ -82,6 +101,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         and long_ctx
         # a rejection-sampler OOM is the sampler's (spec-decode-sampler-oom), not attention's
         and not f["oom_frames_rejection_sampler"]
+        # at the torch cap only attention frames make it this rule's (else torch-cap-oom's)
+        and (not at_cap or f["oom_frames_attention"])
     ):
         return None
     assert e is not None and mnbt
@@ -99,7 +120,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if gmu_fix is None and kvb_fix is None and mnbt_fix is None:
         return None
     # with the gmu lowered, would KV still hold one max_model_len request?
-    avail, one_request = f["log_available_kv_bytes"], f["offload_kv_one_request_bytes"]
+    # the KV pool: on the extensible cache 'Available KV cache memory' is only a reservation
+    avail = f["kv_pool_bytes"] if at_cap and f["kv_pool_bytes"] else f["log_available_kv_bytes"]
+    one_request = f["offload_kv_one_request_bytes"]
     too_little_kv = (
         gmu_fix is not None
         and avail is not None
@@ -153,10 +176,18 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     c = f["context_at_oom_tokens"]
     in_attention = " (the traceback is in attention code)" if f["oom_frames_attention"] else ""
     assumed = " (assumed: max_model_len / 2)" if f["context_at_oom_assumed"] else ""
+    over = (
+        f"its torch cap (E = allocated by PyTorch + reserved but unallocated + A − L, L ="
+        f" {fmt_bytes(f['torch_cap_bytes'])} on the extensible KV cache)"
+        if at_cap
+        else (
+            f"its own budget (E = P + A − B = {fmt_bytes(process)} + {fmt_bytes(requested)} −"
+            f" {fmt_bytes(budget)})"
+        )
+    )
     summary = (
         f"The engine ran out of memory at run time (vllm.log line {line}) with {fmt_bytes(e)} more than"
-        f" its own budget (E = P + A − B = {fmt_bytes(process)} + {fmt_bytes(requested)} −"
-        f" {fmt_bytes(budget)}): vLLM itself outgrew its plan. Contexts reach {na(longest, ',')} tokens"
+        f" {over}: vLLM itself outgrew its plan. Contexts reach {na(longest, ',')} tokens"
         f" ({source}), ≥ {t.long_factor} × the {mnbt:,}-token chunk, and vLLM's profile run computes no"
         " attention and no earlier context, so attention scratch deep into a long context is outside the"
         f" profiled peak{in_attention}. At a context of about {na(c, ',')} tokens{assumed}, growing"
@@ -171,7 +202,13 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             f"vllm.log line {line} ({na(f['oom_process_source'])})",
         ),
         Evidence("engine budget B", fmt_bytes(budget), "ceil(gmu × total) (vLLM's requested memory)"),
-        Evidence("overrun E", fmt_bytes(e), "P + A − B"),
+        Evidence(
+            "overrun E",
+            fmt_bytes(e),
+            "allocated + reserved-unallocated + A − L ('Torch may reserve up to L')"
+            if at_cap
+            else "P + A − B",
+        ),
         Evidence("longest context", f"{na(longest, ',')} tokens", source),
     ]
     if not f["context_at_oom_assumed"]:
@@ -202,6 +239,8 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("log",),
-    explains=("allocator-fragmentation", "cuda-graph-capture-oom"),
+    # long-request-spike: capping max_model_len at a quarter of the KV does not stop a prompt
+    # that OOMs in chunked prefill's attention; the step size does (issue 24 kind 4)
+    explains=("allocator-fragmentation", "cuda-graph-capture-oom", "long-request-spike", "torch-cap-oom"),
     flags=("--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-memory-bytes"),
 )

@@ -13,6 +13,11 @@ Histogram quantiles of `vllm:request_prompt_tokens` from bucket deltas over the 
 `--max-model-len` ≤ KV capacity / 4 (four full-length requests fit), rounded to a block, and not
 below the typical traffic; `--max-num-batched-tokens` to chunk prefill.
 
+KV pressure is judged on the token occupancy behind `vllm:kv_cache_usage_perc` (with 64-token
+blocks the gauge counts padding). On vLLM 0.34 the cap is a multiple of the block size in
+effect (64 by default) over the committed pool's capacity, and a run-time OOM at torch's cap
+(the OOM's `X allowed` part) is named as `torch-cap-oom` evidence.
+
 ## Sources
 spec/rules.md family L; vllm-facts.md §1.4 (buckets).
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 
 from kvdoctor.kvmath import max_model_len_for_tokens
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
+from kvdoctor.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     # a pooling engine's KV gauge is a placeholder (100 % on V0 pooling runners): not pressure
     kv_max = f["kv_usage_max"]
+    # token occupancy behind the block usage (64-token blocks count padding, vllm-facts §9.9)
+    pad, n = f["kv_padding_tokens_per_request"], f["typical_request_tokens"]
+    factor = n / (n + pad) if pad and n and n > 0 else 1.0
     pressure = bool(
-        (not f["is_pooling"] and kv_max is not None and kv_max >= t.kv_full)
+        (not f["is_pooling"] and kv_max is not None and kv_max * factor >= t.kv_full)
         or (f["preemptions_in_window"] or 0) > 0
         or f["runtime_oom"]
     )
@@ -154,6 +163,22 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if kv_max is not None and not f["is_pooling"]:
         evidence.append(Evidence("KV cache usage (max)", f"{kv_max:.0%}", "vllm:kv_cache_usage_perc"))
+        if factor < 1.0 and (f["block_size"] or 0) > 16:
+            evidence.append(
+                Evidence(
+                    "token occupancy behind it",
+                    f"≈ {kv_max * factor:.0%} ({f['block_size']}-token blocks: ~{pad:.1f} padding tokens a request)",
+                    "usage × n / (n + (B − 1)/2), vllm-facts §9.9",
+                )
+            )
+    if f["vllm_sizing_mode"] == "extensible" and f["runtime_oom"] and f["oom_allowed_bytes"] is not None:
+        evidence.append(
+            Evidence(
+                "torch cap at the OOM",
+                f"{fmt_bytes(f['oom_allowed_bytes'])} allowed",
+                "the OOM's 'X allowed' part: the step hit torch's cap (see torch-cap-oom)",
+            )
+        )
     return Hit(
         summary=f"{head} {advice}",
         evidence=evidence,

@@ -51,6 +51,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         or not (no_queue or cpu_bound)
         or f["startup_failed"]
         or f["runtime_oom"]
+        # A sleeping engine (sleep mode; its gauge or its log) is idle by design, not host-bound.
+        or f["asleep"]
     ):
         return None
     kv_words = f" and the KV cache {kv_max:.0%} used" if kv_known and kv_max is not None else ""

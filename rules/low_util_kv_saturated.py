@@ -12,8 +12,12 @@ metric and the queue.
 `vllm:kv_cache_usage_perc` ≈ 1, `vllm:num_requests_waiting` > 0, nvidia-smi GPU-Util low.
 
 ## Fix
-fp8 KV (capacity ×2), a shorter `--max-model-len`, fewer `--max-num-seqs`, or more replicas; if the
-engine process's CPU is saturated it is host-bound as well.
+fp8 KV (capacity ×2), a shorter `--max-model-len`, fewer `--max-num-seqs` (counted in blocks of
+the pool where known), or more replicas; if the engine process's CPU is saturated it is
+host-bound as well. `vllm:kv_cache_usage_perc` counts blocks: with 64-token blocks (vLLM 0.34's
+default) and short requests much of a "full" pool is padding. The finding gives the token
+occupancy (block usage × n / (n + (B − 1)/2), n the typical request) and adds `--block-size 16`
+only where the backend takes 16 and that token/block ratio is below 0.8.
 
 ## Sources
 spec/rules.md family U; seed-tutorial errata 6; vllm-facts.md §1.2.
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from kvdoctor.kvmath import max_model_len_for_tokens, max_num_seqs_for
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, flag_value, is_valid, na
 
-KV_DTYPE, MML, SEQS = "--kv-cache-dtype", "--max-model-len", "--max-num-seqs"
+KV_DTYPE, MML, SEQS, BLOCK = "--kv-cache-dtype", "--max-model-len", "--max-num-seqs", "--block-size"
 #: KV cache dtypes fp8 would halve (None: not known, vLLM's default is 16 bit)
 _SIXTEEN_BIT = (None, "auto", "bfloat16", "float16")
 
@@ -39,6 +43,32 @@ class Thresholds:
     kv_full: float = 0.9
     #: percent of one core at which the engine process is CPU-bound as well
     cpu_saturated: float = 90
+    #: token/block ratio (typical request ÷ (typical + padding of its last block)) below which
+    #: --block-size 16 is advised (starting value, spec/vllm-0.34.md)
+    block16_ratio: float = 0.8
+
+
+def _token_ratio(f: Facts) -> float | None:
+    """Tokens per block slot for the typical request: n / (n + (B − 1)/2) (vllm-facts §9.9);
+    kv_usage counts whole blocks, so token occupancy = block usage × this ratio."""
+    n, pad = f["typical_request_tokens"], f["kv_padding_tokens_per_request"]
+    if not n or pad is None or n + pad <= 0:
+        return None
+    return float(n) / (float(n) + float(pad))
+
+
+def _block16_fix(f: Facts, t: Thresholds, ratio: float | None) -> bool:
+    """--block-size 16 helps: blocks larger than 16 whose padding leaves the token/block ratio
+    below ``block16_ratio``, on a backend that takes 16 (derive's block_size_16_valid)."""
+    bs = f["block_size"]
+    return bool(
+        ratio is not None
+        and ratio < t.block16_ratio
+        and bs is not None
+        and bs > 16
+        and f["block_size_16_valid"] is True
+        and is_valid(f, BLOCK, 16)
+    )
 
 
 def _mml_fix(f: Facts) -> int | None:
@@ -52,8 +82,12 @@ def _mml_fix(f: Facts) -> int | None:
 
 
 def _seqs_fix(f: Facts) -> int | None:
-    """The batch the pool holds: KV capacity ÷ the typical request, when vLLM accepts it and it
-    is not the --max-num-seqs in effect."""
+    """The batch the pool holds: the committed blocks ÷ the typical request's blocks where
+    known (blocks, not tokens, run out: vllm-facts §9.9), else KV capacity ÷ the typical
+    request, when vLLM accepts it and it is not the --max-num-seqs in effect."""
+    by_blocks = f["kv_pool_requests_typical"]
+    if by_blocks:
+        return int(by_blocks) if is_valid(f, SEQS, int(by_blocks)) else None
     cap, typical = f["kv_capacity_tokens"], f["typical_request_tokens"]
     if not cap or not typical or int(typical) < 1:
         return None
@@ -78,7 +112,21 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     mml = _mml_fix(f)
     seqs = None if fp8 else _seqs_fix(f)
 
+    ratio = _token_ratio(f)
+    block16 = _block16_fix(f, t, ratio)
     fixes: list[Fix] = []
+    padding = ""
+    if ratio is not None and ratio < 0.95:
+        bs = f["block_size"]
+        padding = (
+            f" In {na(bs)}-token blocks about {1 - ratio:.0%} of that is padding (typical request"
+            f" ~{int(f['typical_request_tokens'] or 0):,} tokens): token occupancy ≈ {kv_max * ratio:.0%}."
+        )
+    if block16:
+        padding += (
+            f" {BLOCK} 16 (the backend takes it) cuts the padding per request from"
+            f" {na(f['kv_padding_tokens_per_request'], '.1f')} to 7.5 tokens."
+        )
     if fp8:
         tokens = f" ({cap * 2:,} tokens instead of {cap:,})" if cap else ""
         shorter = f", or shorten {MML} to {flag_value(mml)} (four full-length requests fit)" if mml else ""
@@ -108,6 +156,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if mml:
         fixes.append(Fix(flags={MML: str(flag_value(mml))}, why="four full-length requests fit the KV pool"))
 
+    if block16:
+        fixes.append(Fix(flags={BLOCK: "16"}, why="less padding per request in the last block"))
+
     cpu = f["engine_cpu_percent"]
     host = (
         f" The engine process is CPU-bound ({cpu:.0f} % of a core) - it is also host-bound."
@@ -116,7 +167,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     summary = (
         f"The GPU is {util:.0%} busy while the KV cache is {kv_max:.0%} full and up to"
-        f" {na(waiting_max, ',.0f')} requests wait: the KV pool, not compute, limits throughput. {advice}{host}"
+        f" {na(waiting_max, ',.0f')} requests wait: the KV pool, not compute, limits throughput.{padding}"
+        f" {advice}{host}"
     )
     evidence = [
         Evidence("GPU utilisation", f"{util:.0%}", "nvidia-smi GPU-Util / NVML utilization.gpu"),
@@ -131,6 +183,14 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             "vllm:num_requests_waiting / 'Waiting|Pending' in stats lines",
         ),
     ]
+    if ratio is not None:
+        evidence.append(
+            Evidence(
+                "token occupancy (estimate)",
+                f"{kv_max * ratio:.1%} (block usage × {ratio:.2f} tokens per block slot)",
+                "kv_usage × n / (n + (block_size − 1)/2), n = typical request from the length histograms",
+            )
+        )
     trend = f["running_trend"]
     if trend is not None:
         evidence.append(
@@ -149,5 +209,5 @@ RULE = Rule(
     check=check,
     needs=("gpus",),
     needs_any=("metrics", "log"),
-    flags=(KV_DTYPE, SEQS, MML),
+    flags=(KV_DTYPE, SEQS, MML, BLOCK),
 )

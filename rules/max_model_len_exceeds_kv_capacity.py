@@ -36,21 +36,41 @@ class Thresholds:
 
 #: the highest --gpu-memory-utilization worth suggesting to keep the full length
 _MAX_GMU = 0.95
+#: bytes another process must hold on the GPU before an explicit gmu is kept for it (spec N1)
+_FOREIGN_MIN = 2**28
 
 
 def _mml_fix(f: Facts, capacity: int | None) -> int | None:
     """vLLM's estimate of the longest length that fits, else the capacity rounded down to a
     block multiple."""
-    if f["mml_error_estimate"]:
-        return f["mml_error_estimate"]
     block = f["block_size"]
+    est = f["mml_error_estimate"]
+    if not est and f["vllm_sizing_mode"] == "extensible":
+        # the committed pool with the null block held back (spec/vllm-0.34.md §2), never A
+        est = f["max_model_len_fit_pool"]
+    if est:
+        # vLLM's estimate is a multiple of the block size in effect; keep it one
+        return max_model_len_for_tokens(est, block) if block and block > 0 else est
     if not capacity or block is None or block < 1:
         return None
     return max_model_len_for_tokens(capacity, block)
 
 
 def _gmu_alt(f: Facts) -> float | None:
-    """The gmu whose budget also holds the KV the error says is missing."""
+    """The gmu whose budget also holds the KV the error says is missing. On vLLM ≥ 0.34 with the
+    extensible KV cache (spec/vllm-0.34.md §2): none with gmu unset (1.0 is in effect), 1.0 for an
+    explicit gmu below 1 with no other process on the GPU (the pool is measured after warm-up, so a
+    gmu computed from the reservation would not say how much it gains), else none."""
+    if f["vllm_sizing_mode"] == "extensible":
+        gmu = f["gmu_resolved"]
+        if (
+            f["gmu_explicit"]
+            and gmu is not None
+            and gmu < 1.0
+            and not (f["foreign_bytes"] or 0) >= _FOREIGN_MIN
+        ):
+            return 1.0
+        return None
     needed, available = f["mml_error_needed_bytes"], f["mml_error_available_bytes"]
     total, gmu = f["gpu_total_bytes"], f["gmu"]
     if not needed or available is None or not total or gmu is None or total <= 0:
@@ -95,7 +115,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             Fix(flags={"--max-model-len": str(flag_value(mml))}, why="the longest request the KV cache holds")
         )
     gmu_alt = _gmu_alt(f)
-    if gmu_alt is not None and gmu_alt <= _MAX_GMU and is_valid(f, "--gpu-memory-utilization", gmu_alt):
+    max_gmu = 1.0 if f["vllm_sizing_mode"] == "extensible" else _MAX_GMU
+    if gmu_alt is not None and gmu_alt <= max_gmu and is_valid(f, "--gpu-memory-utilization", gmu_alt):
         text = str(flag_value(gmu_alt))
         alternatives.append(f"raise --gpu-memory-utilization to {text} to keep the full length")
         fixes.append(
@@ -140,7 +161,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             Evidence(
                 "KV cache capacity",
                 f"{na(f['kv_capacity_tokens'], ',')} tokens",
-                "vllm:cache_config_info / 'GPU KV cache size' log line",
+                "vllm.log 'Maximum concurrency for L tokens per request: Cx' × L (vLLM 0.9–0.20 logs a hybrid"
+                " model's 'GPU KV cache size' as low as a quarter of the capacity)"
+                if f["kv_capacity_from_concurrency"]
+                else "vllm:cache_config_info / 'GPU KV cache size' log line",
             )
         )
     return Hit(summary=summary, evidence=evidence, fixes=fixes, gpus=sorted(set(f["engine_gpus"] or ())))

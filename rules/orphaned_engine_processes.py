@@ -6,7 +6,11 @@ process table.
 ## Why
 When the API server is SIGKILLed (OOM killer, a supervisor's hard stop), its engine-core and
 worker children can survive and keep their KV cache. The restart then fails the startup
-free-memory check.
+free-memory check (before 0.34, and 0.34 without the extensible KV cache); a 0.34 extensible
+restart has no such check and fails after warm-up, or gets a small pool
+(`shared-gpu-gmu-unset`, which this finding explains). An engine whose API server still answers
+while its KV cache is released (sleep, `/release_kv_cache_memory`, checkpoint `prepared`) is not
+orphaned.
 
 ## How to confirm
 `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv` lists VLLM:: processes;
@@ -34,6 +38,14 @@ class Thresholds:
 def check(f: Facts, t: Thresholds) -> Hit | None:
     pids = f["orphan_pids"]
     if not pids:
+        return None
+    # An API server answered /metrics (the sleep-state gauge was read): "no vLLM API server is
+    # running" is wrong; the engine is asleep or its KV released (sleep, /release_kv_cache_memory,
+    # checkpoint prepared), not orphaned (spec/vllm-0.34.md §2).
+    if (
+        f["orphan_reason"] == "no vLLM API server is running"
+        and f["sleep_source"] == "vllm:engine_sleep_state"
+    ):
         return None
     kill = "kill " + " ".join(str(p) for p in dict.fromkeys(pids))
     gpus = f["orphan_gpus"]
@@ -74,5 +86,10 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("gpus",),
-    explains=("kv-budget-exhausted", "max-model-len-exceeds-kv-capacity", "gpu-shared-with-foreign-process"),
+    explains=(
+        "kv-budget-exhausted",
+        "max-model-len-exceeds-kv-capacity",
+        "gpu-shared-with-foreign-process",
+        "shared-gpu-gmu-unset",
+    ),
 )

@@ -21,6 +21,11 @@ histogram's top buckets, and the prompt lengths at the time.
 `--max-num-batched-tokens 4096` (or half the current value, when that is lower), with chunked
 prefill on (`--enable-chunked-prefill`) so long prompts are processed in chunks of that size.
 
+On vLLM 0.34 with the extensible KV cache a step is bounded by torch's cap L (the OOM's
+`X allowed` part, in the evidence); the default step (not logged on 0.34) is vLLM's for the
+version and device; when the step is already small with chunked prefill on, the step size is not
+the cause and `torch-cap-oom` owns the OOM.
+
 ## Sources
 vllm-facts.md §1.2 and §1.4 (`vllm:iteration_tokens_total` and its buckets), §2.1 (the
 profiling run at max_num_batched_tokens), §3.6 (the OOM message), §4.2 (flag defaults).
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from kvdoctor.rule_functions import join
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 from kvdoctor.units import fmt_bytes
+from kvdoctor.vllm_flags import default_max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -111,10 +117,17 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             seen += f" - the failed allocation is about {estimate:,} tokens of MLP activation"
 
     mnbt = f["max_num_batched_tokens"]
+    ext = f["vllm_sizing_mode"] == "extensible"
+    if mnbt is None and ext and f["gpu_total_bytes"]:
+        # not logged on 0.34: vLLM's default for the version and device, the value in effect
+        mnbt = default_max_num_batched_tokens(f["vllm_defaults_version"], f["gpu_total_bytes"], f["gpu_name"])
     cap = _mnbt_fix(mnbt)
     if cap is not None and not is_valid(f, "--max-num-batched-tokens", cap):
         cap = None
     chunk_on = f["chunked_prefill_on"] is not True
+    if ext and cap is None and not chunk_on:
+        # the step size is not the cause: a step past torch's cap is torch-cap-oom's (spec N4)
+        return None
     flags: dict[str, str] = {}
     if cap is not None:
         flags["--max-num-batched-tokens"] = str(cap)
@@ -153,6 +166,14 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             f"vllm.log line {line}",
         )
     ]
+    if ext and f["oom_allowed_bytes"] is not None:
+        evidence.append(
+            Evidence(
+                "torch cap at the OOM",
+                f"{fmt_bytes(f['oom_allowed_bytes'])} allowed",
+                "the OOM's 'X allowed' part: on vLLM 0.34's extensible KV cache a step is bounded by torch's cap L",
+            )
+        )
     if hints:
         evidence.append(
             Evidence("traceback mentions", join(hints, ", "), f"vllm.log traceback around line {line}")
@@ -207,5 +228,8 @@ RULE = Rule(
     thresholds=Thresholds(),
     check=check,
     needs=("log",),
+    # on a 0.34 extensible engine the failed prefill step also hits torch's cap: the step size is
+    # the root cause when this rule fires (spec/vllm-0.34.md prefill-burst-oom row, N4)
+    explains=("torch-cap-oom",),
     flags=("--max-num-batched-tokens", "--enable-chunked-prefill"),
 )

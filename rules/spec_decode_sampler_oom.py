@@ -25,6 +25,10 @@ U ≤ H_idle − 0.5 GiB; or `--gpu-memory-utilization` = floor_0.01((B − max(
 H_idle))/T); or the same `--speculative-config` with the largest k' that fits. U is an
 estimate read off the code, not a measurement.
 
+On vLLM 0.34 the legacy runner is gone: the V2 bound is used, only V2 rejection-sampler frames
+exist, and on the extensible KV cache U is compared with H_torch (what torch may still grow
+before its cap) instead of H_idle; the gmu alternative is valid there (it raises the cap).
+
 ## Sources
 spec/rules-catalogue2.md §3.3, §2 (B, H_idle); vllm-facts.md §2.1 "Speculative decoding",
 §3.7 (SpeculativeConfig line), §4.2 (`--speculative-config`).
@@ -72,7 +76,8 @@ def _shape(f: Facts) -> _Shape | None:
         f["spec_k"],
         logit_bytes,
         bool(f["spec_probabilistic"]),
-        bool(f["v2_runner"]),
+        # on vLLM 0.34 the V2 runner is the only one ("Using V2 Model Runner" is no longer logged)
+        bool(f["v2_runner"] or f["vllm_v34"]),
     )
 
 
@@ -88,7 +93,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     )
     if s is None or u is None or u <= 0:
         return None
-    idle = f["idle_headroom_bytes"]
+    # on 0.34's extensible KV cache torch may only grow by H_torch before its cap (spec row:
+    # case (b) compares U with H_torch, not H_idle)
+    ext_headroom = f["torch_headroom_bytes"] if f["vllm_sizing_mode"] == "extensible" else None
+    idle = ext_headroom if ext_headroom is not None else f["idle_headroom_bytes"]
     margin = t.margin_gib * GiB
     limit = idle - margin if idle is not None else None
     hints = f["runtime_oom_hints"] or []

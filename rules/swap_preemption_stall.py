@@ -36,7 +36,8 @@ class Thresholds:
 
 
 def check(f: Facts, t: Thresholds) -> Hit | None:
-    if not f["swap_stall"] or f["is_pooling"]:
+    # V0 only: vLLM 0.34 has no V0 engine and no swap preemption (spec/vllm-0.34.md)
+    if not f["swap_stall"] or f["is_pooling"] or f["vllm_v34"]:
         return None
     warnings, line, space = f["swap_preemptions"], f["swap_stall_line"], f["swap_space_gib"]
     swapped_n = f["log_swapped_max"] or f["swapped"]

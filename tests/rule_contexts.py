@@ -15,7 +15,7 @@ SHARED_CASES = Path(__file__).resolve().parent.parent.parent / "shared" / "cases
 
 def bundle_dirs() -> list[Path]:
     """Every bundle directory, sorted by name within each root."""
-    roots = [DATA / "bundles", DATA / "cases", SHARED_CASES]
+    roots = [DATA / "bundles", DATA / "cases", DATA / "cases-034", DATA / "bundles-034", SHARED_CASES]
     return [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if d.is_dir()]
 
 

@@ -16,10 +16,11 @@ from kvdoctor.cli import cli
 from tests.check_cases import check
 
 DATA = Path(__file__).parent / "data"
-# The handed real-world cases, then bundles written by the team for situations they miss.
+# The handed real-world cases (../shared/cases, and the handed vLLM 0.34 cases of
+# ../shared/cases-034), then bundles written by the team for situations they miss.
 CASE_DIRS = [
     p
-    for root in (DATA / "cases", DATA / "bundles")
+    for root in (DATA / "cases", DATA / "cases-034", DATA / "bundles")
     for p in sorted(root.iterdir())
     if (p / "expected.json").is_file()
 ]

@@ -78,3 +78,10 @@ def test_every_fix_on_every_bundle_keeps_the_contract() -> None:
             if len(set(alternatives)) != len(alternatives):
                 problems.append(f"{bundle}: {f.rule} lists one alternative twice")
     assert not problems, "\n".join(problems)
+
+
+def test_max_num_seqs_below_the_peak_running_before_the_trouble_is_refused() -> None:
+    # derive's running_before_trouble (peak over the scrapes before the first preemption) wins
+    ctx = _ctx(max_num_seqs=256, running_before_trouble=33.0, log_running_first=12)
+    assert "33 requests running" in (valid_fix("--max-num-seqs", "26", ctx) or "")
+    assert valid_fix("--max-num-seqs", "40", ctx) is None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from kvdoctor.rules.preemption_storm import RULE as PREEMPTION_STORM
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.sources.metrics import load_metrics_dir, parse_metrics
@@ -25,7 +25,7 @@ from kvdoctor.sources.vllm_log import parse_log_file
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "real-vllm-0.32.0"
 PRESSURE = sorted((DATA / "metrics" / "pressure").glob("*.txt"))
-STORM = yaml.safe_load((ROOT / "rules" / "preemption-storm.yaml").read_text())["thresholds"]
+STORM = PREEMPTION_STORM.threshold_values()
 
 
 def _raw(text: str) -> dict[str, Any]:

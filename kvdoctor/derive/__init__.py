@@ -30,6 +30,7 @@ from kvdoctor.derive import (
     config,
     container,
     dp,
+    episodes,
     extensible,
     growth,
     hardware,
@@ -39,6 +40,7 @@ from kvdoctor.derive import (
     model,
     offload,
     oom,
+    preflight,
     pressure,
     requests,
     sleep,
@@ -105,6 +107,10 @@ FAMILIES: tuple[Family, ...] = (
     sleep.FAMILY,
     # vLLM 0.34 (spec/vllm-0.34.md §1): the sizing mode, the committed pool, the warm-up figures
     extensible.FAMILY,
+    # issue 24 kind 10: what vLLM would reject in the launch command
+    preflight.FAMILY,
+    # issue 24: the whole recorded series (forensic episodes, the running count before the trouble)
+    episodes.FAMILY,
 )
 ORDER: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 

@@ -294,6 +294,10 @@ def _known_foreign(s: Scope, g: Gpu, p: GpuProcess) -> bool:
     the engine's own rank (a V0 driver worker, a ``python`` application's LLM) — never foreign."""
     if any(q.pid in s.engine_pids or is_vllm_process(q.name) for q in g.processes if q is not p):
         return True
+    # The host's process table names it as no vLLM process (a training job beside an engine
+    # that has exited): foreign even when it is the largest process left on the GPU.
+    if _not_vllm_in_table(s, p.pid):
+        return True
     unknown = [q for q in g.processes if q.pid not in s.engine_pids and not is_vllm_process(q.name)]
     if max(unknown, key=lambda q: q.used_bytes or 0) is not p:
         return _not_vllm_in_table(s, p.pid)

@@ -26,6 +26,7 @@ WRITES: dict[str, str] = {
     "colocated_bytes": "list[bytes]; each engine's NVML used memory on that GPU, in colocated_gmus order (None from command lines)",
     "colocated_names": "list[str]; a name per engine on it (served model, else pid or engine index), in colocated_gmus order",
     "colocated_self": "int; this engine's position in colocated_gmus (None when it is not one of them)",
+    "colocated_gmu_explicit": "list[bool]; per engine (colocated_gmus order): its --gpu-memory-utilization was given (command line / non-default args); False where vLLM's default was assumed, None when unknown",
     "colocated_start_gap_s": "seconds; smallest gap between the engines' start times (process create times, else the times of their engine-initialisation lines in one log)",
 }
 READS: frozenset[str] = frozenset({"vllm_version"})
@@ -86,6 +87,7 @@ def _from_processes(
                     "model": model,
                     "bytes": p.used_bytes,
                     "start": server.create_time if server is not None else None,
+                    "explicit": (server.launch_gmu is not None) if server is not None else None,
                 }
             )
         if len(found) < 2:
@@ -93,6 +95,7 @@ def _from_processes(
         if all(e["gmu"] is None for e in found) and len(configs) == len(found):
             for e, c in zip(found, configs, strict=True):
                 e["gmu"], e["model"] = c.gpu_memory_utilization, c.served_model_name or c.model
+                e["explicit"] = "gpu_memory_utilization" in c.explicit
         return g, found
     return None, []
 
@@ -112,7 +115,7 @@ def _from_command_lines(
             gpu = next((g for g in visible if g.index == dev), None) or Gpu(index=dev)
             entries = [
                 {"pid": None, "gmu": c.gpu_memory_utilization, "model": c.served_model_name or c.model,
-                 "bytes": None, "start": None}
+                 "bytes": None, "start": None, "explicit": "gpu_memory_utilization" in c.explicit}
                 for c in on
             ]  # fmt: skip
             return gpu, entries
@@ -139,6 +142,7 @@ def derive(s: Scope, v: Vars) -> None:
     v["colocated_count"] = len(entries)
     v["colocated_gmus"] = gmus
     v["colocated_bytes"] = [e["bytes"] for e in entries]
+    v["colocated_gmu_explicit"] = [e.get("explicit") for e in entries]
     v["colocated_total_bytes"] = total
     v["colocated_names"] = [
         str(e["model"] or (f"pid {e['pid']}" if e["pid"] else f"engine {i}")) for i, e in enumerate(entries)

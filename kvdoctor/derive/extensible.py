@@ -74,6 +74,8 @@ WRITES: dict[str, str] = {
     "max_model_len_fit_pool": "tokens; the longest request the committed pool holds: vLLM's binary search over kv_pool_blocks × b (null block held back), a multiple of the block size for one full-attention group; None without N or the model",
     "kv_memory_for_pool_bytes": "bytes per GPU; kv_pool_blocks × kv_block_bytes: the --kv-cache-memory-bytes that reproduces the extensible pool (it turns the extensible cache off, vllm-facts §9.6)",
     "kv_cache_memory_disables_extensible": "bool; --kv-cache-memory-bytes (or --num-gpu-blocks-override) is set on a 0.34 engine: it turned the extensible KV cache off (budget 0.92 when gmu is unset, startup free check back, torch uncapped)",
+    "kv_cache_device": "str; the device of the log's '<DEV> KV cache size' line, upper-case ('GPU' on CUDA/ROCm, 'CPU', 'XPU', …): the extensible KV cache exists only on CUDA/ROCm",
+    "kv_cache_memory_bytes_value": "bytes per GPU; --kv-cache-memory-bytes in effect (the flag or 'non-default args' kv_cache_memory_bytes), None when unset",
     "graph_estimate_bytes": "bytes; E, the CUDA-graph estimate a non-extensible engine subtracted: 'CUDA graph pool memory: … E GiB (estimated)', else (u − u_equiv) × T from 'CUDA graph memory profiling is enabled … is equivalent to --gpu-memory-utilization=u_equiv'",
     "v1_runner_env": "str; VLLM_USE_V2_MODEL_RUNNER in the engine's environment (env.txt / live env / the command's VAR=value), None when unset",
     "v1_runner_removed_line": "int; log line of 'VLLM_USE_V2_MODEL_RUNNER=V is no longer supported: Model Runner V1 has been removed'",
@@ -183,6 +185,10 @@ def derive(s: Scope, v: Vars) -> None:
     _requests(s, v, layout)
     env = v["engine_env"] or {}
     v["v1_runner_env"] = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    v["kv_cache_memory_bytes_value"] = s.cfg.kv_cache_memory_bytes
+    size = log.last("kv_cache_size") if log is not None else None
+    if size is not None and size.values.get("device"):
+        v["kv_cache_device"] = str(size.values["device"]).upper()[:16]
     v["kv_cache_memory_disables_extensible"] = bool(
         v34 and (s.cfg.kv_cache_memory_bytes is not None or s.cfg.num_gpu_blocks_override is not None)
     )

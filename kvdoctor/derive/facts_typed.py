@@ -52,6 +52,8 @@ class Facts(TypedDict):
     colocated_desc: str | None
     #: bytes; Σ gmu × total of the awake colocated engines + Σ NVML bytes of the sleeping ones
     colocated_effective_bytes: int | None
+    #: list[bool]; per engine (colocated_gmus order): its --gpu-memory-utilization was given (command line / non-default args); False where vLLM's default was assumed, None when unknown
+    colocated_gmu_explicit: list[bool] | None
     #: fraction; their sum
     colocated_gmu_sum: float | None
     #: list[fraction]; each engine's --gpu-memory-utilization (its command line via ps.txt / cmdline.txt; else its used memory / total)
@@ -64,7 +66,7 @@ class Facts(TypedDict):
     colocated_reserved_bytes: int | None
     #: int; this engine's position in colocated_gmus (None when it is not one of them)
     colocated_self: int | None
-    #: list[bool]; per colocated engine (colocated_names order): its vllm:engine_sleep_state says asleep
+    #: list[bool]; per colocated engine (colocated_names order): its vllm:engine_sleep_state says asleep, else its own lines of a log holding several engines ('It took … seconds to fall asleep.' with no full wake after)
     colocated_sleeping: list[bool] | None
     #: seconds; smallest gap between the engines' start times (process create times, else the times of their engine-initialisation lines in one log)
     colocated_start_gap_s: float | None
@@ -262,13 +264,19 @@ class Facts(TypedDict):
     kv_bytes_per_token: int | None
     #: bytes per token; KV per token per GPU rank with fp8 KV (kvmath)
     kv_bytes_per_token_fp8: int | None
+    #: str; the device of the log's '<DEV> KV cache size' line, upper-case ('GPU' on CUDA/ROCm, 'CPU', 'XPU', …): the extensible KV cache exists only on CUDA/ROCm
+    kv_cache_device: str | None
     #: str; --kv-cache-dtype
     kv_cache_dtype: str | None
     #: bool; --kv-cache-memory-bytes is given (gmu does not size the KV cache)
     kv_cache_memory_bytes_set: bool | None
+    #: bytes per GPU; --kv-cache-memory-bytes in effect (the flag or 'non-default args' kv_cache_memory_bytes), None when unset
+    kv_cache_memory_bytes_value: int | None
     #: bool; --kv-cache-memory-bytes (or --num-gpu-blocks-override) is set on a 0.34 engine: it turned the extensible KV cache off (budget 0.92 when gmu is unset, startup free check back, torch uncapped)
     kv_cache_memory_disables_extensible: bool | None
-    #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size
+    #: bool; kv_capacity_tokens is the log's 'Maximum concurrency for L tokens per request: Cx' × L, because on vLLM 0.9–0.20 the logged 'GPU KV cache size' (num_blocks // num_groups × min block size) differs from it by more than 10 %: a hybrid model's size is logged as low as a quarter of the real capacity (vllm-facts §2.4, issue 24 kind 9)
+    kv_capacity_from_concurrency: bool | None
+    #: tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size (vLLM 0.9–0.20: the logged concurrency × its max_model_len where the two differ, see kv_capacity_from_concurrency)
     kv_capacity_tokens: int | None
     #: bool; the last KV-fit error was raised after CUDA-graph capture and warm-up (its hint names 'CUDA graphs and warmup', 'CUDA graph capture and warmup left no memory for the KV cache', or it follows 'Memory after warmup')
     kv_error_after_warmup: bool | None
@@ -306,6 +314,18 @@ class Facts(TypedDict):
     kv_usage_max: float | None
     #: fraction; smallest KV usage in the window
     kv_usage_min: float | None
+    #: list[str]; the launch's flags that its vLLM version does not have ('--swap-space' on 0.18+), from the version read (log, metrics) or the image tag vllm/vllm-openai:vX.Y.Z; empty when the version is unknown
+    launch_flags_unavailable: list[str] | None
+    #: tokens; --max-model-len as given on the launch command (None when not given, or auto/-1)
+    launch_max_model_len: int | None
+    #: bool; the launch's tensor_parallel_size does not divide the model's attention heads (nor its KV heads, or is no multiple of fewer KV heads): vLLM's ValueError 'Total number of attention heads … must be divisible by tensor parallel size' (kvmath.valid_tensor_parallel_size)
+    launch_tp_invalid: bool | None
+    #: list[int]; the tensor-parallel sizes vLLM accepts for the model, up to 16
+    launch_tp_valid_sizes: list[int] | None
+    #: str; the vLLM version the flag check used ('0.34.0'), or None
+    launch_version: str | None
+    #: str; where it came from: 'engine' (log / metrics) or 'image tag'
+    launch_version_source: str | None
     #: str; --limit-mm-per-prompt as given (None when unset)
     limit_mm_per_prompt: str | None
     #: bytes; smallest 'Available KV cache memory: X GiB' over workers (may be negative)
@@ -318,6 +338,10 @@ class Facts(TypedDict):
     log_gen_throughput_max: float | None
     #: str; the GPU name the log's capability line gives ('Tesla V100-SXM2-32GB'), for the catalogue when nvidia-smi is missing
     log_gpu_name: str | None
+    #: requests; C of 'Maximum concurrency for L tokens per request: Cx' (num_blocks / blocks per request, vllm-facts §2.4)
+    log_kv_concurrency: float | None
+    #: tokens; L of that line (the max_model_len it was computed for)
+    log_kv_concurrency_len: int | None
     #: int; its line
     log_kv_line: int | None
     #: tokens; 'GPU KV cache size: N tokens' (V0: '# GPU blocks' × block_size)
@@ -328,10 +352,14 @@ class Facts(TypedDict):
     log_num_gpu_blocks: int | None
     #: int; Σ 'Preemptions: N' in stats lines (≥0.12) + V0 preemption warnings
     log_preemptions_sum: int | None
+    #: tokens/s; 'Avg prompt throughput' of the log's last stats line of this engine's current run (prefill was in the recent steps when > 0)
+    log_prompt_throughput_last: float | None
     #: tokens; median prompt length of the run's request lines (prompt_token_ids length / '<redacted N tokens>')
     log_prompt_tokens_median: float | None
     #: list[fraction]; 'GPU KV cache usage' of each stats line of the log's current run with requests waiting or pending
     log_queued_kv_usages: list[float] | None
+    #: list[fraction]; 'GPU KV cache usage' of the stats lines with requests waiting or pending in the window before the log's last stats line of this engine (by their 'MM-DD HH:MM:SS'; lines of an earlier burst are history); None when the lines carry no time
+    log_queued_kv_usages_recent: list[float] | None
     #: int; request lines with a prompt length in the run
     log_request_count: int | None
     #: int; first Running
@@ -346,6 +374,8 @@ class Facts(TypedDict):
     log_waiting_max: int | None
     #: bytes; bytes per logit: 2 for bf16/fp16 models, 4 for fp32
     logits_dtype_bytes: int | None
+    #: bool; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the engine's environment (vLLM then accepts a longer --max-model-len with a warning)
+    long_max_model_len_allowed: bool | None
     #: str; where it comes from ('prompt-length histogram', 'KV in use', 'max_model_len (no metrics)')
     longest_context_source: str | None
     #: tokens; the longest context in the traffic: upper edge of the highest non-empty vllm:request_prompt_tokens bucket, or the KV-in-use bound, else max_model_len
@@ -408,6 +438,8 @@ class Facts(TypedDict):
     model_known: bool | None
     #: int; log line of the last 'Model loading took'
     model_loading_line: int | None
+    #: tokens; the longest --max-model-len vLLM accepts for the model without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (config.json / the catalogue, rope scaling included; kvmath.derived_max_model_len)
+    model_max_model_len: int | None
     #: str; --model / served model name
     model_name: str | None
     #: str; 'config.json' or 'catalogue'
@@ -498,6 +530,18 @@ class Facts(TypedDict):
     pooling_from: str | None
     #: int; --pipeline-parallel-size
     pp: int | None
+    #: count; preemptions in that episode (increase of vllm:num_preemptions_total, resets skipped)
+    preemption_episode_count: float | None
+    #: seconds; unix time of the episode's last rising scrape
+    preemption_episode_end: float | None
+    #: bool; the episode reaches into the rule window (its last rising scrape is not older than the window)
+    preemption_episode_in_window: bool | None
+    #: fraction; largest vllm:kv_cache_usage_perc during that episode
+    preemption_episode_kv_max: float | None
+    #: per minute; that episode's preemptions / its span in minutes (at least one minute)
+    preemption_episode_per_min: float | None
+    #: seconds; unix time of the scrape before the first preemption of the episode with the most preemptions in the whole recorded series (vllm:num_preemptions_total rising in consecutive scrapes, gaps ≤ 120 s)
+    preemption_episode_start: float | None
     #: count; increase of vllm:num_preemptions_total over the window
     preemptions_in_window: float | None
     #: per minute; rate(vllm:num_preemptions_total) over the window
@@ -534,6 +578,10 @@ class Facts(TypedDict):
     requests_per_s: float | None
     #: requests; vllm:num_requests_running, latest
     running: float | None
+    #: requests; the most requests running at once before the first trouble sample (preemptions rose, or requests waiting with KV usage ≥ 0.9) over the whole recorded series of this engine's scrapes (vllm:num_requests_running), else over the log's stats lines of the current run ('Running: N reqs'); the peak of every sample when no trouble is seen; None without either
+    running_before_trouble: float | None
+    #: str; where running_before_trouble comes from ('vllm:num_requests_running over N scrapes', 'stats lines')
+    running_before_trouble_source: str | None
     #: requests; last − first running in the window
     running_trend: float | None
     #: bool; an OOM after the engine was serving
@@ -552,6 +600,8 @@ class Facts(TypedDict):
     sampler_oom_requests: int | None
     #: requests; N of the sampler warm-up, min(max_num_seqs, max_num_batched_tokens) (0.34 no longer prints it, gpu_worker.py:1184-1187)
     sampler_warmup_requests: float | None
+    #: bool; this engine's scrapes were read from saved files (a bundle's metrics directory, a metrics file: every 'metrics' source origin is a path, not a URL nor the in-process plugin), so the whole series is a finished record a forensic question may scan; False for live scrapes and replayed recordings (their episodes clear as the window moves on)
+    series_saved: bool | None
     #: bytes; the engine's processes' NVML used memory on its fullest GPU (its pids, else the GPU's used memory when it is the only process)
     sleep_engine_gpu_bytes: int | None
     #: bytes; F: smallest 'Sleep mode freed F GiB memory' over workers after the last sleep

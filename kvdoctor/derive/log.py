@@ -12,6 +12,8 @@ WRITES: dict[str, str] = {
     "log_available_kv_line": "int; its line",
     "log_kv_tokens": "tokens; 'GPU KV cache size: N tokens' (V0: '# GPU blocks' × block_size)",
     "log_kv_line": "int; its line",
+    "log_kv_concurrency": "requests; C of 'Maximum concurrency for L tokens per request: Cx' (num_blocks / blocks per request, vllm-facts §2.4)",
+    "log_kv_concurrency_len": "tokens; L of that line (the max_model_len it was computed for)",
     "log_num_gpu_blocks": "int; V0 '# GPU blocks: N' / '# cuda blocks: N'; V1 'Overriding num_gpu_blocks=… with num_gpu_blocks_override=N'",
     "v0_profile_kv_bytes": "bytes; V0 'the rest of the memory reserved for KV Cache is X GiB'",
     "v0_profile_total_bytes": "bytes; V0 total_gpu_memory",
@@ -87,6 +89,10 @@ def _startup(v: Vars, log: LogView) -> None:
     elif override is not None:
         # V1 logs no block count, except the override it applied (the engine's real count)
         v["log_num_gpu_blocks"] = override.values.get("override")
+    conc = log.last("max_concurrency")
+    if conc is not None:
+        v["log_kv_concurrency"] = conc.values.get("concurrency")
+        v["log_kv_concurrency_len"] = conc.values.get("max_model_len")
     if size is not None:
         v["log_kv_tokens"], v["log_kv_line"] = size.values.get("tokens"), size.line
     elif blocks is not None and blocks.values.get("gpu_blocks") is not None:

@@ -4,10 +4,12 @@ the log's stats lines where no scrape says."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvdoctor import timeline as tl
 from kvdoctor.derive.base import Family, Scope, Vars, num
+from kvdoctor.vllm_defaults import version_tuple
 
 WRITES: dict[str, str] = {
     "metrics_present": "bool; a /metrics page was read",
@@ -33,7 +35,8 @@ WRITES: dict[str, str] = {
     "generation_p50": "tokens; median generated length (vllm:request_generation_tokens)",
     "prompt_hist_recent": "bool; the prompt quantiles come from window deltas (not lifetime)",
     "cache_num_gpu_blocks": "blocks; vllm:cache_config_info num_gpu_blocks (includes the null block)",
-    "kv_capacity_tokens": "tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size",
+    "kv_capacity_tokens": "tokens per engine; cache_config_info kv_cache_size_tokens, else num_gpu_blocks × block_size, else the log's KV cache size (vLLM 0.9–0.20: the logged concurrency × its max_model_len where the two differ, see kv_capacity_from_concurrency)",
+    "kv_capacity_from_concurrency": "bool; kv_capacity_tokens is the log's 'Maximum concurrency for L tokens per request: Cx' × L, because on vLLM 0.9–0.20 the logged 'GPU KV cache size' (num_blocks // num_groups × min block size) differs from it by more than 10 %: a hybrid model's size is logged as low as a quarter of the real capacity (vllm-facts §2.4, issue 24 kind 9)",
     "typical_request_tokens": "tokens; p50 prompt + p50 generation (histograms), else KV in use / running requests, else max_model_len",
 }
 READS: frozenset[str] = frozenset(
@@ -45,6 +48,9 @@ READS: frozenset[str] = frozenset(
         "log_running_first",
         "log_running_last",
         "log_kv_tokens",
+        "log_kv_concurrency",
+        "log_kv_concurrency_len",
+        "vllm_version",
         "log_gen_throughput_max",
     }
 )
@@ -112,6 +118,21 @@ def _scrapes(v: Vars, s: Scope) -> None:
         v["kv_capacity_tokens"] = int(blocks * bs)
 
 
+def _capacity_from_concurrency(v: Vars) -> int | None:
+    """Concurrency × max_model_len where vLLM 0.9–0.20 logged a KV cache size more than 10 % off
+    it (tokens = num_blocks // num_groups × min block size undercounts hybrid models, up to 4×;
+    vllm-facts §2.4); None otherwise."""
+    conc, length, tokens = v["log_kv_concurrency"], v["log_kv_concurrency_len"], v["log_kv_tokens"]
+    version = v["vllm_version"]
+    if not (conc and length and tokens and version):
+        return None
+    vt = version_tuple(str(version))
+    if vt is None or not ((0, 9) <= vt[:2] <= (0, 20)):
+        return None
+    capacity = int(conc * length)
+    return capacity if abs(capacity - tokens) > 0.1 * max(capacity, tokens) else None
+
+
 def _fallbacks(v: Vars) -> None:
     # The KV usage and queue: metrics first, the log's stats lines otherwise.
     if v["kv_usage_max"] is None:
@@ -126,6 +147,9 @@ def _fallbacks(v: Vars) -> None:
         v["running_trend"] = v["log_running_last"] - v["log_running_first"]
     if v["kv_capacity_tokens"] is None and v["log_kv_tokens"] is not None:
         v["kv_capacity_tokens"] = v["log_kv_tokens"]
+        from_conc = _capacity_from_concurrency(v)
+        if from_conc is not None:
+            v["kv_capacity_tokens"], v["kv_capacity_from_concurrency"] = from_conc, True
     tokens_flowing = any(
         (x or 0) > 0 for x in (v["prompt_tokens_per_s"], v["generation_tokens_per_s"], v["requests_per_s"])
     )
@@ -141,8 +165,10 @@ def _fallbacks(v: Vars) -> None:
 
 def _typical_request(v: Vars) -> None:
     """Tokens a typical request holds in the KV cache, for "how many sequences fit"."""
-    if v["prompt_p50"]:
-        v["typical_request_tokens"] = int(v["prompt_p50"] + (v["generation_p50"] or 0))
+    total = (v["prompt_p50"] or 0) + (v["generation_p50"] or 0)
+    # a quantile read off a +Inf bucket is no size (math.isfinite: int(inf) would raise)
+    if v["prompt_p50"] and math.isfinite(total):
+        v["typical_request_tokens"] = int(total)
         return
     running = v["running"] if v["running"] else v["log_running_last"]
     usage = v["kv_usage_max"]

@@ -37,7 +37,7 @@ WRITES: dict[str, str] = {
     "wake_neighbours": "list[dict]; other processes on the engine's GPU: {'pid', 'name', 'bytes', 'asleep'} (asleep from their own /metrics when known)",
     "wake_neighbours_bytes": "bytes; Σ their NVML used memory",
     "wake_neighbours_desc": "str; 'pid 5120 (VLLM::EngineCore) 22.10 GiB asleep, …'",
-    "colocated_sleeping": "list[bool]; per colocated engine (colocated_names order): its vllm:engine_sleep_state says asleep",
+    "colocated_sleeping": "list[bool]; per colocated engine (colocated_names order): its vllm:engine_sleep_state says asleep, else its own lines of a log holding several engines ('It took … seconds to fall asleep.' with no full wake after)",
     "colocated_effective_bytes": "bytes; Σ gmu × total of the awake colocated engines + Σ NVML bytes of the sleeping ones",
 }
 READS: frozenset[str] = frozenset(
@@ -152,6 +152,31 @@ def _asleep_by_model(s: Scope) -> dict[str, bool]:
     return out
 
 
+def _asleep_by_log(s: Scope) -> dict[str, bool]:
+    """Served model → asleep, for each engine of a log that holds several: its own pids' last
+    'It took … seconds to fall asleep.' with no full wake-up after it (issue 24 kind 7)."""
+    if s.log is None:
+        return {}
+    whole = s.log.log
+    out: dict[str, bool] = {}
+    for eng in getattr(whole, "engines", None) or []:
+        name = eng.args.get("served_model_name") or eng.args.get("model") or eng.args.get("model_tag")
+        if isinstance(name, list):
+            name = name[0] if name else None
+        pids = set(eng.pids)
+        if not name or not pids:
+            continue
+        mine = [e for e in whole.events if e.pid in pids and e.kind in ("fell_asleep", "woke_up")]
+        falls = [e for e in mine if e.kind == "fell_asleep"]
+        if not falls:
+            continue
+        wakes = [e for e in mine if e.kind == "woke_up" and e.line > falls[-1].line]
+        tags = {t for e in wakes for t in (e.values.get("tags") or [])}
+        full = any(not e.values.get("tags") for e in wakes) or {"weights", "kv_cache"} <= tags
+        out[str(name)] = not full
+    return out
+
+
 def _wake(s: Scope, v: Vars) -> None:
     log = s.log
     if log is None:
@@ -211,7 +236,7 @@ def _colocated(s: Scope, v: Vars) -> None:
     names, gmus, total = v["colocated_names"], v["colocated_gmus"], v["colocated_total_bytes"]
     if not names or not gmus or not total:
         return
-    asleep = _asleep_by_model(s)
+    asleep = {**_asleep_by_log(s), **_asleep_by_model(s)}
     sleeping = [bool(asleep.get(str(n))) for n in names]
     v["colocated_sleeping"] = sleeping
     held = v["colocated_bytes"] or [None] * len(names)

@@ -575,7 +575,7 @@ _RE: _LazyPatterns = _LazyPatterns(
         "summary_act": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for peak activation"),
         "summary_nontorch": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for non-torch memory"),
         "summary_cg": _pattern(r"(?<![\d.])(-?\d{1,20}(?:\.\d{1,20})?) GiB for CUDAGraph memory"),
-        "summary_kvmem": _pattern(r"--kv-cache-memory=(\d+)"),
+        "summary_kvmem": _pattern(r"--kv-cache-memory=(-?\d+)"),
         "summary_inuse": _pattern(r"kv cache memory in use is (-?\d+(?:\.\d+)?) ?(GiB|bytes)?", re.I),
         "kv_reserved": _pattern(
             r"Initial free memory (-?\d+(?:\.\d+)?) ?GiB, reserved (-?\d+(?:\.\d+)?) ?GiB memory for KV Cache"

@@ -77,3 +77,42 @@ def test_the_gmu_in_effect_is_not_written_as_a_flag_the_fix_does_not_set() -> No
     assert "The current gmu 0.92 still fits beside it" in f.summary
     assert "--gpu-memory-utilization" not in f.summary
     assert f.fixes == []
+
+
+def _diagnose(path: str) -> list[dict]:
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from kvdoctor.cli import cli
+
+    data = Path(__file__).parent.parent / "data"
+    out = CliRunner().invoke(cli, ["diagnose", "--bundle", str(data / path), "--format", "json"])
+    return [f for f in json.loads(out.stdout)["findings"] if f["rule"] == "gpu-shared-with-foreign-process"]
+
+
+def test_without_a_visible_process_the_memory_is_held_outside_vllm() -> None:
+    # issue 24 kind 3: "another process" only when one is visible
+    (f,) = _diagnose("bundles/p2-free-below-util-no-process-visible")
+    assert f["title"] == "Memory on the engine's GPU is held outside vLLM"
+    assert "other process" not in f["summary"] and "another process" not in f["summary"].lower()
+    assert "stop whatever holds the memory outside vLLM first" in f["summary"]
+    (g,) = _diagnose("cases/b05-foreign-process-blocks-startup")
+    assert g["title"] == "Another process holds memory on the engine's GPU"
+    assert "kill 48213" in g["summary"]
+
+
+def test_on_034_non_extensible_the_033_refusal_is_kept() -> None:
+    # 0.34 after 'Disabling the extensible KV cache: …': the startup refusal comes back (spec §2)
+    (f,) = _diagnose("bundles-034/v34-fallback-disabled-free-below-util")
+    assert f["severity"] == "critical" and "vLLM refused to start" in f["summary"]
+    assert f["suggested_flags"] == {"--gpu-memory-utilization": "0.81"}
+
+
+def test_on_034_extensible_with_an_explicit_gmu_the_words_say_cap_not_fit() -> None:
+    (f,) = _diagnose("bundles/p2-v34-n1-near-miss-explicit-gmu")
+    assert "caps this engine" in f["summary"] and "caps this instance at" in f["summary"]
+    assert "shared-gpu-gmu-unset" not in [
+        x["rule"] for x in _diagnose("bundles/p2-v34-n1-near-miss-explicit-gmu")
+    ]

@@ -48,3 +48,14 @@ def test_with_chunking_off_small_steps_still_turn_it_on() -> None:
 
 def test_a_rejection_sampler_oom_with_k_drafts_is_the_spec_decode_rule() -> None:
     assert finding(RULE, _oom(oom_frames_rejection_sampler=True, spec_on=True, spec_k=4)) is None
+
+
+def test_on_034_trigger_and_fix_unchanged_and_the_warmup_measured_one_request() -> None:
+    """spec/vllm-0.34.md logprobs-oom row: trigger and fix unchanged; on the extensible cache the
+    sizing warm-up measured one prompt-logprobs request, concurrent ones are not."""
+    f = finding(RULE, _oom(vllm_sizing_mode="extensible", vllm_v34=True))
+    g = finding(RULE, _oom())
+    assert f is not None and g is not None
+    assert [x.flags for x in f.fixes] == [x.flags for x in g.fixes] == [{"--max-num-batched-tokens": "4096"}]
+    assert "measured prompt logprobs for one request" in f.summary
+    assert "measured prompt logprobs" not in g.summary

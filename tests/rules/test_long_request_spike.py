@@ -71,3 +71,37 @@ def test_steps_already_small_get_no_chunk_advice() -> None:
 
 def test_a_tail_without_kv_pressure_does_not_fire() -> None:
     assert finding(RULE, _tail(kv_usage_max=0.5)) is None
+
+
+def test_on_034_the_cap_is_a_multiple_of_64_over_the_committed_pool() -> None:
+    """spec/vllm-0.34.md long-request-spike row: --max-model-len ≤ capacity / 4 rounded down to a
+    multiple of B (64 on 0.34) with the post-commit capacity (484,800 tokens: 7,575 blocks of 64);
+    a run-time OOM at torch's cap is named as torch-cap-oom evidence."""
+    from kvdoctor.units import GiB
+
+    f = finding(
+        RULE,
+        _tail(
+            kv_capacity_tokens=484800,
+            block_size=64,
+            max_model_len=131072,
+            vllm_sizing_mode="extensible",
+            runtime_oom=True,
+            oom_allowed_bytes=int(18.34 * GiB),
+        ),
+    )
+    assert f is not None and f.severity == "critical"
+    mml = int(f.fixes[0].flags["--max-model-len"])
+    assert mml == 121152 and mml % 64 == 0  # floor(121,200 / 64) × 64
+    assert any(e.fact == "torch cap at the OOM" for e in f.evidence)
+    assert_words_match_fixes(f)
+
+
+def test_full_blocks_of_short_requests_are_not_kv_pressure() -> None:
+    """Issue 28 item 5: 96 % block usage of ~40-token requests in 64-token blocks is ~54 % of the
+    tokens (padding): not the KV pressure this rule needs; with 16-token blocks it is."""
+    over = dict(
+        kv_usage_max=0.96, typical_request_tokens=40, kv_padding_tokens_per_request=31.5, block_size=64
+    )
+    assert finding(RULE, _tail(**over)) is None
+    assert finding(RULE, _tail(**{**over, "kv_padding_tokens_per_request": 0.0})) is not None

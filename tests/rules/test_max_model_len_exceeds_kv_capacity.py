@@ -100,3 +100,92 @@ def test_per_gpu_rank_only_with_parallelism_and_never_na() -> None:
 def test_near_miss_capacity_above_the_length_does_not_fire() -> None:
     ev = _evaluate(mml_error=False, mml_error_estimate=None, kv_capacity_tokens=200_000)
     assert ev.findings == [] and not ev.errors
+
+
+# vLLM 0.34 (spec/vllm-0.34.md §2, max-model-len-exceeds-kv-capacity row)
+
+
+def _ext(**values: Any) -> rulekit.Evaluation:
+    """The handed 0.34 case: Qwen3-8B at 40,960 on an RTX 4090, after-warm-up error, gmu unset."""
+    base: dict[str, Any] = dict(
+        vllm_version="0.34.0",
+        vllm_v34=True,
+        vllm_sizing_mode="extensible",
+        max_model_len=40960,
+        mml_error_max_model_len=40960,
+        mml_error_needed_bytes=int(5.62 * GiB),
+        mml_error_available_bytes=int(5.33 * GiB),
+        mml_error_estimate=38848,
+        block_size=64,
+        gmu=1.0,
+        gmu_resolved=1.0,
+        gmu_explicit=False,
+        gpu_total_bytes=int(23.64 * GiB),
+        fp8_supported=True,
+    )
+    base.update(values)
+    return _evaluate(**base)
+
+
+def test_034_ext_gmu_unset_has_no_gmu_fix() -> None:
+    (f,) = _ext().findings
+    assert [x.flags for x in f.fixes] == [{"--max-model-len": "38848"}, {"--kv-cache-dtype": "fp8"}]
+
+
+def test_034_ext_explicit_gmu_below_one_gets_one_unless_another_process_is_there() -> None:
+    (f,) = _ext(gmu=0.9, gmu_resolved=0.9, gmu_explicit=True).findings
+    assert {"--gpu-memory-utilization": "1"} in [x.flags for x in f.fixes]
+    (g,) = _ext(gmu=0.9, gmu_resolved=0.9, gmu_explicit=True, foreign_bytes=3 * GiB).findings
+    assert all("--gpu-memory-utilization" not in x.flags for x in g.fixes)
+
+
+def test_034_length_is_a_multiple_of_the_block_size_in_effect() -> None:
+    # no estimate logged: the committed pool's longest length, rounded down to a multiple of 64
+    (f,) = _ext(mml_error_estimate=None, max_model_len_fit_pool=38850).findings
+    assert f.fixes[0].flags == {"--max-model-len": "38848"}
+    # never from the reservation A: without the pool nothing is sized from mml_error_available_bytes
+    (g,) = _ext(mml_error_estimate=None, max_model_len_fit_pool=None, kv_capacity_tokens=None).findings
+    assert all("--max-model-len" not in x.flags for x in g.fixes)
+
+
+def test_033_keeps_its_gmu_fix() -> None:
+    # 0.33 behaviour: the gmu whose budget holds the missing KV, ≤ 0.95
+    (f,) = _evaluate(mml_error_needed_bytes=4 * GiB, mml_error_available_bytes=int(3.87 * GiB)).findings
+    assert any("--gpu-memory-utilization" in x.flags for x in f.fixes)
+
+
+# issue 24 kind 9: hybrid models on vLLM 0.9–0.20 log a KV cache size as low as a quarter
+
+
+def test_kind9_capacity_from_concurrency_is_named_in_the_evidence() -> None:
+    ev = _evaluate(
+        mml_error=None,
+        mml_error_max_model_len=None,
+        mml_error_needed_bytes=None,
+        mml_error_available_bytes=None,
+        mml_error_estimate=None,
+        vllm_version="0.15.1",
+        max_model_len=131072,
+        kv_capacity_tokens=100597,
+        kv_capacity_from_concurrency=True,
+    )
+    (f,) = ev.findings
+    (cap,) = [e for e in f.evidence if e.fact == "KV cache capacity"]
+    assert "Maximum concurrency" in cap.source and "100,597" in cap.value
+
+
+def test_kind9_hybrid_bundle_is_not_short() -> None:
+    from pathlib import Path
+
+    from tests.rule_contexts import all_contexts
+    from tests.test_cases import diagnose_json
+
+    name = "k1-hybrid-v015-kv-size-quarter-not-short"
+    bundle = Path(__file__).resolve().parent.parent / "data" / "bundles" / name
+    _code, report = diagnose_json(bundle)
+    assert all(x["rule"] != "max-model-len-exceeds-kv-capacity" for x in report["findings"])
+    (v,) = [v for b, _e, v, _i in all_contexts() if b == name]
+    assert v["kv_capacity_tokens"] == int(3.07 * 32768) and v["kv_capacity_from_concurrency"] is True
+    # a single-group model on the same versions keeps the logged size (they agree within 10 %)
+    others = [v for b, _e, v, _i in all_contexts() if b == "r19-v092-dual-kv-gauges-host-bound"]
+    assert others and all(v["log_kv_concurrency"] and not v["kv_capacity_from_concurrency"] for v in others)

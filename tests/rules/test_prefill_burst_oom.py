@@ -52,3 +52,36 @@ def test_with_chunking_on_and_small_steps_no_fix_is_named() -> None:
 
 def test_a_logprobs_oom_is_not_this_rule() -> None:
     assert finding(RULE, _oom(runtime_oom_hints=["prefill", "logprobs"])) is None
+
+
+def test_on_034_extensible_the_torch_cap_is_evidence_and_a_small_step_is_torch_cap_ooms() -> None:
+    """spec/vllm-0.34.md prefill-burst-oom row: trigger and the --max-num-batched-tokens fix
+    unchanged; the failed allocation is bounded by the torch cap (the OOM's allowed part); when
+    the step size is not the cause, torch-cap-oom (N4)."""
+    from kvdoctor.rules.prefill_burst_oom import RULE as BURST
+
+    from kvdoctor.units import GiB
+    from tests.rules._words import facts, finding
+
+    base = dict(
+        runtime_oom=True,
+        runtime_oom_hints=["prefill"],
+        runtime_oom_line=20,
+        vllm_sizing_mode="extensible",
+        vllm_defaults_version="0.34.0",
+        oom_allowed_bytes=int(18.34 * GiB),
+        gpu_total_bytes=80 * GiB,
+        gpu_name="NVIDIA H100 80GB HBM3",
+        chunked_prefill_on=True,
+    )
+    f = finding(BURST, facts(**base))
+    assert f is not None and f.suggested_flags == {
+        "--max-num-batched-tokens": "4096"
+    }  # 0.34 H100 default 8192
+    assert any(e.fact == "torch cap at the OOM" for e in f.evidence)
+    assert finding(BURST, facts(**{**base, "max_num_batched_tokens": 256})) is None
+    # 0.33 behaviour kept: the same small step on an estimate-mode engine still fires (chunk advice)
+    assert (
+        finding(BURST, facts(**{**base, "max_num_batched_tokens": 256, "vllm_sizing_mode": "estimate"}))
+        is not None
+    )

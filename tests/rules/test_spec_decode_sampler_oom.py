@@ -69,3 +69,29 @@ def test_one_alternative_alone_has_no_leading_or() -> None:
 
 def test_one_draft_token_is_what_warm_up_measured() -> None:
     assert finding(RULE, _oom(spec_k=1)) is None
+
+
+def test_on_034_the_v2_bound_and_the_torch_headroom() -> None:
+    """spec/vllm-0.34.md spec-decode-sampler-oom row: the legacy runner is gone (the V2 lower bound
+    U = V × N_run × k × b, with no 'Using V2 Model Runner' line), and on the extensible cache case
+    (b) compares U with H_torch, not H_idle."""
+    from kvdoctor.rule_functions import spec_sampler_bytes
+
+    v2 = spec_sampler_bytes(151936, 256, 8192, 4, 2, False, True)
+    legacy = spec_sampler_bytes(151936, 256, 8192, 4, 2, False, False)
+    assert v2 is not None and legacy is not None and v2 != legacy
+    ext = dict(vllm_v34=True, vllm_sizing_mode="extensible", gmu=1.0, engine_budget_bytes=80 * GiB)
+    # by frames: the V2 shape is used on 0.34 although no 'Using V2 Model Runner' line exists
+    f34 = finding(RULE, _oom(**ext, torch_headroom_bytes=1 * GiB))
+    f33 = finding(RULE, _oom())
+    assert f34 is not None and f33 is not None and f34.evidence != f33.evidence
+    # by size (no frames): 20 GiB idle looks roomy, but torch may only grow 1 GiB before its cap
+    by_size = dict(
+        oom_frames_rejection_sampler=False, idle_headroom_bytes=20 * GiB, max_num_seqs_effective=1024
+    )
+    assert finding(RULE, _oom(**by_size)) is None
+    f = finding(RULE, _oom(**ext, **by_size, torch_headroom_bytes=1 * GiB))
+    assert f is not None
+    gmu = [x.flags["--gpu-memory-utilization"] for x in f.fixes if "--gpu-memory-utilization" in x.flags]
+    assert gmu and float(gmu[0]) < 1.0  # valid on ext: a lower gmu raises torch's cap
+    assert_words_match_fixes(f)

@@ -40,3 +40,9 @@ def test_a_swap_space_already_zero_is_not_set_again() -> None:
 
 def test_a_pooling_engine_does_not_fire() -> None:
     assert finding(RULE, _stall(is_pooling=True)) is None
+
+
+def test_never_fires_on_034() -> None:
+    """spec/vllm-0.34.md swap-preemption-stall row: V0 only, never fires on 0.34."""
+    assert finding(RULE, _stall(vllm_v34=True)) is None
+    assert finding(RULE, _stall(vllm_v34=False)) is not None
