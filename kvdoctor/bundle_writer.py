@@ -63,7 +63,11 @@ class Manifest:
     created: float = field(default_factory=time.time)
 
     def add(self, file: str, kind: str, source: str, status: str, detail: str = "", size: int = 0) -> None:
-        """Record one file (or one failure)."""
+        """Record one file (or one failure); a URL password in its source or detail (``--metrics
+        http://user:pw@…``) is redacted."""
+        from kvdoctor.redact import redact_url_credentials
+
+        source, detail = redact_url_credentials(source), redact_url_credentials(detail)
         self.entries.append(ManifestEntry(file, kind, source, status, detail, size))
 
     def has(self, file: str) -> bool:
@@ -92,10 +96,11 @@ class Manifest:
 
 
 def redact_log_text(text: str) -> str:
-    """A vLLM log with secrets and prompt text redacted, line by line."""
-    from kvdoctor.sources.vllm_log import redact
+    """A vLLM log with secrets, prompt and model output text redacted, line by line (a prompt
+    logged with raw newlines: its next lines too)."""
+    from kvdoctor.sources.vllm_log import redact_lines
 
-    return "".join(redact(line) for line in text.splitlines(keepends=True))
+    return "".join(redact_lines(text.splitlines(keepends=True)))
 
 
 def redact_env_text(text: str) -> str:
@@ -121,7 +126,11 @@ def _redact_plain(text: str) -> str:
 
 
 def _keep(text: str) -> str:
-    return text
+    """Every other file (metrics pages, nvidia-smi, config.json): shapes kept, URL passwords
+    (a ``model_name`` label that is a URL with credentials) redacted."""
+    from kvdoctor.redact import redact_url_credentials
+
+    return redact_url_credentials(text)
 
 
 #: bundle file name → how its text is redacted
@@ -639,7 +648,7 @@ def write_bundle(
     NVML on a host without the driver), and ``manifest.json``; then moved to
     ``out`` (directory or ``.tar.gz``). Used by ``kvdoctor bundle`` and watch's ``b`` key.
     Returns the manifest. Raises OSError when ``out`` cannot be written."""
-    manifest = Manifest(input=source)
+    manifest = Manifest(input=_redact_url(source))
     with tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-out-") as tmp:
         root = Path(tmp) / "bundle"
         root.mkdir()
@@ -650,8 +659,14 @@ def write_bundle(
             run_tools(root, manifest)
         latest = timeline.latest
         for st in latest.sources if latest is not None else []:
-            # what failed, and what cannot exist here (NVML with no driver: "missing", why)
-            if st.status == "error" or (st.status == "missing" and st.detail):
+            if st.status == "error" or (live and st.status == "missing"):
+                # what failed, and what this host cannot have (no NVIDIA driver), and why
                 manifest.add("", st.kind, st.origin, st.status, st.detail)
         finish(root, manifest, out)
     return manifest
+
+
+def _redact_url(text: str) -> str:
+    from kvdoctor.redact import redact_url_credentials
+
+    return redact_url_credentials(text)

@@ -38,7 +38,7 @@ class GpuSpec:
     @property
     def sm_major(self) -> int:
         """Major compute capability (9 for Hopper), 0 when not a CUDA SM string."""
-        m = re.match(r"(\d+)\.", self.sm)
+        m = re.match(r"(\d{1,4})\.", self.sm)
         return int(m.group(1)) if m else 0
 
 

@@ -101,6 +101,7 @@ def main() -> None:
     # refcounting frees all other garbage at once. Only the console entry point sets it: a
     # process that imports kvdoctor (vLLM with the stat-logger plugin, tests) keeps its own.
     gc.set_threshold(GC_THRESHOLD0, *gc.get_threshold()[1:])
+    _sigterm_unwinds()
     try:
         _run()
     finally:
@@ -108,6 +109,24 @@ def main() -> None:
         # the run made (~5 % of a cold diagnose) for garbage the exit frees anyway. Frozen,
         # they are left to the exit (stdout/stderr are still flushed, atexit handlers run).
         gc.freeze()
+
+
+def _sigterm_unwinds() -> None:
+    """SIGTERM unwinds every command like Ctrl-C does (SystemExit 143), so ``finally`` blocks
+    and temporary directories (an archive's extracted copy with an unredacted env.txt, a bundle
+    being written) are removed. Commands that stop gracefully on SIGTERM (record, sidecar)
+    install their own handler while they run. A handler someone else installed is left alone."""
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+
+            def _term(signum: int, _frame: object) -> None:
+                raise SystemExit(128 + signum)
+
+            signal.signal(signal.SIGTERM, _term)
+    except (ValueError, OSError, AttributeError):  # not the main thread, or no SIGTERM
+        pass
 
 
 def _run() -> None:

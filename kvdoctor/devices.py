@@ -94,3 +94,28 @@ def normalize_bus_id(text: str | None) -> str | None:
         return None
     dom, bus, dev, fn = m.groups()
     return f"{int(dom, 16):08X}:{bus.upper()}:{dev.upper()}.{fn.upper()}"
+
+
+#: the fp8 KV-cache dtypes whose e4m3 form needs native fp8 (compute capability ≥ 8.9)
+FP8_KV_E4M3 = frozenset({"fp8", "fp8_e4m3"})
+#: the plain fp8 KV-cache spellings a GPU's capability decides (fp8_e4m3 / fp8 = e4m3, fp8_e5m2)
+FP8_KV_PLAIN = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2"})
+
+
+def fp8_kv_cache_dtypes(capability: tuple[int, int]) -> tuple[str, ...]:
+    """The plain fp8 ``--kv-cache-dtype`` values vLLM's CUDA attention backends take on a GPU of
+    this compute capability, preferred first: Ada / Hopper / Blackwell (≥ 8.9) all three
+    (``fp8`` = e4m3); Ampere (8.0–8.7) only ``fp8_e5m2`` (its backends convert e5m2 in software,
+    e4m3 needs native fp8, as Triton's ``fp8e4nv``); Volta / Turing (< 8.0) none. Issue 24 kind 6."""
+    if capability >= (8, 9):
+        return ("fp8", "fp8_e4m3", "fp8_e5m2")
+    if capability >= (8, 0):
+        return ("fp8_e5m2",)
+    return ()
+
+
+def architecture_name(capability: tuple[int, int]) -> str:
+    """NVIDIA's architecture name for a compute capability ('Ampere' for 8.0 and 8.6)."""
+    major, minor = capability
+    names = {7: "Volta" if minor < 5 else "Turing", 8: "Ada" if minor >= 9 else "Ampere", 9: "Hopper"}
+    return names.get(major, "Blackwell" if major >= 10 else f"sm_{major}{minor}")

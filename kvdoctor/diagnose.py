@@ -74,7 +74,7 @@ def diagnose_command(
     """
     from kvdoctor.inputs import options_from_kwargs
 
-    opts = options_from_kwargs(inputs, interval_s=interval_s)
+    opts = options_from_kwargs(inputs, interval_s=interval_s, one_shot=True)
     pipeline = load_pipeline(rules_dirs, config_path)
     if prometheus_url is not None:
         _diagnose_fleet(pipeline, opts, prometheus_url, since, selector, fmt)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvdoctor.dcmethods import shared_methods
+from kvdoctor.redact import redact_url_credentials
 
 SourceKind = Literal[
     "nvml",
@@ -40,6 +41,10 @@ class SourceError(Exception):
     """
 
     def __init__(self, message: str, *, origin: str | None = None, line: int | None = None) -> None:
+        if origin and "@" in origin:  # a URL or "user:pw@host" a user typed: no password in errors
+            origin = redact_url_credentials(origin)
+        if "@" in message:
+            message = redact_url_credentials(message)
         self.origin = origin
         self.line = line
         where = origin or ""
@@ -49,8 +54,8 @@ class SourceError(Exception):
 
 
 class SourceUnavailable(SourceError):
-    """A source that cannot exist on this host (NVML with no NVIDIA driver installed): a live
-    reader reports it once as "missing" and does not try it again."""
+    """A live source that cannot exist on this host (no NVIDIA driver library, no pynvml): the
+    sampler reports it once as "missing" and does not try it again."""
 
 
 @shared_methods
@@ -67,6 +72,14 @@ class SourceStatus:
     duration_s: float | None = None
     #: unix seconds of the source's last successful read (live sources), None when unknown.
     last_success: float | None = None
+
+    def __post_init__(self) -> None:
+        # the origin is what the user typed (--metrics http://user:pw@…): every face, the
+        # manifest and recordings show it, so the password goes here, where it enters
+        if "@" in self.origin:
+            self.origin = redact_url_credentials(self.origin)
+        if "@" in self.detail:
+            self.detail = redact_url_credentials(self.detail)
 
 
 # --------------------------------------------------------------------------- GPUs

@@ -15,7 +15,9 @@ changes nothing"):
   more GPUs than are visible, or equals the TP in effect;
   ``--pipeline-parallel-size`` above the layer count or equal to the PP in effect;
 - ``--kv-cache-dtype`` not accepted by that vLLM version (unknown version → the values every
-  version accepts, vllm_flags ``valid_kv_cache_dtypes("0.0")``) or already in effect;
+  version accepts, vllm_flags ``valid_kv_cache_dtypes("0.0")``), an fp8 form the GPU's backends
+  refuse (``fp8_kv_dtypes``: e4m3 below compute capability 8.9, any fp8 below 8.0), or already
+  in effect;
 - ``--kv-cache-memory-bytes`` not positive, before vLLM 0.10.2 (the flag did not exist), or equal
   to the value in effect;
 - ``--enforce-eager`` when eager mode is on; ``PYTORCH_CUDA_ALLOC_CONF`` expandable segments when
@@ -29,8 +31,7 @@ A value is also dropped when it would leave vLLM unable to serve (issue 24, the 
   start;
 - ``--max-num-seqs`` of 1 or 2 (the engine serialised) unless the KV cache holds fewer than three
   ``max_model_len`` requests, or below the concurrency the traffic needed before the trouble
-  (derive ``running_before_trouble``, else the running requests of the log's first stats line
-  of this run).
+  (derive ``running_before_trouble``; unknown when the series starts in trouble).
 
 The rule engine calls :func:`valid_fix` with the rule context's variables (derive's names).
 """
@@ -40,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvdoctor.devices import FP8_KV_PLAIN
 from kvdoctor.kvmath import derived_max_model_len
 from kvdoctor.vllm_flags import FlagError, flag_available, lookup_option, valid_kv_cache_dtypes, version_tuple
 
@@ -139,6 +141,12 @@ def valid_fix(flag: str, value: str, names: Mapping[str, Any]) -> str | None:
         valid = valid_kv_cache_dtypes(version if version else "0.0")
         if value not in valid:
             return "not a kv-cache dtype this vLLM version accepts"
+        takes = get("fp8_kv_dtypes")
+        if value in FP8_KV_PLAIN and isinstance(takes, (list, tuple)) and value not in takes:
+            cc, arch = get("compute_capability"), get("gpu_architecture")
+            if takes:
+                return f"{arch} (compute capability {cc}) backends take fp8 KV only as {', '.join(takes)}"
+            return f"no fp8 KV-cache kernel in vLLM's attention backends for {arch} (compute capability {cc})"
         if value == get("kv_cache_dtype"):
             return "already in effect"
     elif flag == "--kv-cache-memory-bytes":
@@ -206,10 +214,8 @@ def _serialises(names: Mapping[str, Any], n: float) -> str | None:
     if n <= 2 and (holds is None or holds >= 3):
         return "serialises the engine (1 or 2 sequences at a time)"
     # the peak running before the trouble (derive episodes: scrapes over the whole series, else
-    # stats lines), else the log's first stats line of this run
+    # stats lines); unknown when the series starts in trouble (then nothing is refused here)
     before = get("running_before_trouble")
-    if not isinstance(before, (int, float)) or before <= 0:
-        before = get("log_running_first")
     if isinstance(before, (int, float)) and before > n:
         before = int(before)
         return f"below the {before} requests running before the trouble"

@@ -26,7 +26,13 @@ DEMO_CASE = "b26-orphaned-enginecore-workers"
 
 
 class InputError(Exception):
-    """The inputs cannot be opened at all (exclusive options, no such bundle); one line."""
+    """The inputs cannot be opened at all (exclusive options, no such bundle); one line, with
+    any URL password redacted (it quotes what the user typed)."""
+
+    def __init__(self, message: str) -> None:
+        from kvdoctor.redact import redact_url_credentials
+
+        super().__init__(redact_url_credentials(str(message)))
 
 
 def demo_bundle_dir() -> Path:
@@ -62,6 +68,8 @@ class InputOptions:
     #: /metrics (live, bundle, files): also parse the latency histograms a screen shows (TTFT,
     #: ITL; ``watch``)
     display_histograms: bool = False
+    #: one diagnosis (``diagnose``), not a watch: live statuses say nothing of retrying
+    one_shot: bool = False
 
     @property
     def urls(self) -> list[str]:
@@ -118,6 +126,48 @@ def _is_url(value: str) -> bool:
     return value.lower().startswith(("http://", "https://"))
 
 
+def _check_metrics(_ctx: Any, _param: Any, values: tuple[str, ...]) -> tuple[str, ...]:
+    """``--metrics``: an http(s) URL with a valid port, or anything else as a path. A URL of
+    another scheme, a port out of range, or a scheme-less "host:port/…" or "//host/…" that is
+    no file is a usage error in the user's words (the value quoted without its password)."""
+    from urllib.parse import urlsplit
+
+    from kvdoctor.redact import redact_url_credentials
+
+    for value in values:
+        shown = redact_url_credentials(value)[:200]
+        scheme, sep, _ = value.partition("://")
+        if sep and scheme and not _is_url(value):
+            raise click.BadParameter(
+                f"{shown}: unsupported scheme '{scheme[:20]}' (an http:// or https:// URL, a file or a directory)"
+            )
+        if _is_url(value):
+            try:
+                parts = urlsplit(value)
+                port = parts.port
+            except ValueError:
+                raise click.BadParameter(f"{shown}: port out of range (1-65535)") from None
+            if port == 0:
+                raise click.BadParameter(f"{shown}: port out of range (1-65535)")
+            if not parts.hostname:
+                raise click.BadParameter(f"{shown}: no host in the URL")
+            continue
+        looks_remote = value.startswith("//") or ("@" in value and ":" in value)
+        if looks_remote and not Path(value).exists():
+            raise click.BadParameter(f"{shown}: no such file; a URL needs http:// or https://")
+    return values
+
+
+def _check_bundle(_ctx: Any, _param: Any, value: Path | None) -> Path | None:
+    """``--bundle``: a directory or .tar.gz on this machine; a URL is said to be one."""
+    if value is not None and "://" in str(value).replace(":/", "://", 1) and not value.exists():
+        from kvdoctor.redact import redact_url_credentials
+
+        shown = redact_url_credentials(str(value))[:200]
+        raise click.BadParameter(f"{shown}: a URL; give a bundle directory or .tar.gz on this machine")
+    return value
+
+
 _OPTION_NAMES = {f.name for f in fields(InputOptions)}
 
 
@@ -129,6 +179,7 @@ def input_options(fn: F) -> F:
             "--bundle",
             "bundle",
             type=click.Path(path_type=Path),
+            callback=_check_bundle,
             help="Support bundle directory or .tar.gz (docs/spec/bundle.md).",
         ),
         click.option("--demo", is_flag=True, help="Use a bundled real incident (no GPU needed)."),
@@ -154,6 +205,7 @@ def input_options(fn: F) -> F:
             "--metrics",
             "metrics",
             multiple=True,
+            callback=_check_metrics,
             help="vLLM /metrics: a file, a metrics/ directory of <unix-seconds>.txt scrapes, or a URL.",
         ),
         click.option("--log", "log", type=click.Path(path_type=Path), help="vLLM log file."),
@@ -248,6 +300,7 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
         interval_s=opts.interval_s,
         timeout_s=opts.timeout_s,
         use_nvml=not opts.no_nvml,
+        one_shot=opts.one_shot,
     )
     live.histograms = _histograms(opts)
     return LiveFeed(live)

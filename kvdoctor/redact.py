@@ -14,10 +14,13 @@ What counts as a secret:
 - variables whose name is secret by :func:`is_secret_env_name` (``HF_TOKEN``, ``*_TOKEN``,
   ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``), as ``NAME=value``, ``name='value'`` (Namespace
   repr), ``'name': 'value'`` (dict repr) or ``name: value`` at the start of a line (YAML, headers);
-- ``Authorization: Bearer …`` / ``Basic …`` headers;
+- ``Authorization: Bearer …`` / ``Basic …`` headers, and anywhere in a line the value of an
+  ``Authorization`` (no scheme), ``X-Api-Key``, ``X-Auth-Token``, ``Cookie`` or ``Set-Cookie``
+  header;
 - token shapes anywhere: Hugging Face ``hf_…``, OpenAI-style ``sk-…``, GitHub ``ghp_…``/
   ``github_pat_…``, Slack ``xox?-…``, AWS access key ids ``AKIA…``;
-- the password in URLs ``scheme://user:password@host``.
+- the password in URLs ``scheme://user:password@host`` (and ``user:password@host:port/…``
+  without a scheme).
 
 Nothing here raises: any string goes in, a string of the same shape comes out.
 """
@@ -34,7 +37,20 @@ MARK = "***"
 
 # Last name part that makes a flag or variable secret ("--api-key", "HF_TOKEN", "db_pass").
 _SECRET_LAST_PARTS = frozenset(
-    {"token", "key", "apikey", "secret", "password", "passwd", "pass", "pwd", "credential", "credentials"}
+    {
+        "token",
+        "key",
+        "apikey",
+        "secret",
+        "password",
+        "passwd",
+        "pass",
+        "pwd",
+        "credential",
+        "credentials",
+        "cookie",
+        "cookies",
+    }
 )
 # Words that make a name secret wherever they stand ("AWS_SECRET_ACCESS_KEY_ID", "PGPASSWORD").
 _SECRET_ANY_PARTS = frozenset({"secret", "password", "passwd"})
@@ -42,7 +58,9 @@ _SECRET_ANY_PARTS = frozenset({"secret", "password", "passwd"})
 _NOT_SECRET_VALUES = frozenset({"", "none", "null", "false", "true", "''", '""', MARK})
 
 # A text without any of these (lower-cased) cannot hold a secret this module recognises.
-_TRIGGER = lazy_re(r"token|key|secret|pass|pwd|credential|auth|:/|hf_|sk-|gh[pousr]_|github_pat|xox|akia")
+_TRIGGER = lazy_re(
+    r"token|key|secret|pass|pwd|credential|auth|cookie|:/|@|hf_|sk-|gh[pousr]_|github_pat|xox|akia"
+)
 _TOKEN_SHAPES = lazy_re(
     r"\bhf_[A-Za-z0-9]{20,}\b"
     r"|\bsk-[A-Za-z0-9_-]{16,}"
@@ -54,6 +72,14 @@ _TOKEN_SHAPES = lazy_re(
 _AUTH_HEADER = lazy_re(
     r"(?i)(\bauthorization['\"]?\s*[:=]\s*['\"]?\s*(?:bearer|basic|token)\s+)([^\s'\",}]+)"
 )
+# An HTTP header anywhere in a line ("… X-Api-Key: abc path=/v1", "headers Cookie: a=1; b=2",
+# "authorization: tok" without a scheme): its value up to a space (a cookie: up to the line's
+# end or a quote), a scheme word (Bearer/Basic, handled above) excepted.
+_HEADER_IN_TEXT = lazy_re(
+    r"(?i)(?<![\w-])((?:x-)?api[-_]key|x-auth-token|(?:proxy-)?authorization|(?:set-)?cookie)"
+    r"(['\"]?[ \t]{0,8}[:=][ \t]{0,8}['\"]?)(?!(?:bearer|basic|token)\s)(?!\*\*\*)"
+    r"((?<=[cC][oO][oO][kK][iI][eE]: )[^'\"\r\n]+|[^\s'\",;}]+)"
+)
 # The start of a URL, any scheme, any case ("HTTP://", "redis://", "git+ssh://"); its token runs
 # to the next space or quote and its userinfo to the token's LAST "@" (a password may hold "/",
 # "@" or ":"). A "host:8000/path@x" (a port, then a path) is not a password.
@@ -64,10 +90,24 @@ _PORT_PATH = lazy_re(r"\d{1,5}(?:[/?#]|$)")
 _MAX_URL_CHARS = 4096
 
 
+# "user:password@host:port/…" or "//user:password@host" without a scheme (what people type for
+# --metrics; an error message quotes it back): the password up to the "@" before a host name.
+_BARE_USERINFO = lazy_re(
+    r"(?<![\w.+:@-])(?!(?i:mailto|tel|sip):)((?://)?[A-Za-z0-9._~%+-]{1,64}:)([^\s/@'\"<>]{1,256})(@[A-Za-z0-9.-]{1,253}(?::\d{1,5})?(?:[/?#\s'\"]|$))"
+)
+
+
 def redact_url_credentials(text: str) -> str:
     """Replace the password of every ``scheme://user:password@host`` in ``text`` by "***"
-    (any scheme, any case; a password with "/", "@" or ":" in it too). Never raises."""
-    if ":/" not in text or "@" not in text:
+    (any scheme, any case; a password with "/", "@" or ":" in it too), and of a scheme-less
+    ``user:password@host[:port]/…`` or ``//user:password@host``. Never raises."""
+    if "@" not in text:
+        return text
+    if ":" in text:
+        text = _BARE_USERINFO.sub(
+            lambda m: m.group(1) + (m.group(2) if m.group(2) == MARK else MARK) + m.group(3), text
+        )
+    if ":/" not in text:
         return text
     out: list[str] = []
     pos = 0
@@ -214,7 +254,11 @@ def redact_text(text: str) -> str:
     out = text
     if "auth" in low:
         out = _AUTH_HEADER.sub(lambda m: m.group(1) + MARK, out)
-    if ":/" in out and "@" in out:
+    if ":" in out or "=" in out:
+        out = _HEADER_IN_TEXT.sub(
+            lambda m: m.group(0) if _is_plain_value(m.group(3)) else m.group(1) + m.group(2) + MARK, out
+        )
+    if ":" in out and "@" in out:
         out = redact_url_credentials(out)
     if "-" in out:
         if "'" in out or '"' in out:
@@ -291,3 +335,17 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
         else:
             out[key] = redact_text(value)
     return out
+
+
+# C0 controls but TAB and LF, DEL and C1 controls: what a terminal acts on (ESC starts a
+# sequence that can recolour, retitle or clear it; BEL rings; NUL truncates in some viewers).
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character a terminal would act on (ESC, BEL, NUL, CR, …; TAB
+    and LF kept) written as ``\\xNN``, so a metrics label or a directory name shows as text,
+    never as a terminal sequence. Never raises."""
+    if text.isprintable():
+        return text
+    return text.translate(_CONTROLS)

@@ -403,9 +403,36 @@ def _md_cell(text: Any) -> str:
     return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
 
 
+def printable(obj: Any) -> Any:
+    """A copy of a report (or any part of it) with every string's control characters escaped
+    (:func:`kvdoctor.redact.escape_controls`): what text and markdown faces render, so ESC, BEL
+    or NUL from a metrics label, a log line or a directory name never reach a terminal raw."""
+    import copy
+    import dataclasses
+
+    from kvdoctor.redact import escape_controls
+
+    if isinstance(obj, str):
+        return escape_controls(obj)
+    if isinstance(obj, list):
+        return [printable(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(printable(v) for v in obj)
+    if isinstance(obj, dict):
+        return {printable(k): printable(v) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        new = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            object.__setattr__(new, f.name, printable(getattr(obj, f.name)))
+        return new
+    return obj
+
+
 def render_markdown(report: Report) -> str:
     """Markdown for an issue tracker: each finding with its fix first, then its summary and a
-    collapsed ``<details>`` evidence table; then the sources table and skipped rules."""
+    collapsed ``<details>`` evidence table; then the sources table and skipped rules. Control
+    characters in any text are escaped (:func:`printable`)."""
+    report = printable(report)
     n = len(report.findings)
     lines = [
         f"## kvdoctor: {'UNKNOWN (no source could be read)' if exit_code(report) == EXIT_UNKNOWN else report.health.upper()}",
@@ -580,16 +607,22 @@ def _vllm_line(engine: dict[str, Any]) -> str | None:
         if v.get("gmu"):
             text += f"; gmu {v['gmu']}"
     if assumption:
-        text += f"; assumed: {assumption}"
+        said = str(assumption)
+        if said.startswith("vLLM version unknown: "):  # the version is said already
+            said = said[len("vLLM version unknown: ") :]
+        text += f"; {said}"
     return text
 
 
 def render_text(report: Report, console: Console) -> None:
     """Print the report with rich: a header (health; one line per source: read, missing or
     why it failed), one panel per finding worst first with the fix first, then a line of
-    skipped rules. Colour follows the console (none when not a TTY or with NO_COLOR)."""
+    skipped rules. Colour follows the console (none when not a TTY or with NO_COLOR). Control
+    characters in any text are escaped (:func:`printable`)."""
     from rich.padding import Padding
     from rich.text import Text
+
+    report = printable(report)
 
     counts: dict[str, int] = {}
     for f in report.findings:

@@ -60,8 +60,9 @@ class LiveOptions:
     ports (psutil) on every read, so engines that start or stop are picked up.
 
     Seconds everywhere: ``interval_s`` between reads, ``timeout_s`` per source and read,
-    ``backoff_max_s`` the longest wait before a failing source is tried again.
-    ``window_s`` is :func:`kvdoctor.collect.collect_live`'s window."""
+    ``backoff_max_s`` the longest wait before a failing source is tried again (8 s: a /metrics
+    that comes back is read again, and the sidecar ready, within 8 s; one GET every few seconds
+    to a dead local endpoint costs nothing). ``window_s`` is :func:`kvdoctor.collect.collect_live`'s window."""
 
     metrics_urls: list[str] = field(default_factory=list)
     log_path: Path | None = None
@@ -70,7 +71,10 @@ class LiveOptions:
     timeout_s: float = 2.0
     use_nvml: bool = True
     use_processes: bool = True
-    backoff_max_s: float = 30.0
+    backoff_max_s: float = 8.0
+    #: one diagnosis, not a watch: a source waiting out its backoff is reported by its last
+    #: error, without "retrying in …" (nothing will retry it)
+    one_shot: bool = False
     #: /metrics histogram families parsed (None: ``sources.metrics.READ_HISTOGRAMS``; a screen
     #: that shows latencies passes ``DISPLAY_HISTOGRAMS``)
     histograms: tuple[str, ...] | None = None
@@ -381,6 +385,14 @@ class LogSource:
                 return Reading({}, f"{NOT_YET} ({self.path.name}); read once it appears", status="missing")
             check_log_file(self.path)
             self._follower = LogFollower(self.path)
+        elif not os.path.lexists(self.path):
+            # deleted (or rotated away and not yet recreated): the last log read stays
+            # (``last_log``), but nothing is read from it now
+            return Reading(
+                {},
+                f"{self.path.name} is gone (deleted or rotated); the last log read stays",
+                status="missing",
+            )
         try:
             self._follower.poll()
         except Exception:
@@ -420,7 +432,13 @@ class _Call:
         t0 = time.monotonic()
         try:
             self.result = (fn(), time.monotonic() - t0)
-        except BaseException as e:  # noqa: BLE001 - handed to the sampler, which reports it
+        except Exception as e:
+            # reported as one line: its traceback (and the exception it was raised from) would
+            # keep the failed read's frames alive until a rare collection, an oversized /metrics
+            # body (16 MiB) among them; released now
+            e.__traceback__, e.__context__, e.__cause__ = None, None, None
+            self.error = e
+        except BaseException as e:  # noqa: BLE001 - handed to the sampler, which re-raises it
             self.error = e
         finally:
             self._done.release()
@@ -482,7 +500,7 @@ class _State:
     started: float = 0.0
     next_attempt: float = 0.0
     reader: _Reader | None = None
-    #: why the source cannot exist on this host (``SourceUnavailable``): not tried again
+    #: why the source cannot exist on this host (SourceUnavailable): never read again
     unavailable: str | None = None
 
 
@@ -563,11 +581,15 @@ class Sampler:
             self._fail(st, f"timed out after {st.source.timeout_s:g}s (still running)", now, None)
             statuses[key] = self._status(st, st.health.last_error or "")
             return
+        if st.unavailable is not None:
+            statuses[key] = SourceStatus(st.source.kind, st.source.origin, "missing", st.unavailable)
+            return
         if st.future is not None:
             st.future = None
         if now < st.next_attempt:
             wait = st.next_attempt - now
-            statuses[key] = self._status(st, f"{st.health.last_error} (retrying in {wait:.1f}s)")
+            retry = "" if self.opts.one_shot else f" (retrying in {wait:.1f}s)"
+            statuses[key] = self._status(st, f"{st.health.last_error}{retry}")
             return
         warm = getattr(st.source, "warm", None)
         if callable(warm) and id(st.source) not in self._warmed:
@@ -601,8 +623,7 @@ class Sampler:
             if not isinstance(e, Exception):
                 raise e  # KeyboardInterrupt, SystemExit in a read: not a source failure
             if isinstance(e, SourceUnavailable):
-                # Cannot exist here (no NVIDIA driver): said once, never retried.
-                st.unavailable = _one_line(e)
+                st.unavailable = f"{_one_line(e)}: not retried"
                 st.health.up, st.health.last_error = False, st.unavailable
                 statuses[key] = SourceStatus(st.source.kind, st.source.origin, "missing", st.unavailable)
                 return

@@ -63,7 +63,8 @@ _UNITS = {
     "t": TiB,
 }
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE_RE = lazy_re(r"^\s*(-?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20}))\s*([A-Za-z]{0,8})\s*$")
+# the unit a group of its own: "\s*(unit){0,8}\s*$" splits one run of spaces two ways (quadratic)
+_SIZE_RE = lazy_re(r"^\s*(-?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20}))(?:\s*([A-Za-z]{1,8}))?\s*$")
 
 
 def parse_size(text: str, *, default_unit: str = "b", decimal: bool = False) -> int:

@@ -19,7 +19,9 @@ Not this rule: the offloader lines are there (also when "Total CPU offloaded par
 below G because the model had nothing more to offload).
 
 ## Fix
-On 0.22–0.27 with V2 chosen automatically, `VLLM_USE_V2_MODEL_RUNNER=0` forces the V1 runner;
+On vLLM ≥ 0.34 the cause is gone (one runner, and it installs the offloader) and
+`VLLM_USE_V2_MODEL_RUNNER=0` is a startup error (`v1-runner-env-removed`): with evidence (b) or (c)
+the finding is info, with G_needed and no flag. On 0.22–0.27 with V2 chosen automatically, `VLLM_USE_V2_MODEL_RUNNER=0` forces the V1 runner;
 configurations that force V2 on 0.25–0.27 (DSpark speculative decoding, diffusion models)
 need vLLM ≥ 0.28. On 0.12–0.21 remove `VLLM_USE_V2_MODEL_RUNNER=1`. The finding also says
 whether G is enough once the offload works: G_needed = ceil_GiB(S + KV₁ + O − B), KV₁ the KV of
@@ -54,6 +56,8 @@ def _v1_runner_fix(f: Facts, evidence: list[str]) -> str | None:
     """'0' (force the V1 runner, which installs the offloader) where the V2 runner ran on
     0.12–0.27 and nothing forces V2 (DSpark speculative decoding on 0.25–0.27)."""
     release = f["vllm_release"]
+    if f["vllm_v34"]:
+        return None  # a startup ValueError on 0.34 (vllm-facts §9.4)
     if release is None or not 12 <= release <= 27 or "v2_runner" not in evidence:
         return None
     if release >= 25 and f["dspark_speculative"]:
@@ -90,7 +94,13 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             f" ({fmt_bytes(per_rank)}) rather than about {fmt_bytes(expected)}."
         )
     fixes: list[Fix] = []
-    if fix_env is not None:
+    if f["vllm_v34"]:
+        words.append(
+            f"vLLM {f['vllm_version'] or '≥ 0.34'} has one model runner and it installs the weight offloader, so"
+            " no version cause is known: check that the offload took effect (the log lines above) before"
+            " relying on it."
+        )
+    elif fix_env is not None:
         chosen = (
             " (the V2 runner was chosen automatically for this model on 0.22–0.27)"
             if env in (None, "")
@@ -149,6 +159,10 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         or (f["startup_failed"] and f["oom_phase"] in _FAILED_PHASES)
     )
     severity: Severity | None = "critical" if failed else None
+    if f["vllm_v34"]:
+        # 0.34 has one runner and it installs the offloader (v1/worker/gpu/model_runner.py:379):
+        # no version cause is known, so this is what the log shows, not a diagnosis
+        severity = "info"
     return Hit(
         summary=" ".join(words),
         evidence=evidence,

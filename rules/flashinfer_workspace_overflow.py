@@ -24,6 +24,10 @@ Need = (W − R) + S; `VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE` = 1.25 × Need rou
 − 0.5 GiB, gmu is lowered by ceil_0.01(Δ/T). The factor 1.25 and the 64 MiB rounding are
 estimates (thresholds `headroom_factor`, `round_mib`), overridable in the user config.
 
+On vLLM 0.34's extensible KV cache the "lower gmu" part is dropped: the workspace is
+allocated when the FlashInfer wrappers are first built, in the warm-up steps before the KV is
+measured, so the measurement already accounts for a larger one (spec/vllm-0.34.md §2).
+
 ## Sources
 spec/rules-catalogue2.md §3.2; vllm-facts.md §2.1 "What the profile run does not see", §3.7
 (FlashInfer line), §4.2 env table (`VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE`,
@@ -63,6 +67,10 @@ def _gmu_fix(f: Facts, t: Thresholds, delta: int | None) -> float | None:
     the idle headroom less the margin; None when it fits (or a figure is unknown)."""
     idle, total, gmu = f["idle_headroom_bytes"], f["device_total_bytes"], f["gmu"]
     if delta is None or delta <= 0 or idle is None or not total or not gmu:
+        return None
+    if f["vllm_sizing_mode"] == "extensible":
+        # 0.34: the workspace is allocated in the warm-up steps before the KV is measured, so
+        # the measurement already accounts for a bigger one (spec/vllm-0.34.md §2)
         return None
     if delta <= idle - t.idle_margin_gib * GiB:
         return None
@@ -132,6 +140,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
         if more:
             words += more + (f": also lower {_GMU} to {gmu_fix:.2f}." if gmu_ok else ".")
+        elif f["vllm_sizing_mode"] == "extensible":
+            words += (
+                " No gpu_memory_utilization change is needed: vLLM 0.34's extensible KV cache measures"
+                " memory after the warm-up that allocates the workspace, so a bigger one is accounted for."
+            )
         fixes.append(
             Fix(
                 env={_WORKSPACE_ENV: str(new_bytes)},

@@ -18,7 +18,10 @@ PCI bus id (nvidia-smi's Bus-Id column) to tell which card it is.
 
 ## Fix
 None as vLLM flags: drain the node (cordon it), reset or replace the GPU named by its index and
-bus id, then return it to service.
+bus id, then return it to service. The fix is the exact command, `nvidia-smi -r -i N` for each
+failing GPU: it needs root and every process on that GPU stopped (nvidia-smi refuses while one
+runs, so it cannot kill a workload by accident). No command for Xid 79 (the GPU fell off the
+bus: a reset fails; reboot or reseat it) or when the GPU's index is unknown.
 
 ## Sources
 spec/rules.md family P; NVIDIA XID catalogue (kvdoctor/devices.py HARDWARE_XIDS, APPLICATION_XIDS);
@@ -30,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvdoctor.rulekit import Evidence, Facts, Hit, Rule, na
+from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, na
 
 _DMESG = "dmesg.txt / --dmesg (NVRM: Xid lines)"
 
@@ -44,20 +47,39 @@ def _gpus(indices: Iterable[int] | None) -> list[int]:
     return sorted(set(indices or ()))
 
 
-def _failing_words(f: Facts) -> str:
+def reset_commands(f: Facts) -> list[str]:
+    """``nvidia-smi -r -i N`` for each failing GPU index, or [] when a reset is no remedy to
+    offer: the index is unknown, or the GPU fell off the bus (Xid 79: the driver cannot reach
+    it, a reset fails; it needs a reboot or reseating)."""
+    gpus, xid = f["hw_error_gpus"], f["xid_desc"] or ""
+    if not gpus or "Xid 79 " in xid or "fallen off the bus" in xid:
+        return []
+    return [f"nvidia-smi -r -i {g}" for g in sorted(set(gpus))]
+
+
+def _failing_words(f: Facts, commands: list[str]) -> str:
     """Drain the node, and which card to reset (by index and PCI bus id)."""
     gpus, bus_ids, xid = f["hw_error_gpus"], f["hw_error_bus_ids"], f["xid_desc"]
     which = "GPU " + ", GPU ".join(str(g) for g in gpus) if gpus else "the GPU"
     if bus_ids:
         which += " (PCI " + ", ".join(bus_ids) + ")"
+    reset = "; ".join(commands) if commands else "nvidia-smi -r"
     if xid is not None and ("Xid 154 " in xid or "Reset Required" in xid):
-        how = " reset (the XID asks for a GPU reset: nvidia-smi -r, or a reboot)"
+        how = f" reset (the XID asks for a GPU reset: {reset}, or a reboot)"
+    elif xid is not None and ("Xid 79 " in xid or "fallen off the bus" in xid):
+        how = " reseated or replaced (it fell off the bus: a reset fails, reboot the node first)"
     else:
-        how = " reset (nvidia-smi -r, or a reboot) or replaced"
-    return (
+        how = f" reset ({reset}, or a reboot) or replaced"
+    words = (
         f"The device itself is failing; no vLLM flag fixes that. Drain the node and have {which}{how}"
         " before scheduling work on it again."
     )
+    if commands:
+        words += (
+            " A reset needs root and every process on that GPU stopped first (the vLLM engines and any"
+            " other CUDA process; nvidia-smi refuses while one runs)."
+        )
+    return words
 
 
 def check(f: Facts, t: Thresholds) -> Hit | None:
@@ -73,8 +95,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if ecc:
         parts.append(f"{ecc} (nvidia-smi Volatile Uncorr. ECC). ")
+    commands = reset_commands(f) if failing else []
     if failing:
-        parts.append(_failing_words(f))
+        parts.append(_failing_words(f, commands))
     if app:
         parts.append(
             (" " if failing else "")
@@ -89,9 +112,17 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         evidence.append(Evidence("uncorrectable ECC errors", ecc, "nvidia-smi 'Volatile Uncorr. ECC' / NVML"))
     if app:
         evidence.append(Evidence("application XIDs", app, _DMESG))
+    fixes = [
+        Fix(
+            commands=tuple(commands),
+            why="resets the failing GPU; run it only after draining the node and stopping every process"
+            " on that GPU (it needs root, and nvidia-smi refuses while a process uses the GPU)",
+        )
+    ]
     return Hit(
         summary="".join(parts),
         evidence=evidence,
+        fixes=fixes if commands else [],
         gpus=_gpus(f["hw_error_gpus"] if failing else f["xid_app_gpus"]),
         severity=None if failing else "info",
     )
@@ -105,4 +136,5 @@ RULE = Rule(
     doc=__doc__,
     thresholds=Thresholds(),
     check=check,
+    explains=("engine-crashed",),
 )

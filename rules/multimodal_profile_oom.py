@@ -11,6 +11,10 @@ profiled batch. High-resolution processors (Qwen2-VL's default max_pixels) make 
 activation peak huge. If the profiling sequence cannot even hold those embeddings, the profile
 under-measures the peak and the OOM comes later, at run time.
 
+On vLLM ≥ 0.34 with the extensible KV cache the warm-up before the KV sizing
+(`run_kv_cache_sizing_warmup`, `warmup_kernels`) also runs encoder batches, ones profiling does
+not reach, so the OOM may come from those frames rather than `profile_run`: both match.
+
 ## How to confirm
 The OOM traceback during startup (before "Starting vLLM server") with multimodal frames, or the
 WARNING "The sequence length used for profiling … is too short to hold the multi-modal
@@ -92,7 +96,16 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             Fix(flags={"--enforce-eager": ""}, why="no CUDA graph memory, at the cost of slower decode")
         )
 
-    if oom:
+    warmup = oom and f["oom_phase"] == "kv_sizing_warmup"
+    if warmup:
+        # 0.34 extensible: the sizing warm-up reaches encoder batches profiling does not
+        # (gpu_worker.py:1024-1027)
+        cause = (
+            f"vLLM ran out of GPU memory in the warm-up before it sized the KV cache (vllm.log line {na(line)}),"
+            " running the multimodal encoder on worst-case inputs: the warm-up reaches encoder batches the"
+            " profile run does not, and the dummy images/videos did not fit."
+        )
+    elif oom:
         cause = (
             f"vLLM ran out of GPU memory while profiling the multimodal encoder with its worst-case inputs"
             f" (vllm.log line {na(line)}): the dummy images/videos for every sequence did not fit."
@@ -110,7 +123,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         hints = join(f["oom_hints"], ", ")
         evidence.append(
             Evidence(
-                "OOM during the multimodal profile run",
+                "OOM during the KV-sizing warm-up (multimodal encoder)"
+                if warmup
+                else "OOM during the multimodal profile run",
                 f"traceback in {hints} code",
                 f"vllm.log line {na(line)}",
             )

@@ -3,7 +3,10 @@ An engine started with `--enable-sleep-mode` is asleep at level 1 or 2
 (`vllm:engine_sleep_state{sleep_state="weights_offloaded"|"discard_all"}` = 1, or "It took …
 seconds to fall asleep." with no full wake after it) and still holds memory: the worker's
 "Sleep mode freed F GiB memory" has F < (W + K) − s, or NVML shows the engine holding more
-than G_kept + s while asleep. W = "Model loading took", K = "Available KV cache memory",
+than G_kept + s while asleep. W = "Model loading took", K = "Available KV cache memory" (on
+vLLM 0.34's extensible KV cache the committed pool, "Extended KV cache to N blocks (X GiB)":
+there "Available KV cache memory" is only an address reservation and would fire on healthy
+engines),
 s = max(2 GiB, 0.1 × (W + K)), G_kept = the CUDA-graph memory (0 with
 `--sleep-mode-offload-cudagraph`). Critical when a wake-up on the GPU then fails.
 
@@ -11,6 +14,11 @@ s = max(2 GiB, 0.1 × (W + K)), G_kept = the CUDA-graph memory (0 with
 Sleep unmaps vLLM's cuMem pool (weights and KV); the CUDA context, NCCL buffers and CUDA graphs
 stay unless offloaded. vLLM 0.14–0.15 regressed (vllm #32714: ~6 GB freed of 21 GB per GPU,
 where 0.13 freed 20 GB+). Memory allocated outside the pool stays too.
+
+On 0.34's extensible KV cache "CuMemAllocator: sleep freed X" counts only the cuMem pool (the
+weights): the KV is released outside it, so the pool is short only when X < W − s; K is checked
+through "Sleep mode freed F" alone. Several engines on one GPU (a sleep-swap set): each sleeping
+engine is held against its own pool, by NVML per process.
 
 ## How to confirm
 `grep -E "Sleep mode freed|CuMemAllocator: sleep freed|fall asleep|wake up" vllm.log`; the
@@ -26,7 +34,8 @@ is an estimate (thresholds `slack_min_gib`, `slack_fraction`).
 
 ## Sources
 spec/rules-catalogue2.md §3.5; vllm-facts.md §1.2 (`vllm:engine_sleep_state`), §2.1 "Sleep
-mode and memory", §3.7 (sleep lines), §4.2 (sleep flags).
+mode and memory", §3.7 (sleep lines), §4.2 (sleep flags), §9.7 (0.34: the extensible KV
+outside the cuMem pool); spec/vllm-0.34.md §2.
 """
 
 from __future__ import annotations
@@ -71,6 +80,8 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     held_now = f["sleep_source"] == "vllm:engine_sleep_state" and on_gpu is not None and on_gpu > kept + slack
     if not (f["sleep_mode_on"] and f["asleep"] and (freed_short or held_now)):
         return None
+    if f["wake_oom"] and not freed_short:
+        return None  # NVML shows what this engine's own failed wake mapped back (wake-up-oom)
     # held: NVML's reading when it shows too much, else what the log says stayed; the shortfall:
     # the log's when it fell short, else NVML's excess
     held: float
@@ -107,13 +118,24 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         f"The engine is asleep{f' (level {level})' if level else ''} ({na(f['sleep_source'])}), yet still holds"
         f" {fmt_bytes(held)} per GPU where about {fmt_bytes(kept + slack)} is expected (CUDA graphs"
         f" {fmt_bytes(graphs)}{f' + {fmt_bytes(resident)} woken on purpose' if resident else ''} + slack"
-        f" {fmt_bytes(slack)}): a shortfall of {fmt_bytes(shortfall)} of the {fmt_bytes(pool)} weights + KV it"
-        " should have released. "
+        f" {fmt_bytes(slack)}): a shortfall of {fmt_bytes(shortfall)} of the"
+        f"{' ' + fmt_bytes(pool) if pool else ''} weights + KV it should have released. "
     )
-    if cumem is not None and pool is not None and cumem < pool - slack:
+    # the cuMem pool holds W and K before 0.34; on the extensible KV cache only W (the KV lives
+    # outside it, released by release_physical and counted in 'Sleep mode freed' only)
+    ext = bool(f["sleep_kv_extensible"])
+    in_pool = f["weights_logged_bytes"] if ext else pool
+    if cumem is not None and in_pool is not None and cumem < in_pool - slack:
         words += (
-            f"The sleep pool itself was short (CuMemAllocator freed {fmt_bytes(cumem)}): some of the engine’s"
-            " memory lives outside it. "
+            f"The sleep pool itself was short (CuMemAllocator freed {fmt_bytes(cumem)}"
+            f"{' of the ' + fmt_bytes(in_pool) + ' weights: the extensible KV cache is outside it' if ext else ''}):"
+            " some of the engine’s memory lives outside it. "
+        )
+    elif cumem is not None and freed is not None and ext:
+        words += (
+            f"The cuMem pool released the weights ({fmt_bytes(cumem)}); the extensible KV cache"
+            f" ({fmt_bytes(f['sleep_kv_bytes'])} committed) is released outside it, and the device got only"
+            f" {fmt_bytes(freed)} back in all. "
         )
     elif cumem is not None and freed is not None:
         words += f"The pool released {fmt_bytes(cumem)} but the device got only {fmt_bytes(freed)} back. "
@@ -141,9 +163,12 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             )
         )
     if pool:
-        evidence.append(
-            Evidence("weights + KV", fmt_bytes(pool), "'Model loading took' + 'Available KV cache memory'")
+        kv_src = (
+            "'Extended KV cache to N blocks (X GiB)' (the committed extensible pool)"
+            if ext
+            else "'Available KV cache memory'"
         )
+        evidence.append(Evidence("weights + KV", fmt_bytes(pool), f"'Model loading took' + {kv_src}"))
     if cumem is not None:
         evidence.append(Evidence("pool freed", fmt_bytes(cumem), "vllm.log 'CuMemAllocator: sleep freed'"))
     if held_now:

@@ -23,6 +23,11 @@ every case leave room outside the allocator: `--gpu-memory-utilization` =
 floor_0.01((B − Δ)/T) with Δ = max(1 GiB − H_idle, 0.5 GiB) (1 GiB when H_idle is unknown;
 thresholds `scratch_gib`, `min_delta_gib`).
 
+On vLLM 0.34's extensible KV cache the startup kernel warm-up (autotune) runs before the KV
+commit: a startup Triton OOM gets no gmu (it frees nothing then), a run-time one the same
+formula with R = u × T (u = 1.0 when gmu is unset): the memory withheld stays free outside
+torch's cap. The "< 0.18 → upgrade" branch never applies on 0.34.
+
 ## Sources
 spec/rules-catalogue2.md §3.2, §2 (B, H_idle); vllm-facts.md §2.1 "Kernels that first run
 after KV allocation", §3.7 (Triton and GDN lines).
@@ -75,7 +80,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if not budget or not total or gmu is None:
         return None
     gmu_fix = floor_to((budget - delta) / total, 0.01)
-    if not gmu_fix < gmu:
+    # vLLM 0.34's extensible KV cache: the startup warm-up (autotune included) runs before the
+    # KV commit, where a lower gmu frees nothing (spec/vllm-0.34.md §1 rule 4, §2)
+    ext = f["vllm_sizing_mode"] == "extensible"
+    before_commit = ext and f["triton_oom_phase"] not in ("runtime", None)
+    if not gmu_fix < gmu and not before_commit:
         return None
     upgrade = _needs_upgrade(f)
     hints = f["triton_oom_hints"] or []
@@ -96,8 +105,23 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     else:
         words += ". Leave"
     fixes = []
-    if is_valid(f, _GMU, gmu_fix):
-        words += f" room for scratch outside the allocator: {_GMU} {gmu_fix:.2f} (the budget less {fmt_bytes(delta)})."
+    if before_commit:
+        words = words.removesuffix(". Leave") + (
+            ". On vLLM 0.34's extensible KV cache this startup autotuning runs before the KV cache is"
+            " committed, so no gpu_memory_utilization frees memory for it: the weights and the warm-up"
+            " activations alone left too little on the GPU."
+        )
+    elif is_valid(f, _GMU, gmu_fix):
+        if ext:
+            words += (
+                " room for run-time autotuning outside torch's cap (it competes for the 0.5 GiB vLLM keeps"
+                " outside the cap plus the headroom torch has not grown into):"
+            )
+        else:
+            words += " room for scratch outside the allocator:"
+        words += f" {_GMU} {gmu_fix:.2f} (the budget less {fmt_bytes(delta)})."
+        if ext:
+            words += " The memory withheld stays free for non-torch use."
         fixes.append(
             Fix(flags={_GMU: str(flag_value(gmu_fix))}, why="room outside the allocator for autotuning")
         )

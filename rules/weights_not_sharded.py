@@ -12,13 +12,19 @@ vLLM places the whole model on one GPU unless `--tensor-parallel-size` (TP) or
 `nvidia-smi`: GPU 0 at its limit, the others at a few MiB. The log shows a
 `CUDA out of memory` while the model is built or loaded (before any "Model loading took" line).
 
+On vLLM ≥ 0.34 the budget per GPU is min(u × T, F0) − 1 GiB (u the resolved gmu, 1.0 when unset
+with the extensible KV cache; F0 the memory free at the engine's start), and the load OOM is a
+plain torch OOM with `load_model`/`load_weights` frames (0.33's "Failed to load model" wrapper is
+gone). A lower gmu frees nothing while the weights load on 0.34, so it is never the advice.
+
 ## Fix
 `--tensor-parallel-size N` with the smallest N that divides the attention heads (and the KV heads
 where there are at least N), is at most the number of visible GPUs, and leaves room for the KV
 cache of one `--max-model-len` request on every GPU (kvmath.smallest_tensor_parallel_size).
 
 ## Sources
-spec/rules.md family W; vllm-facts.md §2.2 (TP sharding of KV heads), §3.5 (load OOM message).
+spec/rules.md family W; spec/vllm-0.34.md §2 weights-not-sharded; vllm-facts.md §2.2 (TP sharding
+of KV heads), §3.5 (load OOM message), §9.4.
 """
 
 from __future__ import annotations
@@ -43,12 +49,33 @@ class Thresholds:
     full_fraction: float = 0.95
 
 
-def _tp_fit(f: Facts, total: int | None, gpus: int) -> int | None:
+def _budget(f: Facts, total: int | None) -> tuple[float | None, str]:
+    """The bytes per GPU the weights and one request must fit, and how it was computed: gmu ×
+    total up to 0.33 (and on an unknown version); on 0.34 min(u × T, F0), u the resolved gmu and
+    F0 the memory free at the engine's start (spec/vllm-0.34.md §2)."""
+    gmu = f["gmu_resolved"] if f["gmu_resolved"] is not None else f["gmu"]
+    if not total or gmu is None:
+        return None, ""
+    budget = gmu * total
+    how = f"gmu {gmu:g} × {gib_text(total, '.1f')} GiB"
+    if not f["gmu_explicit"] and not f["vllm_version_known"] and not f["vllm_v34"]:
+        how += f", vLLM version unknown: vLLM {f['vllm_defaults_version'] or '0.33'}'s default gmu assumed"
+    f0 = f["startup_free_bytes"]
+    if f["vllm_v34"]:
+        how = f"u {float(gmu)!r} × {gib_text(total, '.1f')} GiB"
+        if f0 is not None and f0 < budget:
+            budget = float(f0)
+            how = f"{gib_text(f0, '.1f')} GiB free at the engine's start, below u {float(gmu)!r} × total"
+    return budget, how
+
+
+def _tp_fit(f: Facts, total: int | None, gpus: int, budget: float | None) -> int | None:
     """The smallest TP whose shards and one request's KV fit each GPU's budget (None when none
     fits or an input is missing)."""
-    arch, weights, gmu, mml = f["arch"], f["weights_bytes"], f["gmu"], f["max_model_len"]
-    if arch is None or not weights or not total or gmu is None or mml is None:
+    arch, weights, mml = f["arch"], f["weights_bytes"], f["max_model_len"]
+    if arch is None or not weights or not total or budget is None or mml is None:
         return None
+    gmu = budget / total
     try:
         return smallest_tensor_parallel_size(
             arch,
@@ -58,6 +85,7 @@ def _tp_fit(f: Facts, total: int | None, gpus: int) -> int | None:
             visible_gpus=gpus,
             max_model_len=mml,
             kv_cache_dtype=f["kv_cache_dtype"] or "auto",
+            block_size=f["block_size"] if f["vllm_v34"] else None,
         )
     except (ValueError, TypeError, ZeroDivisionError, KeyError):
         return None
@@ -67,15 +95,15 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if f["tp_pp"] != 1 or f["offload_not_applied"]:
         return None
     empty = gpus_under(f["gpu_used_map"], t.empty_max_gib * GiB, f["gpus_without_processes"])
-    gmu, weights, gpu_count = f["gmu"], f["weights_bytes"], f["gpu_count"]
+    weights, gpu_count = f["weights_bytes"], f["gpu_count"]
     total = f["gpu_total_bytes"] or f["oom_total_bytes"]
-    budget = gmu * total if total and gmu is not None else None
+    budget, how = _budget(f, total)
     too_big = weights is not None and budget is not None and weights > budget - t.min_kv_reserve_gib * 2**30
     lopsided = bool(f["weight_loading_oom"]) and len(empty) >= 1
     if not (too_big or lopsided):
         return None
     gpus_assumed = gpu_count or t.max_gpus_assumed
-    tp_fix = _tp_fit(f, total, gpus_assumed)
+    tp_fix = _tp_fit(f, total, gpus_assumed, budget)
 
     fixes: list[Fix] = []
     if tp_fix and is_valid(f, "--tensor-parallel-size", tp_fix):
@@ -101,7 +129,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     if weights and budget:
         size = (
             f" - about {gib_text(weights, '.1f')} GiB of weights against a budget of {gib_text(budget, '.1f')}"
-            f" GiB per GPU (gmu {gmu} × {gib_text(total, '.1f')} GiB)"
+            f" GiB per GPU ({how})"
         )
     oom = (
         f", and it ran out of memory while loading them (log line {f['oom_line']})"
@@ -130,11 +158,15 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         evidence.append(Evidence("model weights", f"{gib_text(weights)} GiB", source))
     if budget is not None:
         of = "nvidia-smi Memory-Usage total" if f["gpu_total_bytes"] else "the OOM message total capacity"
-        evidence.append(
-            Evidence(
-                "budget per GPU (gmu × total)", f"{gib_text(budget)} GiB", f"--gpu-memory-utilization × {of}"
-            )
+        name = (
+            "budget per GPU (min(u × total, free at start))"
+            if f["vllm_v34"]
+            else "budget per GPU (gmu × total)"
         )
+        src = f"{na(f['gmu_assumption'])} × {of}"
+        if f["vllm_v34"] and f["startup_free_bytes"] is not None:
+            src += "; 'Free memory on device (F0/T GiB) on startup'"
+        evidence.append(Evidence(name, f"{gib_text(budget)} GiB", src))
     if gpu_count is not None:
         full = gpus_full(f["gpu_used_map"], f["gpu_total_map"], t.full_fraction)
         evidence.append(

@@ -52,7 +52,17 @@ class Target:
 
 def _targets() -> list[Target]:
     from kvdoctor import redact
-    from kvdoctor.sources import cmdline, dmesg, env, metrics, model_config, nvidia_smi, processes, vllm_log
+    from kvdoctor.sources import (
+        cmdline,
+        dmesg,
+        env,
+        limits,
+        metrics,
+        model_config,
+        nvidia_smi,
+        processes,
+        vllm_log,
+    )
 
     def log(text: str) -> Any:
         return vllm_log.parse_log(text, origin="fuzz.log")
@@ -103,6 +113,64 @@ def _targets() -> list[Target]:
             (root / "engine-args.yaml").write_text(text[:2000], encoding="utf-8", errors="replace")
             return load_bundle(root)  # never raises for bad content: statuses
 
+    def recording(text: str) -> Any:
+        import tempfile
+
+        from kvdoctor.feeds import read_to_end
+        from kvdoctor.sources.recording import RecordingFeed
+
+        with tempfile.TemporaryDirectory(prefix="kvdoctor-fuzz-") as tmp:
+            p = Path(tmp) / "r.jsonl"
+            p.write_text(text, encoding="utf-8", errors="replace")
+            feed = RecordingFeed(p)  # SourceError for a file that is no recording
+            try:
+                return read_to_end(feed)
+            finally:
+                feed.close()
+
+    def diagnose_log(text: str) -> Any:
+        # the whole pipeline over one log: a line the parser reads must not break a later stage
+        import tempfile
+
+        from kvdoctor.sources.bundle import load_bundle
+
+        with tempfile.TemporaryDirectory(prefix="kvdoctor-fuzz-") as tmp:
+            root = Path(tmp)
+            (root / "vllm.log").write_text(text, encoding="utf-8", errors="replace")
+            return _pipeline().evaluate(load_bundle(root).timeline, now=0.0)
+
+    def bundle_archive(text: str) -> Any:
+        # archives as people make them: the bundle in a directory (with directory members)
+        # beside other top-level files; the mutated text is one of the bundle's files
+        import io
+        import tarfile
+        import tempfile
+
+        from kvdoctor.sources.bundle import load_bundle
+
+        names = ["vllm.log", "cmdline.txt", "nvidia-smi.txt", "metrics/1700000000.txt", "engine-args.yaml"]
+        with tempfile.TemporaryDirectory(prefix="kvdoctor-fuzz-") as tmp:
+            p = Path(tmp) / "b.tar.gz"
+            data = text.encode("utf-8", errors="replace")
+            name = names[len(text) % len(names)]
+            with tarfile.open(p, "w:gz") as tar:
+                for d in ("b", "b/metrics"):
+                    info = tarfile.TarInfo(d)
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+                for member, body in (("b/" + name, data), ("notes.yaml", data[:200])):
+                    info = tarfile.TarInfo(member)
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+            loaded = load_bundle(p)
+            # the oracle: directory members are structure, and the bundle is found beside notes.yaml
+            for st in loaded.snapshot.sources:
+                if "not a regular file" in st.detail or (
+                    st.status == "missing" and st.origin.endswith(name.split("/")[0])
+                ):
+                    raise AssertionError(f"archive read wrong: {st.kind} {st.status} {st.detail[:60]}")
+            return loaded
+
     def redact_all(text: str) -> Any:
         redact.redact_text(text)
         redact.redact_argv(text.split(" "))
@@ -135,7 +203,12 @@ def _targets() -> list[Target]:
         b"RuntimeError: GPU driver error 2: out of memory",
     ]
     return [
-        Target("vllm_log.parse_log", log, _seeds("vllm_log/*.log", "bundles/*/vllm.log"), log_words),
+        Target(
+            "vllm_log.parse_log",
+            log,
+            _seeds("hostile/*.log", "vllm_log/*.log", "bundles/*/vllm.log"),
+            log_words,
+        ),
         Target("vllm_log.parse_log (0.34)", log, _seeds("bundles-034/*/vllm.log"), log_words + log_words_034),
         Target("vllm_log.parse_line", follower_lines, _seeds("vllm_log/*.log", limit=3), log_words),
         Target(
@@ -151,7 +224,13 @@ def _targets() -> list[Target]:
         Target(
             "nvidia_smi.parse_nvidia_smi_text",
             lambda t: nvidia_smi.parse_nvidia_smi_text(t, origin="smi"),
-            _seeds("nvidia_smi/*.txt", "nvidia_smi/*.csv", "nvidia_smi/*.xml", "bundles/*/nvidia-smi.txt"),
+            _seeds(
+                "hostile/nvidia-smi*.txt",
+                "nvidia_smi/*.txt",
+                "nvidia_smi/*.csv",
+                "nvidia_smi/*.xml",
+                "bundles/*/nvidia-smi.txt",
+            ),
             [b"|", b"MiB", b"<gpu>", b"</gpu>", b"<!DOCTYPE x [<!ENTITY a 'aaaa'>]>", b"&a;"],
         ),
         Target(
@@ -163,7 +242,7 @@ def _targets() -> list[Target]:
         Target(
             "cmdline.parse_cmdline_text",
             lambda t: cmdline.parse_cmdline_text(t, origin="cmdline.txt"),
-            _seeds("cmdline/*.txt", "bundles/*/cmdline.txt"),
+            _seeds("hostile/cmdline*.txt", "cmdline/*.txt", "bundles/*/cmdline.txt"),
             [
                 b" --tensor-parallel-size ",
                 b" --gpu-memory-utilization ",
@@ -179,7 +258,7 @@ def _targets() -> list[Target]:
         Target(
             "env.parse_env_text",
             lambda t: env.parse_env_text(t, origin="env.txt"),
-            _seeds("bundles/*/env.txt"),
+            _seeds("hostile/env*.txt", "bundles/*/env.txt"),
             [b"CUDA_VISIBLE_DEVICES=", b"HF_TOKEN=", b"=", b"\n"],
         ),
         Target(
@@ -203,7 +282,39 @@ def _targets() -> list[Target]:
         Target("redact", redact_all, _seeds("cmdline/*.txt", limit=4), [b"://u:p@h", b"--api-key ", b"'"]),
         Target("vllm_log.parse_log_file", log_file, _seeds("vllm_log/*.log", limit=4), log_words),
         Target("bundle.load_bundle", bundle_dir, _seeds("bundles/r0*/*.txt", "models/*.json", limit=8), []),
+        Target(
+            "limits.load_yaml_bounded",
+            lambda t: limits.load_yaml_bounded(t, "engine-args.yaml"),
+            _seeds("hostile/*.yaml", "cmdline/*.yaml"),
+            [b"&a ", b"*a", b"[*a,*a,*a,*a]", b"\n- ", b": ", b"!!python/object:os.system"],
+        ),
+        Target(
+            "recording.RecordingFeed",
+            recording,
+            _seeds("hostile/*.jsonl", "recordings/*.jsonl"),
+            [b'{"$": {"log": ', b'{"timestamp": 1.0, "metrics": [', b"[" * 1200, b"1e999", b"\n"],
+        ),
+        Target(
+            "bundle.load_bundle(archive)",
+            bundle_archive,
+            _seeds("hostile/*.log", "hostile/*.yaml", "bundles/healthy*/*.txt", limit=8),
+            log_words,
+        ),
+        Target(
+            "diagnose.log", diagnose_log, _seeds("hostile/*.log", "bundles/k2*/vllm.log", limit=6), log_words
+        ),
     ]
+
+
+_PIPELINE: list[Any] = []
+
+
+def _pipeline() -> Any:
+    if not _PIPELINE:
+        from kvdoctor.pipeline import Pipeline
+
+        _PIPELINE.append(Pipeline.load())
+    return _PIPELINE[0]
 
 
 _NUMS = [b"1" * 400, b"nan", b"inf", b"-inf", b"1e309", b"-0", b"99999999999999999999", b"-1", b"0.0"]
@@ -214,7 +325,7 @@ def mutate(rng: random.Random, seed: bytes, words: list[bytes]) -> bytes:
     """One seeded mutation of ``seed`` (a few stacked operations)."""
     data = bytearray(seed)
     for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(11)
+        op = rng.randrange(14)
         n = len(data)
         pos = rng.randrange(n + 1) if n else 0
         if op == 0 and n:  # flip bytes
@@ -248,6 +359,20 @@ def mutate(rng: random.Random, seed: bytes, words: list[bytes]) -> bytes:
         elif op == 10 and n:  # splice the tail of another part
             a = rng.randrange(n)
             data[pos:pos] = data[a:]
+        elif op == 11:  # a list or dict where a scalar stood (vLLM's nargs='+' args, a garbled repr)
+            i = data.find(b"': ", pos)
+            if i < 0:
+                i = data.find(b"=", pos)
+            if i >= 0:
+                data[i + 1 : i + 1] = rng.choice(
+                    [b" ['qwen3', 'q2'],", b" [8000],", b" {'a': [1]},", b"['x'],"]
+                )
+        elif op == 12:  # a run of one character (quadratic "(.*?)\s+X" patterns)
+            data[pos:pos] = rng.choice([b" ", b"\t", b"a", b"1", b"#"]) * rng.randint(1000, 64_000)
+        elif op == 13:  # YAML anchors and aliases (a "billion laughs" bomb)
+            data[pos:pos] = (
+                b"a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+            )
         if len(data) > 400_000:
             del data[400_000:]
     return bytes(data)

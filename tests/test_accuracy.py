@@ -246,7 +246,8 @@ def _flags(bundle: str, rule: str) -> dict[str, str]:
     from tests.test_cases import diagnose_json
 
     _code, report = diagnose_json(BUNDLES / bundle)
-    return next(f["suggested_flags"] for f in report["findings"] if f["rule"] == rule)
+    f = next(f for f in report["findings"] if f["rule"] == rule)
+    return {k: v for fix in reversed(f["fixes"]) for k, v in {**fix["flags"], **fix["env"]}.items()}
 
 
 def test_a_value_already_in_effect_is_not_suggested() -> None:

@@ -50,7 +50,7 @@ def test_max_num_seqs_of_two_is_kept_where_the_kv_holds_only_two_requests() -> N
 
 
 def test_max_num_seqs_below_the_running_before_the_trouble_is_refused() -> None:
-    ctx = _ctx(max_num_seqs=256, log_running_first=48)
+    ctx = _ctx(max_num_seqs=256, running_before_trouble=48)
     assert "48 requests running" in (valid_fix("--max-num-seqs", "32", ctx) or "")
     assert valid_fix("--max-num-seqs", "64", ctx) is None
 

@@ -71,10 +71,10 @@ def test_pipeline_imports_no_click() -> None:
 
 
 def test_a_bad_rule_file_is_an_exception_with_file_and_line(tmp_path: Path) -> None:
-    (tmp_path / "bad-rule.yaml").write_text("id: bad-rule\nfamily: K\nseverity: nope\n")
+    (tmp_path / "bad_rule.py").write_text("x = 1\ny = (\n")
     with pytest.raises(PipelineError) as err:
         Pipeline.load([tmp_path])
-    assert err.value.kind == "rules" and "bad-rule.yaml:1: missing required key" in str(err.value)
+    assert err.value.kind == "rules" and "bad_rule.py:2: SyntaxError" in str(err.value)
 
 
 _TOUCHED: set[int] = set()

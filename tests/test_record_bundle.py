@@ -138,7 +138,7 @@ def test_a_bundle_taken_live_diagnoses_the_same_offline(
     assert len(pages) >= 2 and all(p in served for p in pages)
     assert [served.index(p) for p in pages] == sorted(served.index(p) for p in pages)
     manifest = json.loads((out / "manifest.json").read_text())
-    # what failed and why: no NVML on this machine ("missing": no driver, not tried again)
+    # what failed and why: no NVML on this machine
     assert any(
         e["kind"] == "nvml" and e["status"] in ("error", "missing") and e["detail"] for e in manifest["files"]
     )

@@ -14,6 +14,7 @@ import importlib
 import pkgutil
 import re
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -175,3 +176,95 @@ def test_bounded_patterns_still_read_real_lines() -> None:
     assert _POWER_RE.search("N/A   34C    P0    70W / 300W ").groups() == ("70W", "300W")
     assert _POWER_RE.search("N/A   P0    N/A /  N/A").groups() == ("N/A", "N/A")
     assert _MEM_RE.search("  1234MiB / 81559MiB ").groups() == ("1234", "81559")
+
+
+# Structured probes (issue 27): a run of one character between a prefix a pattern needs to start
+# matching and an ending that fails it at the very end ("0" + 64,000 spaces + "H100": the padded
+# GPU name "(.*?)\s+(On|Off)" took 30 s; an env value of spaces "\s+#" 8.5 s). A run of a single
+# filler alone cannot find these: the pattern never gets past its first token.
+PREFIXES = ["0 ", "| 0 ", "a ", "X=a", "'a': '"]
+RUNS = [" ", "\t", "a", "1 "]
+PROBE_LEN = 16_000
+#: patterns of modules another change owns (rules files are kvdoctor's own, not user input).
+KNOWN = {"kvdoctor.rules_engine._DURATION", "rules_engine:955"}
+
+
+def _cpu(call: Callable[[str], object], text: str) -> float:
+    t0 = time.process_time()
+    call(text)
+    call(text + "\n")
+    return time.process_time() - t0
+
+
+def _probe(call: Callable[[str], object]) -> str | None:
+    for prefix in PREFIXES:
+        for run in RUNS:
+            text = prefix + run * (PROBE_LEN // len(run)) + "\x00x"
+            # CPU time; a slow one is measured again (a loaded CI core)
+            if _cpu(call, text) >= BUDGET_S and (elapsed := _cpu(call, text)) >= BUDGET_S:
+                return f"{prefix!r} + {run!r}×{PROBE_LEN}: {elapsed:.2f} s"
+    return None
+
+
+@pytest.mark.parametrize("name,pattern", PATTERNS, ids=[n for n, _ in PATTERNS])
+def test_no_superlinear_backtracking_after_a_prefix(name: str, pattern: re.Pattern[str]) -> None:
+    if name in KNOWN:
+        pytest.skip("owned by the rules-engine rewrite")
+    slow = _probe(pattern.search)
+    assert slow is None, f"{name} on {slow}"
+
+
+def _inline_patterns() -> list[tuple[str, re.Pattern[str], str]]:
+    """Literal patterns passed straight to ``re.search/match/split/sub/…`` inside functions of
+    the sources and the top-level modules (not kept at module level, so the scan above misses
+    them), with the method they are used with."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(kvdoctor.__file__).parent
+    calls = {"search", "match", "fullmatch", "split", "sub", "subn", "findall", "finditer", "compile"}
+    out: list[tuple[str, re.Pattern[str], str]] = []
+    for path in sorted([*root.glob("*.py"), *(root / "sources").glob("*.py")]):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "re"
+                and node.func.attr in calls
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                flags = 0
+                for arg in [*node.args[1:], *(kw.value for kw in node.keywords)]:
+                    if isinstance(arg, ast.Attribute) and isinstance(
+                        getattr(re, arg.attr, None), re.RegexFlag
+                    ):
+                        flags |= getattr(re, arg.attr)
+                method = node.func.attr if node.func.attr in ("match", "fullmatch") else "search"
+                out.append((f"{path.stem}:{node.lineno}", re.compile(node.args[0].value, flags), method))
+    return out
+
+
+INLINE = _inline_patterns()
+
+
+def test_inline_patterns_found() -> None:
+    assert len(INLINE) >= 5 and any(n.startswith("processes:") for n, _, _ in INLINE)
+
+
+@pytest.mark.parametrize("name,pattern,method", INLINE, ids=[n for n, _, _ in INLINE])
+def test_inline_pattern_has_no_superlinear_backtracking(
+    name: str, pattern: re.Pattern[str], method: str
+) -> None:
+    if name in KNOWN:
+        pytest.skip("owned by the rules-engine rewrite")
+    call = getattr(pattern, method)
+    for filler in FILLERS:
+        text = filler * (LENGTHS[-1] // len(filler))
+        elapsed = min(_cpu(call, text) for _ in range(2))
+        assert elapsed < BUDGET_S, f"{name} on {filler!r}: {elapsed:.2f} s"
+    slow = _probe(call)
+    assert slow is None, f"{name} on {slow}"

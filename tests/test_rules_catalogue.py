@@ -24,6 +24,7 @@ from kvdoctor.facts import (
 )
 from kvdoctor.pipeline import Pipeline
 from kvdoctor.rulekit import load_rules
+from tests.conftest import all_flags
 
 GiB = 2**30
 RULES = load_rules(plugins=False)
@@ -98,8 +99,7 @@ def fired(
     tl.append(snap)
     report = PIPELINE.evaluate(tl, now=0)
     return {
-        f.rule: {"severity": f.severity, "flags": f.suggested_flags, "summary": f.summary}
-        for f in report.findings
+        f.rule: {"severity": f.severity, "flags": all_flags(f), "summary": f.summary} for f in report.findings
     }
 
 

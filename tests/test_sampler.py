@@ -167,7 +167,7 @@ def test_nvml_without_a_driver_is_said_once_and_not_retried() -> None:
         for _ in range(5):
             snap = sampler.sample()
             [st] = snap.sources
-            assert st.status == "missing" and st.detail == "NVML unavailable: NVML Shared Library Not Found"
+            assert st.status == "missing" and st.detail.startswith("NVML unavailable: NVML Shared Library")
         assert calls["n"] == 1
     finally:
         sampler.close()

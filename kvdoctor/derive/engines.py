@@ -405,6 +405,10 @@ def _fill_from_log_args(cfg: EngineConfig, log_args: dict[str, Any]) -> None:
             if val is not None:
                 setattr(cfg, name, val)
     cfg.explicit |= tmp.explicit
+    if cfg.gpu_memory_utilization is not None and "gpu_memory_utilization" in fill:
+        # V0's 'args: Namespace(…)' lists every argument, defaults too: its gmu is the one in
+        # effect, not a guess for the version's defaults to replace (issue 24 kind 3)
+        cfg.explicit.add("gpu_memory_utilization")
 
 
 def _field_from_args(name: str, args: dict[str, Any]) -> bool:

@@ -72,12 +72,16 @@ class Facts(TypedDict):
     colocated_start_gap_s: float | None
     #: bytes; the card's total memory
     colocated_total_bytes: int | None
+    #: str; the engine GPU's compute capability ('8.0'): the log's, else the GPU catalogue's by name
+    compute_capability: str | None
     #: bool; C is the max_model_len / 2 assumption
     context_at_oom_assumed: bool | None
     #: tokens; C: the context at the OOM, bounded by vllm:kv_cache_usage_perc (last sample) × (blocks − 1) × block_size, else max_model_len / 2
     context_at_oom_tokens: int | None
     #: bytes; G: --cpu-offload-gb (launch flag or 'cpu_offload_gb' in non-default args) × 2**30
     cpu_offload_bytes: int | None
+    #: bool; the latest run logged an error a specific rule reads (any CUDA OOM, a KV sizing / memory check error, an invalid kv_cache_dtype, a cuMem / Triton / FlashInfer / 0.34 VMM error, …); None without a crash
+    crash_explained: bool | None
     #: bytes; X: 'CuMemAllocator: sleep freed X GiB memory in total'
     cumem_freed_bytes: int | None
     #: requests; n_dec, the widest decode CUDA graph with no capture sizes set: max_num_seqs on SM100 (B200/GB200/B300), min(max_num_seqs, 512) elsewhere (spec §1; 0.34)
@@ -108,8 +112,18 @@ class Facts(TypedDict):
     engine_budget_bytes: int | None
     #: percent of one core; engine processes' largest CPU use (psutil / ps.txt)
     engine_cpu_percent: float | None
+    #: int; log line of the crash evidence (the engine_failed line, else the exception line)
+    engine_crash_line: int | None
+    #: bool; the latest run died: engine_failed, or a traceback before serving after which the engine got no further
+    engine_crashed: bool | None
     #: dict[str, str]; the engine's environment: env.txt / live env, then the launch command's VAR=value prefix (which wins)
     engine_env: dict[str, str] | None
+    #: str; its exception class name ('RuntimeError', 'torch.distributed.DistBackendError')
+    engine_error_exception: str | None
+    #: int; its log line
+    engine_error_line: int | None
+    #: str; the last exception line of the crash's tracebacks that is not a wrapper (EngineDeadError, 'Engine core initialization failed'), redacted, ≤ 300 chars; else the wrapper's line
+    engine_error_text: str | None
     #: bool; the engine failed to start or died ('EngineCore failed to start', 'Engine core initialization failed', EngineDeadError)
     engine_failed: bool | None
     #: 'v0'|'v1'; from the log or /metrics names
@@ -174,7 +188,11 @@ class Facts(TypedDict):
     foreign_desc: str | None
     #: list[int]; processes on the engine's GPUs that are not this engine
     foreign_pids: list[int] | None
-    #: bool; the GPU supports fp8 KV: compute capability ≥ 8.9 as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → False), else the GPU catalogue by name; None when unknown
+    #: str; the fp8 --kv-cache-dtype to suggest on this GPU: 'fp8' from compute capability 8.9, 'fp8_e5m2' on Ampere; None on Volta/Turing or when unknown
+    fp8_kv_dtype: str | None
+    #: list[str]; the plain fp8 --kv-cache-dtype values this GPU's backends take, preferred first (kvdoctor.devices.fp8_kv_cache_dtypes): all three from compute capability 8.9, only fp8_e5m2 on Ampere (8.0–8.7, also when the log says 'does not have native support for FP8'), none on Volta/Turing; None when the capability is unknown
+    fp8_kv_dtypes: list[str] | None
+    #: bool; the GPU takes --kv-cache-dtype fp8 (e4m3; compute capability ≥ 8.9; Ampere's fp8_e5m2 is fp8_kv_dtypes), the capability as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → Ampere), else the GPU catalogue's by name (its fp8 flag for a non-CUDA GPU); None when unknown
     fp8_supported: bool | None
     #: bool; 'Free memory on device … is less than desired GPU memory utilization' logged
     free_below_util: bool | None
@@ -200,6 +218,8 @@ class Facts(TypedDict):
     gmu_explicit: bool | None
     #: fraction; u: the explicit --gpu-memory-utilization (flag, non-default args, cache_config_info label not 'None'), else 1.0 on 0.34 extensible, 0.92 on 0.34 estimate and 0.20–0.33, 0.9 before (vllm-facts §9.3); equals gmu
     gmu_resolved: float | None
+    #: str; its NVIDIA architecture name ('Volta', 'Turing', 'Ampere', 'Ada', 'Hopper', 'Blackwell')
+    gpu_architecture: str | None
     #: 'pid'|'gpu_uuid'; how GPU memory is matched to the engine: an engine pid among NVML's GPU processes, or the GPUs the engine's container was given by UUID (NVIDIA_VISIBLE_DEVICES via /proc/PID/environ, NVML nvmlDeviceGetUUID) when NVML's host pids are not in this PID namespace; None when neither
     gpu_attribution: str | None
     #: str; the engine GPU's compute capability ('9.0'): the one the log states (model family's log_compute_capability), else the GPU catalogue
@@ -302,6 +322,8 @@ class Facts(TypedDict):
     kv_pool_source: str | None
     #: bool; requests were preempted: increase of vllm:num_preemptions_total in the window, or (without a metrics timeline) 'Preemptions: N' stats lines / V0 preemption warnings of the log's current run
     kv_preempted: bool | None
+    #: int; events after which the KV cache is mapped back while the engine lives: wake-ups ('It took … seconds to wake up', the API server's 'wake up the engine'), checkpoint restores, KV loans for weight updates (vllm-facts §9.7)
+    kv_recommits: int | None
     #: bytes per GPU; on 0.34 extensible the smallest 'Available KV cache memory: X GiB' over workers: an address-space reservation R − C − P, NOT the KV pool (vllm-facts §9.2 step 3); None in estimate mode (there it is the pool: log_available_kv_bytes)
     kv_reservation_bytes: int | None
     #: bytes; S = b × req_blocks(max_model_len) − (kv_pool_blocks − 1) × b: what one max_model_len request lacks in the pool (≤ 0: it fits; spec N2)
@@ -400,6 +422,8 @@ class Facts(TypedDict):
     mem_growth_gpu: int | None
     #: bytes; total − last used memory of that GPU (None when its total is unknown)
     mem_growth_headroom_bytes: int | None
+    #: bytes; the largest rise between two consecutive readings of that GPU (a step: a KV commit, a wake's recommit, a restore)
+    mem_growth_max_step_bytes: int | None
     #: str; its node (nodes/<host>/ bundles, host-named tables; None on one node)
     mem_growth_node: str | None
     #: int; readings of it over time (evenly spaced, at most 60)
@@ -470,6 +494,8 @@ class Facts(TypedDict):
     offloaded_bytes: int | None
     #: int; log line of 'Offloader set to UVAOffloader|PrefetchOffloader' or 'Total CPU offloaded parameters'
     offloader_line: int | None
+    #: bytes; 'Of the allocated memory X is allocated by PyTorch' of the last OOM (legacy: 'X already allocated')
+    oom_allocated_bytes: int | None
     #: bytes; the last torch OOM's 'X allowed' part (torch's per-process cap, present under 0.34's torch cap)
     oom_allowed_bytes: int | None
     #: bool; the last torch OOM is in the run-time phase (its phase, or a line after runtime_start_line)
@@ -610,6 +636,10 @@ class Facts(TypedDict):
     sleep_graph_kept_bytes: int | None
     #: bytes; U: 'U GiB memory is still in use' (the whole device, neighbours included)
     sleep_in_use_bytes: int | None
+    #: bytes; K per worker: on vLLM 0.34's extensible KV cache the committed pool (smallest 'Extended KV cache to N blocks (X GiB)', else 'Memory after warmup … N KV cache blocks (X GiB)'; 'Available KV cache memory' is only an address reservation there, vllm-facts §9.2), else 'Available KV cache memory' (≥ 0)
+    sleep_kv_bytes: int | None
+    #: bool; K is an extensible KV pool (0.34): it lives outside the cuMem pool, so 'CuMemAllocator: sleep freed X' excludes it and a wake maps it back with recommit (vllm-facts §9.7)
+    sleep_kv_extensible: bool | None
     #: int; 1 (weights_offloaded) or 2 (discard_all), None when unknown
     sleep_level: int | None
     #: int; log line of the last 'It took … seconds to fall asleep.'
@@ -620,7 +650,7 @@ class Facts(TypedDict):
     sleep_nccl_suspend: bool | None
     #: bool; --sleep-mode-offload-cudagraph given
     sleep_offload_cudagraph: bool | None
-    #: bytes; W + K per worker: 'Model loading took' + 'Available KV cache memory'
+    #: bytes; W + K per worker: 'Model loading took' + sleep_kv_bytes
     sleep_pool_bytes: int | None
     #: bytes; what a partial wake brought back by design (W for ['weights'], K for ['kv_cache'])
     sleep_resident_bytes: int | None
@@ -792,8 +822,12 @@ class Facts(TypedDict):
     wake_neighbours_bytes: int | None
     #: str; 'pid 5120 (VLLM::EngineCore) 22.10 GiB asleep, …'
     wake_neighbours_desc: str | None
-    #: bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames)
+    #: bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames), or on vLLM 0.34 'GPU driver error 2: out of memory' (the KV recommit) after a wake-up, a checkpoint restore or a KV loan
     wake_oom: bool | None
+    #: 'wake'|'checkpoint_restore'|'kv_loan'; what the failed mapping followed
+    wake_oom_after: str | None
+    #: 'cumem'|'vmm'; which text failed the wake: the cuMem allocator's (weights and, before 0.34, the KV) or 0.34's VMM driver error (the extensible KV's recommit)
+    wake_oom_error: str | None
     #: int; its log line
     wake_oom_line: int | None
     #: list[str]; tags of the failed wake ([] for a full wake)

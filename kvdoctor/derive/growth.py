@@ -23,6 +23,7 @@ WRITES: dict[str, str] = {
     "mem_growth_recent_bytes_per_hour": "bytes/hour; least-squares slope over the later half of the readings",
     "mem_growth_headroom_bytes": "bytes; total − last used memory of that GPU (None when its total is unknown)",
     "mem_growth_used_bytes": "bytes; last used memory of that GPU",
+    "mem_growth_max_step_bytes": "bytes; the largest rise between two consecutive readings of that GPU (a step: a KV commit, a wake's recommit, a restore)",
 }
 READS: frozenset[str] = frozenset({"engine_gpus", "engine_gpu_keys"})
 
@@ -161,6 +162,7 @@ def derive(s: Scope, v: Vars) -> None:
     v["mem_growth_bytes_per_hour"] = slope
     v["mem_growth_recent_bytes_per_hour"] = recent
     v["mem_growth_used_bytes"] = int(pts[-1][1])
+    v["mem_growth_max_step_bytes"] = int(max(b[1] - a[1] for a, b in itertools.pairwise(pts)))
     total = totals.get(idx)
     if total:
         v["mem_growth_headroom_bytes"] = max(0, int(total - pts[-1][1]))

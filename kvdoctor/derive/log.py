@@ -5,6 +5,7 @@ every form of CUDA OOM, the periodic stats lines). Events come parsed from
 from __future__ import annotations
 
 from kvdoctor.derive.base import Family, LogView, Scope, Vars, engine_stats
+from kvdoctor.facts import LogEvent
 
 WRITES: dict[str, str] = {
     # --- startup memory
@@ -49,11 +50,19 @@ WRITES: dict[str, str] = {
     "oom_total_bytes": "bytes; 'total capacity of X'",
     "oom_reserved_unallocated_bytes": "bytes; 'X is reserved by PyTorch but unallocated' (legacy: reserved − allocated)",
     "oom_gpu": "int; 'GPU N'",
+    "oom_allocated_bytes": "bytes; 'Of the allocated memory X is allocated by PyTorch' of the last OOM (legacy: 'X already allocated')",
     "weight_loading_oom": "bool; an OOM while loading weights (or 'Failed to load model - not enough GPU memory')",
     "graph_capture_oom": "bool; an OOM during CUDA graph capture",
     "runtime_oom": "bool; an OOM after the engine was serving",
     "engine_failed": "bool; the engine failed to start or died ('EngineCore failed to start', 'Engine core initialization failed', EngineDeadError)",
     "startup_failed": "bool; any evidence the engine did not come up: engine_failed, a startup-phase OOM, a KV/memory check error, an invalid flag",
+    # --- a crash (issue 24 kind 5): what killed the engine, and whether a specific error explains it
+    "engine_crashed": "bool; the latest run died: engine_failed, or a traceback before serving after which the engine got no further",
+    "engine_crash_line": "int; log line of the crash evidence (the engine_failed line, else the exception line)",
+    "engine_error_text": "str; the last exception line of the crash's tracebacks that is not a wrapper (EngineDeadError, 'Engine core initialization failed'), redacted, ≤ 300 chars; else the wrapper's line",
+    "engine_error_line": "int; its log line",
+    "engine_error_exception": "str; its exception class name ('RuntimeError', 'torch.distributed.DistBackendError')",
+    "crash_explained": "bool; the latest run logged an error a specific rule reads (any CUDA OOM, a KV sizing / memory check error, an invalid kv_cache_dtype, a cuMem / Triton / FlashInfer / 0.34 VMM error, …); None without a crash",
     # --- periodic stats lines (percent → fraction)
     "log_stats_count": "int; periodic stats lines",
     "log_kv_usage_max": "fraction; largest 'GPU KV cache usage' in the stats lines",
@@ -74,6 +83,7 @@ def derive(s: Scope, v: Vars) -> None:
     _startup(v, log)
     _ooms(v, log)
     _stats(v, log, v["dp_engine"])
+    _crash(v, log)
 
 
 def _startup(v: Vars, log: LogView) -> None:
@@ -156,6 +166,8 @@ def _ooms(v: Vars, log: LogView) -> None:
         v["oom_total_bytes"] = last.get("total_bytes")
         v["oom_reserved_unallocated_bytes"] = last.get("reserved_unallocated_bytes")
         v["oom_gpu"] = last.get("gpu")
+        allocated = last.get("allocated_by_pytorch_bytes")
+        v["oom_allocated_bytes"] = allocated if allocated is not None else last.get("already_allocated_bytes")
     phases = set(v["oom_phases"])
     v["weight_loading_oom"] = "weight_loading" in phases or bool(log.of("load_model_oom"))
     v["graph_capture_oom"] = "cuda_graph_capture" in phases
@@ -192,6 +204,102 @@ def _stats(v: Vars, log: LogView, dp_label: str | None) -> None:
         v["log_gen_throughput_max"] = max(gens) if gens else None
     pre = sum(int(e.values.get("preemptions") or 0) for e in stats) + len(log.of("preempted_v0"))
     v["log_preemptions_sum"] = pre
+
+
+#: log error kinds (kvdoctor.sources.vllm_log) a specific rule reads as the cause of a failure:
+#: an engine that died after one is not engine-crashed's (an unrecognised crash);
+#: ``swap_space_too_large`` counts only when fatal. tests/rules/test_engine_crashed.py holds the
+#: two sets against the parser's error kinds.
+RECOGNISED_ERROR_KINDS = frozenset(
+    {
+        "cuda_oom",  # the OOM rules (oom_* variables)
+        "flashinfer_overflow",  # flashinfer-workspace-overflow
+        "free_memory_below_util",  # free_below_util
+        "invalid_kv_cache_dtype",  # invalid-kv-cache-dtype
+        "load_model_oom",  # weight_loading_oom
+        "max_seq_len_exceeds_kv",  # mml_error
+        "no_available_kv_memory",  # no_kv_memory
+        "sampler_warmup_oom",  # sampler_oom
+        "swap_space_too_large",  # swap-space rules (fatal only)
+        "triton_oom",  # triton-autotune-oom
+        "v0_max_seq_len_exceeds_kv",  # mml_error
+        # the 0.34 rules of spec/vllm-0.34.md §3
+        "torch_cap_rejected",  # torch-cap-oom
+        "v1_runner_removed",  # v1-runner-env-removed
+        "autofit_failed_after_warmup",  # graphs-warmup-left-no-kv
+    }
+)
+#: the parser's error kinds no rule reads as the cause of a death (engine-crashed quotes them),
+#: and the engine's death itself; cumem_oom counts through wake_oom (wake-up-oom) in the rule
+UNRECOGNISED_ERROR_KINDS = frozenset(
+    {
+        "engine_failed",
+        "vmm_driver_error",
+        "kv_hint",
+        "cumem_oom",
+        "cuda_error_oom",
+        "profiling_assertion",
+        "user_max_model_len_too_large",
+        "autofit_failed",
+        "extensible_config_error",
+        "weight_update_no_room",
+    }
+)
+
+#: exception classes and words that only wrap the real error (the API server re-raising the
+#: engine core's death): quoted only when nothing else was raised.
+_WRAPPER_EXCEPTIONS = (
+    "EngineDeadError",
+    "EngineGenerateError",
+    "CancelledError",
+    "SystemExit",
+    "KeyboardInterrupt",
+)
+_WRAPPER_WORDS = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "Engine process failed to start",
+    "See root cause above",
+    "See stack trace (above)",
+    "Worker failed with error",
+    "please check the stack trace above",
+)
+#: events that show an engine got further after a startup traceback (it was not fatal)
+_PROGRESS_KINDS = frozenset(
+    {"stats", "request", "model_loading", "available_kv_memory", "kv_cache_size", "graph_capture_done"}
+)
+
+
+def _is_wrapper(e: LogEvent) -> bool:
+    name = str(e.values.get("exception") or "")
+    return name.rsplit(".", 1)[-1] in _WRAPPER_EXCEPTIONS or any(w in e.text for w in _WRAPPER_WORDS)
+
+
+def _crash(v: Vars, log: LogView) -> None:
+    """Whether the run crashed, the error line it died of, and whether a specific error explains it."""
+    failed = log.of("engine_failed")
+    exceptions = log.of("exception")
+    crash: LogEvent | None = failed[0] if failed else None
+    if crash is None:
+        # a traceback before serving after which the engine got no further: a startup crash
+        startup = [e for e in exceptions if not e.values.get("serving")]
+        if startup:
+            last = startup[-1].line
+            if not any(e.line > last for k in _PROGRESS_KINDS for e in log.of(k)):
+                crash = startup[-1]
+    v["engine_crashed"] = crash is not None
+    if crash is None:
+        return
+    v["engine_crash_line"] = crash.line
+    real = [e for e in exceptions if not _is_wrapper(e)]
+    picked = real[-1] if real else (exceptions[-1] if exceptions else crash)
+    v["engine_error_text"] = picked.text[:300]
+    v["engine_error_line"] = picked.line
+    v["engine_error_exception"] = picked.values.get("exception")
+    v["crash_explained"] = any(
+        log.of(kind) and (kind != "swap_space_too_large" or any(e.values.get("fatal") for e in log.of(kind)))
+        for kind in RECOGNISED_ERROR_KINDS
+    )
 
 
 FAMILY = Family("log", WRITES, READS, derive)

@@ -7,6 +7,7 @@ import functools
 
 from kvdoctor import kvmath
 from kvdoctor.derive.base import Family, Scope, Vars, gpu_spec
+from kvdoctor.devices import FP8_KV_PLAIN, architecture_name, fp8_kv_cache_dtypes
 from kvdoctor.vllm_flags import nearest_valid_kv_cache_dtype, valid_kv_cache_dtypes
 
 WRITES: dict[str, str] = {
@@ -20,13 +21,17 @@ WRITES: dict[str, str] = {
     "weights_logged_bytes": "bytes; per-worker 'Model loading took X GiB' (V0 'Loading model weights took X GB')",
     "kv_bytes_per_token": "bytes per token; KV per token per GPU rank at the configured kv_cache_dtype (kvmath)",
     "kv_bytes_per_token_fp8": "bytes per token; KV per token per GPU rank with fp8 KV (kvmath)",
-    "fp8_supported": "bool; the GPU supports fp8 KV: compute capability ≥ 8.9 as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → False), else the GPU catalogue by name; None when unknown",
+    "fp8_supported": "bool; the GPU takes --kv-cache-dtype fp8 (e4m3; compute capability ≥ 8.9; Ampere's fp8_e5m2 is fp8_kv_dtypes), the capability as the log states it (vLLM's dtype check, PyTorch's capability warning, the GDN kernel line; 'does not have native support for FP8' → Ampere), else the GPU catalogue's by name (its fp8 flag for a non-CUDA GPU); None when unknown",
     "log_compute_capability": "str; the compute capability the log states ('7.0', '12.0'): vLLM's 'Your … GPU has compute capability X.Y', PyTorch's 'with CUDA capability sm_NN', 'Using FlashInfer GDN prefill kernel on CUDA compute capability NN'",
     "log_gpu_name": "str; the GPU name the log's capability line gives ('Tesla V100-SXM2-32GB'), for the catalogue when nvidia-smi is missing",
     "invalid_kv_dtype": "bool; 'Invalid kv_cache_dtype' logged, or --kv-cache-dtype not valid for the version",
     "invalid_kv_dtype_value": "str; the rejected value",
     "invalid_kv_dtype_line": "int; log line (None when from the launch command)",
     "suggested_kv_dtype": "str; nearest valid --kv-cache-dtype for the version",
+    "fp8_kv_dtypes": "list[str]; the plain fp8 --kv-cache-dtype values this GPU's backends take, preferred first (kvdoctor.devices.fp8_kv_cache_dtypes): all three from compute capability 8.9, only fp8_e5m2 on Ampere (8.0–8.7, also when the log says 'does not have native support for FP8'), none on Volta/Turing; None when the capability is unknown",
+    "fp8_kv_dtype": "str; the fp8 --kv-cache-dtype to suggest on this GPU: 'fp8' from compute capability 8.9, 'fp8_e5m2' on Ampere; None on Volta/Turing or when unknown",
+    "compute_capability": "str; the engine GPU's compute capability ('8.0'): the log's, else the GPU catalogue's by name",
+    "gpu_architecture": "str; its NVIDIA architecture name ('Volta', 'Turing', 'Ampere', 'Ada', 'Hopper', 'Blackwell')",
 }
 READS: frozenset[str] = frozenset({"tp", "pp", "tp_pp", "kv_cache_dtype", "gpu_name", "vllm_version"})
 
@@ -118,19 +123,32 @@ def _kv_dtype(s: Scope, v: Vars) -> None:
         spec = gpu_spec(name) if name else None
     except (KeyError, ValueError):
         spec = None
+    if cc is None and spec is not None and spec.sm_major:
+        try:
+            major, minor = (int(x) for x in spec.sm.split(".", 1))
+            cc = (major, minor)
+        except ValueError:
+            cc = None
+    if cc is None and s.log is not None and s.log.last("fp8_not_native") is not None:
+        cc = (8, 0)  # the Marlin weight-only FP8 fallback: Ampere (it needs ≥ 8.0, native fp8 is 8.9)
     if cc is not None:
-        v["fp8_supported"] = cc >= (8, 9)
-    elif s.log is not None and s.log.last("fp8_not_native") is not None:
-        v["fp8_supported"] = False
+        kv_fp8 = fp8_kv_cache_dtypes(cc)
+        v["compute_capability"] = f"{cc[0]}.{cc[1]}"
+        v["gpu_architecture"] = architecture_name(cc)
+        v["fp8_kv_dtypes"] = list(kv_fp8)
+        v["fp8_kv_dtype"] = kv_fp8[0] if kv_fp8 else None
+        v["fp8_supported"] = "fp8" in kv_fp8  # the plain 'fp8' (e4m3) other rules suggest
     else:
         v["fp8_supported"] = spec.fp8 if spec is not None else None
-    if not v["invalid_kv_dtype"] and dtype.startswith("fp8") and v["fp8_supported"] is False:
+    takes = v["fp8_kv_dtypes"]
+    if not v["invalid_kv_dtype"] and dtype in FP8_KV_PLAIN and takes is not None and dtype not in takes:
         v["invalid_kv_dtype"], v["invalid_kv_dtype_value"] = True, dtype
-        v["suggested_kv_dtype"] = "auto"
+        v["suggested_kv_dtype"] = v["fp8_kv_dtype"] or "auto"
     elif v["invalid_kv_dtype"] and v["invalid_kv_dtype_value"]:
-        v["suggested_kv_dtype"] = nearest_valid_kv_cache_dtype(
-            str(v["invalid_kv_dtype_value"]), v["vllm_version"]
-        )
+        nearest = nearest_valid_kv_cache_dtype(str(v["invalid_kv_dtype_value"]), v["vllm_version"])
+        if nearest in FP8_KV_PLAIN and takes is not None and nearest not in takes:
+            nearest = v["fp8_kv_dtype"] or "auto"  # the fp8 form this GPU takes, else none
+        v["suggested_kv_dtype"] = nearest
 
 
 FAMILY = Family("model", WRITES, READS, derive)

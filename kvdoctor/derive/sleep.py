@@ -24,13 +24,18 @@ WRITES: dict[str, str] = {
     "sleep_freed_bytes": "bytes; F: smallest 'Sleep mode freed F GiB memory' over workers after the last sleep",
     "sleep_in_use_bytes": "bytes; U: 'U GiB memory is still in use' (the whole device, neighbours included)",
     "cumem_freed_bytes": "bytes; X: 'CuMemAllocator: sleep freed X GiB memory in total'",
-    "sleep_pool_bytes": "bytes; W + K per worker: 'Model loading took' + 'Available KV cache memory'",
+    "sleep_pool_bytes": "bytes; W + K per worker: 'Model loading took' + sleep_kv_bytes",
+    "sleep_kv_bytes": "bytes; K per worker: on vLLM 0.34's extensible KV cache the committed pool (smallest 'Extended KV cache to N blocks (X GiB)', else 'Memory after warmup … N KV cache blocks (X GiB)'; 'Available KV cache memory' is only an address reservation there, vllm-facts §9.2), else 'Available KV cache memory' (≥ 0)",
+    "sleep_kv_extensible": "bool; K is an extensible KV pool (0.34): it lives outside the cuMem pool, so 'CuMemAllocator: sleep freed X' excludes it and a wake maps it back with recommit (vllm-facts §9.7)",
     "sleep_graph_kept_bytes": "bytes; G_kept: 'Graph capturing finished … took G GiB', 0 with --sleep-mode-offload-cudagraph",
     "sleep_resident_bytes": "bytes; what a partial wake brought back by design (W for ['weights'], K for ['kv_cache'])",
     "sleep_engine_gpu_bytes": "bytes; the engine's processes' NVML used memory on its fullest GPU (its pids, else the GPU's used memory when it is the only process)",
     "sleep_offload_cudagraph": "bool; --sleep-mode-offload-cudagraph given",
     "sleep_nccl_suspend": "bool; --enable-nccl-comm-suspend given",
-    "wake_oom": "bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames)",
+    "wake_oom": "bool; 'CUDA Error: out of memory at …cumem_allocator.cpp:N' after a wake-up (the API server's 'wake up the engine with tags', a sleep line, or wake_up / create_and_map frames), or on vLLM 0.34 'GPU driver error 2: out of memory' (the KV recommit) after a wake-up, a checkpoint restore or a KV loan",
+    "kv_recommits": "int; events after which the KV cache is mapped back while the engine lives: wake-ups ('It took … seconds to wake up', the API server's 'wake up the engine'), checkpoint restores, KV loans for weight updates (vllm-facts §9.7)",
+    "wake_oom_error": "'cumem'|'vmm'; which text failed the wake: the cuMem allocator's (weights and, before 0.34, the KV) or 0.34's VMM driver error (the extensible KV's recommit)",
+    "wake_oom_after": "'wake'|'checkpoint_restore'|'kv_loan'; what the failed mapping followed",
     "wake_oom_line": "int; its log line",
     "wake_tags": "list[str]; tags of the failed wake ([] for a full wake)",
     "wake_need_bytes": "bytes; what the wake maps back: W + K (full), W (['weights']), K (['kv_cache']), plus G with offloaded graphs",
@@ -42,6 +47,7 @@ WRITES: dict[str, str] = {
 }
 READS: frozenset[str] = frozenset(
     {
+        "model_name",
         "weights_logged_bytes",
         "log_available_kv_bytes",
         "graph_capture_bytes",
@@ -73,12 +79,19 @@ def derive(s: Scope, v: Vars) -> None:
     args = s.cfg.args
     v["sleep_offload_cudagraph"] = bool(args.get("sleep_mode_offload_cudagraph"))
     v["sleep_nccl_suspend"] = bool(args.get("enable_nccl_comm_suspend"))
-    log = s.log
-    w, k = v["weights_logged_bytes"], v["log_available_kv_bytes"]
-    if w is not None and k is not None:
-        v["sleep_pool_bytes"] = w + max(0, k)
+    # a sleep-swap set with one engine's log: its sleep and wake lines are not the others'
+    log = s.log if _log_is_mine(s, v) else None
+    _kv(v, log)
+    w, k = v["weights_logged_bytes"], v["sleep_kv_bytes"]
+    if w is not None and k is not None and log is not None:
+        v["sleep_pool_bytes"] = w + k
     v["sleep_graph_kept_bytes"] = 0 if v["sleep_offload_cudagraph"] else (v["graph_capture_bytes"] or 0)
     level = _gauge_asleep(s.series[-1].sleep_state) if s.series else None
+    if level is None and v["model_name"] is not None:
+        # several engines' gauges in one scrape (a sleep-swap set): this engine's by model_name
+        by_model = _asleep_by_model(s)
+        if v["model_name"] in by_model:
+            level = _gauge_level_by_model(s, str(v["model_name"]))
     sleep_lines = bool(log is not None and (log.of("fell_asleep") or log.of("sleep_freed")))
     v["sleep_mode_on"] = bool(args.get("enable_sleep_mode") or sleep_lines or level is not None)
     if level is not None:
@@ -86,9 +99,47 @@ def derive(s: Scope, v: Vars) -> None:
         v["sleep_level"] = level or None
     if log is not None:
         _log_sleep(v, log, level)
+        v["kv_recommits"] = sum(
+            len(log.of(k)) for k in ("woke_up", "wake_up_request", "checkpoint_restore", "kv_loan")
+        )
     _engine_bytes(s, v)
-    _wake(s, v)
+    _wake(s, v, log)
     _colocated(s, v)
+
+
+def _log_is_mine(s: Scope, v: Vars) -> bool:
+    """The log's server serves this engine's model, or either is unknown (one engine's log in a
+    bundle of several engines names its model in its args: the others' sleep lines are not in it)."""
+    log, model = s.log, v["model_name"]
+    if log is None or model is None:
+        return True
+    args = log.args or {}
+    logged = args.get("served_model_name") or args.get("model") or args.get("model_tag")
+    if isinstance(logged, list):
+        return model in logged
+    return logged is None or logged == model
+
+
+def _kv(v: Vars, log: Any) -> None:
+    """K: the committed extensible pool where the log shows one (0.34), else the reservation
+    that is the pool before 0.34 ('Available KV cache memory')."""
+    committed: list[int] = []
+    if log is not None:
+        committed = [
+            e.values["bytes"] for e in log.of("kv_extended") if isinstance(e.values.get("bytes"), int)
+        ]
+        if not committed:
+            committed = [
+                e.values["blocks_bytes"]
+                for e in log.of("memory_after_warmup")
+                if isinstance(e.values.get("blocks_bytes"), int)
+            ]
+    if committed:
+        v["sleep_kv_bytes"], v["sleep_kv_extensible"] = min(committed), True
+        return
+    k = v["log_available_kv_bytes"]
+    v["sleep_kv_bytes"] = max(0, k) if k is not None else None
+    v["sleep_kv_extensible"] = False if k is not None else None
 
 
 def _log_sleep(v: Vars, log: Any, level: int | None) -> None:
@@ -112,13 +163,46 @@ def _log_sleep(v: Vars, log: Any, level: int | None) -> None:
     pool = [e for e in log.of("cumem_sleep") if e.line > prev_wake]
     if pool:
         v["cumem_freed_bytes"] = min(e.values.get("freed_bytes") or 0 for e in pool)
-    w, k = v["weights_logged_bytes"], v["log_available_kv_bytes"]
+    w, k = v["weights_logged_bytes"], v["sleep_kv_bytes"]
     resident = 0
     if "weights" in v["woken_tags"] and w:
         resident += w
     if "kv_cache" in v["woken_tags"] and k:
-        resident += max(0, k)
+        resident += k
     v["sleep_resident_bytes"] = resident
+
+
+def _gauge_level_by_model(s: Scope, model: str) -> int | None:
+    """The sleep level (:func:`_gauge_asleep`) of the scrape series whose model_name is ``model``."""
+    for m in s.snapshot.metrics:
+        if m.model_name == model:
+            return _gauge_asleep(m.sleep_state)
+    return None
+
+
+def _model_of(snap: Any, pid: int) -> str | None:
+    """The model the vLLM server that launched ``pid`` serves: the process or an ancestor
+    (at most 8 up) with a ``launch_model`` (an EngineCore's parent ``vllm serve``)."""
+    procs = {p.pid: p for p in snap.processes}
+    cur = procs.get(pid)
+    for _ in range(8):
+        if cur is None:
+            return None
+        if cur.launch_model:
+            return str(cur.launch_model)
+        cur = procs.get(cur.ppid) if cur.ppid is not None else None
+    return None
+
+
+def _own(s: Scope, v: Vars, pid: int) -> bool:
+    """``pid`` is this engine's: by the model its server launches when GPU processes of
+    several engines are told apart that way (a sleep-swap set), else any engine pid."""
+    model = v["model_name"]
+    if model is not None:
+        launched = _model_of(s.snapshot, pid)
+        if launched is not None:
+            return launched == model
+    return pid in s.engine_pids
 
 
 def _engine_bytes(s: Scope, v: Vars) -> None:
@@ -128,9 +212,7 @@ def _engine_bytes(s: Scope, v: Vars) -> None:
             continue
         # a `vllm preload` daemon's weights stay resident by design: not the engine's own bytes
         mine = [
-            p.used_bytes or 0
-            for p in g.processes
-            if p.pid in s.engine_pids and p.pid not in s.weight_daemon_pids
+            p.used_bytes or 0 for p in g.processes if _own(s, v, p.pid) and p.pid not in s.weight_daemon_pids
         ]
         if mine:
             got: int | None = sum(mine)
@@ -177,41 +259,54 @@ def _asleep_by_log(s: Scope) -> dict[str, bool]:
     return out
 
 
-def _wake(s: Scope, v: Vars) -> None:
-    log = s.log
+def _wake(s: Scope, v: Vars, log: Any) -> None:
     if log is None:
         return
-    ooms = log.of("cumem_oom")
+    # the cuMem allocator's OOM (weights; the KV too before 0.34) or 0.34's VMM driver OOM (the
+    # extensible KV's recommit, vllm-facts §9.4 / §9.7)
+    ooms = [(e, "cumem") for e in log.of("cumem_oom")]
+    ooms += [(e, "vmm") for e in log.of("vmm_driver_error") if e.values.get("oom")]
     if not ooms:
         v["wake_oom"] = False
         return
-    ev = ooms[-1]
+    ev, error = max(ooms, key=lambda x: x[0].line)
     reqs = [e for e in log.of("wake_up_request") if e.line < ev.line]
     prior_sleep = [e for e in log.of("fell_asleep") if e.line < ev.line]
     in_wake = "wake_up" in (ev.values.get("frames") or [])
-    v["wake_oom"] = bool(v["sleep_mode_on"] and (reqs or prior_sleep or in_wake))
+    # a checkpoint restore wakes ['kv_cache']; a KV loan recommits after a weight update (§9.7)
+    restore = [e for e in log.of("checkpoint_restore") if e.line < ev.line] if error == "vmm" else []
+    loan = [e for e in log.of("kv_loan") if e.line < ev.line] if error == "vmm" else []
+    woke = bool(reqs or prior_sleep or in_wake)
+    v["wake_oom"] = bool((v["sleep_mode_on"] or restore) and (woke or restore)) or bool(loan)
     if not v["wake_oom"]:
         return
-    v["wake_oom_line"] = ev.line
-    tags = list(reqs[-1].values.get("tags") or []) if reqs else []
+    v["wake_oom_line"], v["wake_oom_error"] = ev.line, error
+    last_wake = max([e.line for e in (*reqs, *prior_sleep)], default=0)
+    after = max(
+        [(last_wake, "wake"), (max([e.line for e in restore], default=-1), "checkpoint_restore")]
+        + [(max([e.line for e in loan], default=-1), "kv_loan")]
+    )
+    v["wake_oom_after"] = after[1]
+    tags = list(reqs[-1].values.get("tags") or []) if reqs and after[1] == "wake" else []
+    if after[1] != "wake":
+        tags = ["kv_cache"]  # a restore wakes ['kv_cache']; a loan recommits the KV only
     v["wake_tags"] = tags
-    w, k = v["weights_logged_bytes"], v["log_available_kv_bytes"]
+    w, k = v["weights_logged_bytes"], v["sleep_kv_bytes"]
     if w is not None and k is not None:
-        k = max(0, k)
         need = w if tags == ["weights"] else k if tags == ["kv_cache"] else w + k
         if v["sleep_offload_cudagraph"]:
             need += v["graph_capture_bytes"] or 0
         v["wake_need_bytes"] = need
-    asleep = _asleep_by_model(s)
-    names = {p.pid: p.launch_model for p in s.snapshot.processes if p.launch_model}
+    asleep = {**_asleep_by_log(s), **_asleep_by_model(s)}
     neighbours: list[dict[str, Any]] = []
     for g in s.visible:
         if g.index not in (v["engine_gpus"] or []):
             continue
         for p in g.processes:
-            if p.pid in s.engine_pids:
+            # another engine of a sleep-swap set is a neighbour too (its server's model differs)
+            if _own(s, v, p.pid):
                 continue
-            model = names.get(p.pid)
+            model = _model_of(s.snapshot, p.pid)
             neighbours.append(
                 {"pid": p.pid, "name": model or p.name, "bytes": p.used_bytes or 0,
                  "asleep": asleep.get(model) if model else None}

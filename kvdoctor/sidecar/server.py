@@ -9,8 +9,11 @@ endpoints stay current. Endpoints, all read-only (GET/HEAD; anything else 405):
 
 - ``/metrics``  Prometheus text (prometheus-client), see :mod:`kvdoctor.sidecar.exposition`;
 - ``/healthz``  200 while the process serves (liveness);
-- ``/readyz``   200 when the last cycle read at least one engine source (vLLM /metrics or log),
-  else 503 with the reason (a readiness signal for the sidecar itself; it never gates vLLM);
+- ``/readyz``   200 while an engine source (vLLM /metrics, or a log file that exists) was read
+  successfully within :func:`ready_max_age_s` (10 s, or 3 --interval when longer) — one slow
+  or failed read does not flip it, an endpoint down or a log deleted for longer does, and so
+  does a cycle loop that stopped; else 503 with the reason (a readiness signal for the sidecar
+  itself; it never gates vLLM);
 - ``/findings`` the last Report as JSON (spec/report.md);
 - ``/``         a landing page linking them.
 
@@ -57,7 +60,7 @@ _LANDING = """<!doctype html>
 <li><a href="metrics">/metrics</a> Prometheus series of kvdoctor's evaluation cycle</li>
 <li><a href="findings">/findings</a> the last report (JSON, kvdoctor.report/2)</li>
 <li><a href="healthz">/healthz</a> liveness</li>
-<li><a href="readyz">/readyz</a> readiness: an engine source was read in the last cycle</li>
+<li><a href="readyz">/readyz</a> readiness: an engine source was read in the last 10 s (3 intervals when longer)</li>
 </ul></body></html>
 """
 
@@ -111,6 +114,16 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: /readyz stays 200 this long after the last successful engine read (at least).
+READY_MIN_AGE_S = 10.0
+
+
+def ready_max_age_s(interval_s: float) -> float:
+    """Seconds after the last successful engine-source read that /readyz still answers 200:
+    :data:`READY_MIN_AGE_S`, or three ``--interval`` s when that is longer."""
+    return max(READY_MIN_AGE_S, 3.0 * interval_s)
+
+
 class Sidecar:
     """The sidecar's state and threads. ``clock`` gives unix seconds (transitions' time base).
 
@@ -151,8 +164,11 @@ class Sidecar:
         self.stop_event = threading.Event()
         self._report: Report | None = None
         self._report_json: tuple[Report | None, str] = (None, "{}")
-        self.ready = False
-        self.ready_reason = "no cycle yet"
+        #: clock time of the last cycle that read an engine source, and what it read
+        self._engine_ok_at: float | None = None
+        self._engine_ok_what = ""
+        #: why the last cycle read no engine source ("" when it did)
+        self._engine_problem = "no cycle yet"
         self.cycles = 0
         self._out_lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -182,16 +198,17 @@ class Sidecar:
         self.health.update(cycle.snapshot.sources, now)
         statuses = report.sources  # redacted copies: /readyz may be read by anyone in the pod
         engine_ok = [s for s in statuses if s.kind in ENGINE_SOURCE_KINDS and s.status == "ok"]
-        self.ready = bool(engine_ok)
         if engine_ok:
-            self.ready_reason = "engine source read: " + ", ".join(f"{s.kind} {s.origin}" for s in engine_ok)
+            self._engine_ok_at = now
+            self._engine_ok_what = ", ".join(f"{s.kind} {s.origin}" for s in engine_ok)
+            self._engine_problem = ""
         else:
             bad = [
                 f"{s.kind} {s.origin}: {s.status} {s.detail}".strip()
                 for s in statuses
                 if s.kind in ENGINE_SOURCE_KINDS
             ]
-            self.ready_reason = "no engine source read in the last cycle" + (
+            self._engine_problem = "no engine source read in the last cycle" + (
                 f" ({'; '.join(bad)})" if bad else ""
             )
         self.cycles += 1
@@ -220,6 +237,28 @@ class Sidecar:
 
         self.collector.publish(view)
         self._report = report
+
+    @property
+    def ready(self) -> bool:
+        """True while an engine source was read successfully within :func:`ready_max_age_s`
+        (judged when asked: a cycle loop that stopped makes it False too)."""
+        at = self._engine_ok_at
+        return at is not None and self.clock() - at <= ready_max_age_s(self.interval_s)
+
+    @property
+    def ready_reason(self) -> str:
+        """One line for /readyz: what was read and how long ago, or why nothing was."""
+        at = self._engine_ok_at
+        if at is None:
+            return self._engine_problem or "no engine source read yet"
+        age = max(0.0, self.clock() - at)
+        limit = ready_max_age_s(self.interval_s)
+        head = f"engine source read {age:.1f}s ago: {self._engine_ok_what}"
+        if age > limit:
+            head = (
+                f"no engine source read for {age:.0f}s (more than {limit:g}s); last: {self._engine_ok_what}"
+            )
+        return head + (f"; {self._engine_problem}" if self._engine_problem else "")
 
     def metrics_page(self) -> bytes:
         """The ``/metrics`` body: what ``generate_latest(self.registry)`` writes (this

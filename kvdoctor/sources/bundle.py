@@ -41,6 +41,7 @@ from kvdoctor.sources.limits import (
     MAX_TAR_MEMBERS,
     MAX_TEXT_BYTES,
     guarded,
+    load_yaml_bounded,
     read_text,
     reason_of,
 )
@@ -140,7 +141,7 @@ def _read_text(path: Path) -> str:
 
 
 def _metrics_timestamp(path: Path) -> float | None:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\.txt", path.name)
+    m = re.fullmatch(r"(\d{1,20}(?:\.\d{1,20})?)\.txt", path.name)
     return float(m.group(1)) if m else None
 
 
@@ -272,7 +273,10 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         if got is not None:
             cfgs, origin = got
             configs.extend(cfgs)
-            _status(snap, "cmdline", origin, "ok", f"{len(cfgs)} engine command(s)")
+            cut = next((str(c.args["_cut"]) for c in cfgs if c.args.get("_cut")), "")
+            _status(
+                snap, "cmdline", origin, "ok", f"{len(cfgs)} engine command(s)" + (f"; {cut}" if cut else "")
+            )
             for cfg in cfgs:
                 err = cfg.args.get("_config_error")
                 if err:  # a --config refused (outside the bundle) or unreadable
@@ -364,11 +368,9 @@ def _parse_cmdline(
     if path is not None and path.is_file():
         if path.suffix in (".json", ".yaml", ".yml"):
             raw = _read_text(path)
-            import yaml
-
             try:
-                mapping = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
-            except (json.JSONDecodeError, yaml.YAMLError, RecursionError):
+                mapping = json.loads(raw) if path.suffix == ".json" else load_yaml_bounded(raw, str(path))
+            except (json.JSONDecodeError, RecursionError):
                 # no parser message: YAML's quotes the line it choked on
                 raise SourceError(f"not valid {path.suffix[1:].upper()}", origin=str(path)) from None
             if not isinstance(mapping, dict):
@@ -567,6 +569,8 @@ def _extract_tar(path: Path, dest: Path) -> tuple[Path, list[tuple[str, str]]]:
                 if inner is None or not all(_SAFE_NAME.fullmatch(p) for p in parts):
                     continue  # not a file kvdoctor reads: never written to disk
                 origin = f"{path}:{'/'.join(parts)}"
+                if member.isdir():
+                    continue  # structure (metrics/, nodes/x/): its files come as members
                 if not member.isfile():
                     skipped.append((origin, "not a regular file in the archive: skipped"))
                     continue
@@ -597,13 +601,42 @@ def _extract_tar(path: Path, dest: Path) -> tuple[Path, list[tuple[str, str]]]:
                 total += written
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         if not seen:
-            raise SourceError(f"cannot read archive ({reason_of(e)})", origin=str(path)) from None
+            raise SourceError(_archive_error(path, e), origin=str(path)) from None
         skipped.append((str(path), "archive truncated or corrupt after the files read"))
-    # A tarball usually wraps one top-level directory.
-    entries = list(dest.iterdir())
-    if len(entries) == 1 and entries[0].is_dir() and entries[0].name not in ("metrics", "nodes"):
-        return entries[0], skipped
-    return dest, skipped
+    return _bundle_root(dest), skipped
+
+
+def _bundle_root(dest: Path) -> Path:
+    """Where the bundle is in an extracted archive: the top level when it holds bundle files,
+    else the one top-level directory holding the most (``tar czf x.tgz b notes.yaml`` wraps the
+    bundle ``b/`` beside a file of its own)."""
+
+    def score(d: Path) -> int:
+        return sum((d / n).exists() for n in BUNDLE_FILES) + (d / "metrics").is_dir() + (d / "nodes").is_dir()
+
+    if score(dest):
+        return dest
+    dirs = [p for p in dest.iterdir() if p.is_dir() and p.name not in ("metrics", "nodes")]
+    best = max(dirs, key=score, default=None)
+    if best is not None and (score(best) or len(dirs) == 1):
+        return best
+    return dest
+
+
+def _archive_error(path: Path, exc: BaseException) -> str:
+    """A reason in the user's words for an archive that cannot be opened at all."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(262)
+    except OSError as e:
+        return f"cannot read archive ({e.strerror or type(e).__name__})"
+    if head[:2] == b"\x1f\x8b":
+        if isinstance(exc, (EOFError, zlib.error)) or "compressed" in str(exc).lower():
+            return "corrupt or truncated gzip data: not a readable .tar.gz"
+        return "gzip data, but not a tar archive inside"
+    if head[257:262] == b"ustar":
+        return "a tar archive cut short or corrupt"
+    return "not a gzip/tar archive (expected a bundle directory or a .tar.gz)"
 
 
 def _load_dir(root: Path, *, label: str, histograms: tuple[str, ...] | None = None) -> Loaded:

@@ -35,7 +35,14 @@ from typing import Any
 from kvdoctor.facts import EngineConfig, SourceError
 from kvdoctor.lazyre import lazy_re
 from kvdoctor.redact import redact_argv, redact_env
-from kvdoctor.sources.limits import MAX_CMDLINE_CHARS, MAX_ENGINES, MAX_TEXT_BYTES, guarded, read_bytes
+from kvdoctor.sources.limits import (
+    MAX_CMDLINE_CHARS,
+    MAX_COMMANDS,
+    MAX_TEXT_BYTES,
+    guarded,
+    load_yaml_bounded,
+    read_bytes,
+)
 from kvdoctor.vllm_flags import (
     FlagError,
     canonical_dest,
@@ -330,15 +337,12 @@ def _load_config_file(
         if base_dir is None:
             return {}, f"{path_text}: relative path and no base directory to resolve it"
         path = base_dir / path
-    import yaml  # only for a --config file: not imported to start
-
     try:
         raw = read_bytes(path, _MAX_CONFIG_BYTES)
-        data = yaml.safe_load(raw.decode("utf-8"))
+        data = load_yaml_bounded(raw.decode("utf-8"), str(path))
     except SourceError as e:
         return {}, str(e)
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, ValueError):
-        # no parser message: it quotes the line it choked on
+    except (UnicodeDecodeError, RecursionError, ValueError):
         return {}, f"{path}: not YAML"
     if data is None:
         return {}, None
@@ -434,7 +438,8 @@ def parse_cmdline_text(
     Lines that are not vLLM commands (``cd /srv``, ``export X=1``) are skipped. ``base_dir`` (the
     bundle directory) resolves ``--config FILE.yaml``; None resolves only absolute paths;
     ``confine_to`` (a bundle directory) keeps ``--config`` inside it (else refused, with the reason
-    in ``cfg.args["_config_error"]``). Raises
+    in ``cfg.args["_config_error"]``). At most :data:`MAX_COMMANDS` commands are read; when more
+    follow, the last config's ``args["_cut"]`` says so. Raises
     :class:`SourceError` (origin, line, reason) for binary data, unbalanced quotes, an ambiguous
     or badly valued flag, or when no line holds a vLLM command.
     """
@@ -459,7 +464,10 @@ def parse_cmdline_text(
             raise SourceError(
                 "command longer than 256 KiB: not a launch command", origin=origin or None, line=lineno
             )
-        if len(configs) >= MAX_ENGINES:
+        if len(configs) >= MAX_COMMANDS:
+            configs[-1].args["_cut"] = (
+                f"more than {MAX_COMMANDS} vLLM commands: the first {MAX_COMMANDS} read"
+            )
             break
         try:
             argv = shlex.split(line, comments=True)

@@ -42,6 +42,9 @@ MAX_TAR_BYTES = 2 * GiB
 MAX_TAR_MEMBER_BYTES = 1 * GiB
 #: engines (engine label values, command lines) and processes kept from one input.
 MAX_ENGINES = 1024
+#: vLLM launch commands read from one cmdline.txt (a node runs one per GPU or a few more; each
+#: engine is compared with every other, so 1,000 commands took 7 s and 5,000 took 40 s).
+MAX_COMMANDS = 64
 MAX_PROCESSES = 100_000
 #: digits of one number in any text input (int("1" * 5000) is slow and meaningless).
 MAX_DIGITS = 30
@@ -148,16 +151,35 @@ def gunzip_bounded(data: bytes, limit: int, origin: str) -> bytes:
     return bytes(out)
 
 
-def iter_gunzip(chunks: Any, limit: int, origin: str, *, truncated_ok: bool = False) -> Iterator[bytes]:
+#: a gzip log may expand this many times its compressed size (real vLLM logs: 10-30×) once past
+#: :data:`GZIP_RATIO_FLOOR` bytes; beyond, it is a decompression bomb (4 MB → 1 GiB: 256×).
+MAX_GZIP_RATIO = 100
+GZIP_RATIO_FLOOR = 8 * MiB
+
+
+def _slices(chunks: Any, size: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        chunk = bytes(chunk)
+        for i in range(0, len(chunk), size):
+            yield chunk[i : i + size]
+
+
+def iter_gunzip(
+    chunks: Any, limit: int, origin: str, *, truncated_ok: bool = False, max_ratio: int | None = None
+) -> Iterator[bytes]:
     """Decompress a stream of gzip chunks (several members allowed), yielding pieces; raises
-    SourceError once more than ``limit`` bytes came out, or on corrupt or truncated data."""
+    SourceError once more than ``limit`` bytes came out, or (with ``max_ratio``) more than
+    :data:`GZIP_RATIO_FLOOR` bytes at more than ``max_ratio`` times the compressed bytes read,
+    or on corrupt or truncated data."""
     total = 0
+    consumed = 0
     step = 1 * MiB
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     started = False  # the current member has input
     try:
-        for chunk in chunks:
-            buf = bytes(chunk)
+        for piece_in in _slices(chunks, 64 * KiB):  # small steps: the ratio is checked early
+            buf = piece_in
+            consumed += len(buf)
             while buf:
                 if not started and not buf.strip(b"\x00"):
                     break  # NUL padding after the last member
@@ -166,6 +188,11 @@ def iter_gunzip(chunks: Any, limit: int, origin: str, *, truncated_ok: bool = Fa
                 total += len(piece)
                 if total > limit:
                     raise SourceError(f"decompresses to more than {_size(limit)}: not read", origin=origin)
+                if max_ratio is not None and total > GZIP_RATIO_FLOOR and total > max_ratio * consumed:
+                    raise SourceError(
+                        f"decompresses to more than {max_ratio}× its size (a gzip bomb?): not read",
+                        origin=origin,
+                    )
                 if piece:
                     yield piece
                 if d.eof:
@@ -193,3 +220,33 @@ def _size(n: int) -> str:
     if n >= MiB and n % MiB == 0:
         return f"{n // MiB} MiB"
     return f"{n} bytes"
+
+
+#: YAML nodes composed from one config file (a vLLM --config holds tens of keys).
+MAX_YAML_NODES = 100_000
+
+
+def load_yaml_bounded(text: str, origin: str) -> Any:
+    """``yaml.safe_load`` of an untrusted config (``--config``, ``engine-args.yaml``), bounded:
+    an alias (``*a``, the "billion laughs" bomb: 287 bytes that expand to GiBs) or more than
+    :data:`MAX_YAML_NODES` nodes is refused, as is nesting past the recursion limit. Raises
+    SourceError with a one-line reason that never quotes the file (PyYAML's messages do)."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        nodes = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise SourceError("uses YAML aliases (*name): not read", origin=origin)
+            _Loader.nodes += 1
+            if _Loader.nodes > MAX_YAML_NODES:
+                raise SourceError(f"more than {MAX_YAML_NODES} YAML nodes: not read", origin=origin)
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except SourceError:
+        raise
+    except (yaml.YAMLError, RecursionError, ValueError):
+        raise SourceError("not valid YAML", origin=origin) from None

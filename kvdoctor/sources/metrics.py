@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from kvdoctor.facts import EngineMetrics, HistogramData, SourceError
+from kvdoctor.redact import redact_url_credentials
 from kvdoctor.sources.limits import MAX_ENGINES, MAX_HTTP_BYTES, guarded, read_text
 from kvdoctor.units import in_range
 
@@ -226,6 +227,9 @@ _Sample = tuple[str, dict[str, str], float, int, tuple[str | None, str | None], 
 def _classify(parsed: _Parsed) -> _Sample:
     name, labels, value = parsed
     key = (labels.get("engine"), labels.get("model_name"))
+    if "@" in (key[1] or "") or "@" in (key[0] or ""):
+        # a served name that is a URL with credentials becomes engines[].id in every output
+        key = tuple(redact_url_credentials(k) if k else k for k in key)  # type: ignore[assignment]
     base, le = "", None
     if name == _INFO:
         kind = _K_INFO
@@ -1128,6 +1132,13 @@ def _exchange(
                 raise SourceError(f"{label}: IncompleteRead {_NOT_HTTP}")
             if head_fed > _MAX_HEAD_BYTES and not resp.headers_done:
                 raise SourceError(f"{label}: {_too_long(resp)}")
+    except BaseException:
+        # the error's traceback keeps this frame alive until the sampler's next read: the body
+        # read so far (up to 16 MiB) and the inflater are released now, not at a rare collection
+        parts.clear()
+        resp.body.clear()
+        decoder = None
+        raise
     finally:
         resp.parser = None  # (a cycle otherwise)
     m = _CHARSET_RE.search(ctype)

@@ -84,7 +84,9 @@ def _is_na(v: str) -> bool:
     )
 
 
-_NUM_RE = lazy_re(r"^\s*(-?\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z%°]{0,8})\s*$")
+# "\s*(unit){0,8}\s*$" would split one run of spaces two ways (quadratic on a padded cell):
+# the unit, when there is one, is a group of its own
+_NUM_RE = lazy_re(r"^\s*(-?\d{1,20}(?:\.\d{1,20})?)(?:\s*([A-Za-z%°]{1,8}))?\s*$")
 
 
 def _num(v: str) -> float | None:
@@ -156,17 +158,20 @@ _HEADER_HOST_RE = lazy_re(
     r"^\s*(?:==> *([A-Za-z0-9][\w.\-/]{0,253}?) *<==|#{2,4} +([A-Za-z0-9][\w.\-]{0,253}))\s*$"
 )
 _DATE_RE = lazy_re(r"^\s*[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}\s*$")
-_ROW1_CELL1 = lazy_re(r"^\s*(\d+)\s+(.*?)\s+(On|Off|N/A|WDDM|TCC|MCDM)\s*$")
-_ROW1_CELL1_NOPM = lazy_re(r"^\s*(\d+)\s+(.*?)\s*$")
+#: the last word of row 1's first cell (Persistence-M; WDDM/TCC/MCDM: the Windows driver model).
+_PM_WORDS = frozenset({"On", "Off", "N/A", "WDDM", "TCC", "MCDM"})
+#: a table line longer than this is no nvidia-smi line (theirs are ~90-120 characters; names
+#: are cut to fit): it is skipped before any pattern sees it.
+MAX_TABLE_LINE_CHARS = 4096
 _TEMP_RE = lazy_re(r"(?<![\w.])(\d+)C\b")
 _POWER_RE = lazy_re(r"(?<!\S)(\S{1,32})[ \t]{0,32}/[ \t]{0,32}(\S{1,32})[ \t]*$")
 _WATTS_RE = lazy_re(r"^(\d+(?:\.\d+)?)W$")
 _MEM_RE = lazy_re(r"(?<!\d)(\d{1,15})MiB\s{0,32}/\s{0,32}(\d{1,15})MiB")
 _UTIL_RE = lazy_re(r"^\s*(\d+)%")
 _PROC_GICI = lazy_re(
-    r"^\|\s*(\d+|N/A)\s+(\S+)\s+(\S+)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*?)\s+(\d+MiB|N/A)\s*\|\s*$"
+    r"^\|\s*(\d+|N/A)\s+(\S+)\s+(\S+)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*\S)?\s+(\d+MiB|N/A)\s*\|\s*$"
 )
-_PROC_PLAIN = lazy_re(r"^\|\s*(\d+|N/A)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*?)\s+(\d+MiB|N/A)\s*\|\s*$")
+_PROC_PLAIN = lazy_re(r"^\|\s*(\d+|N/A)\s+(\d+|N/A)\s+([CGM+]{1,3})\s+(.*\S)?\s+(\d+MiB|N/A)\s*\|\s*$")
 
 
 def _watts(v: str) -> float | None:
@@ -246,10 +251,13 @@ def _gpu_rows(lines: list[str], i: int, cells: list[str], origin: str) -> tuple[
     bus = normalize_bus_id(cells[1])
     if bus is None:
         return None
-    m = _ROW1_CELL1.match(cells[0]) or _ROW1_CELL1_NOPM.match(cells[0])
-    if not m:
+    # "idx Name [Persistence-M]" by words, not "(\d+)\s+(.*?)\s+(On|Off)": a pattern over a
+    # name padded with 64,000 spaces was quadratic (30 s)
+    words = cells[0].split()
+    if not words or not (words[0].isascii() and words[0].isdigit()) or len(words[0]) > 6:
         return None
-    gpu = Gpu(index=int(m.group(1)), name=m.group(2).strip() or None, bus_id=bus)
+    name_words = words[1:-1] if len(words) > 1 and words[-1] in _PM_WORDS else words[1:]
+    gpu = Gpu(index=int(words[0]), name=" ".join(name_words) or None, bus_id=bus)
     ecc = cells[2].strip()
     if ecc.isdigit():
         gpu.ecc_uncorrectable = int(ecc)
@@ -285,7 +293,7 @@ def _gpu_rows(lines: list[str], i: int, cells: list[str], origin: str) -> tuple[
 
 
 def _split_tables(text: str, origin: str) -> list[_Table]:
-    lines = text.splitlines()
+    lines = [ln if len(ln) <= MAX_TABLE_LINE_CHARS else "" for ln in text.splitlines()]
     tables: list[_Table] = []
     cur: _Table | None = None
     pending_ts: float | None = None
@@ -383,7 +391,7 @@ def _proc_row(table: _Table, line: str, lineno: int, origin: str) -> None:
         return
     used = int(mem[:-3]) * MiB if mem.endswith("MiB") else None
     gpu.processes.append(
-        GpuProcess(pid=int(pid_s), name=name.strip(), used_bytes=used, type=typ, gpu_uuid=gpu.uuid)
+        GpuProcess(pid=int(pid_s), name=(name or "").strip(), used_bytes=used, type=typ, gpu_uuid=gpu.uuid)
     )
 
 

@@ -159,8 +159,8 @@ class NvmlReader:
             raise SourceUnavailable(f"NVML unavailable: cannot import pynvml ({e})") from None
         except Exception as e:  # pynvml.NVMLError_* (library not found, driver not loaded, …)
             if type(e).__name__ == "NVMLError_LibraryNotFound":
-                # No libnvidia-ml on this host: no NVIDIA driver, and none will appear.
-                raise SourceUnavailable(f"NVML unavailable: {e}") from None
+                # no driver on this host: not a failure to retry every second
+                raise SourceUnavailable(f"NVML unavailable: {e} (no NVIDIA driver on this host)") from None
             raise SourceError(f"NVML unavailable: {e}") from None
         self._initialised = True
 

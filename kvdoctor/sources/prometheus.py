@@ -77,7 +77,7 @@ _HIST_SUFFIX = re.compile(r"_(bucket|count|sum)$")
 
 def parse_duration(text: str) -> float:
     """``"15m"`` / ``"90s"`` / ``"2h"`` / ``"1d"`` / ``"300"`` → seconds. Raises ValueError."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text or "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", (text or "").strip())
     if not m:
         raise ValueError(f"bad duration {text!r} (expected e.g. 15m, 90s, 2h)")
     unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2) or "s"]

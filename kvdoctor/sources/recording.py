@@ -161,11 +161,17 @@ def loads_line(line: str | bytes) -> Any:
     """``json.loads`` of one recording line, refusing NaN, ±Infinity and numbers past a 64-bit
     value (``kvdoctor.units.MAX_INT64``: a recorded ``--seed`` may be any) with a ValueError: a
     corrupt line is skipped, never decoded into facts that later overflow arithmetic. The
-    facts' own number fields are held to ``MAX_QUANTITY`` by the decoder."""
-    obj = json.loads(line, parse_constant=_constant)
-    text = line if isinstance(line, str) else line.decode("latin-1")  # 1:1, never fails
-    if _BIG_NUMBER.search(text) is not None:
-        obj = json.loads(line, parse_constant=_constant, parse_float=_checked_float, parse_int=_checked_int)
+    facts' own number fields are held to ``MAX_QUANTITY`` by the decoder. A line nested past
+    Python's recursion limit is a ValueError too: that line is skipped, never the replay."""
+    try:
+        obj = json.loads(line, parse_constant=_constant)
+        text = line if isinstance(line, str) else line.decode("latin-1")  # 1:1, never fails
+        if _BIG_NUMBER.search(text) is not None:
+            obj = json.loads(
+                line, parse_constant=_constant, parse_float=_checked_float, parse_int=_checked_int
+            )
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     return obj
 
 
@@ -629,7 +635,7 @@ class RecordingFeed:
             raise SourceError(f"cannot read recording: {type(e).__name__}", origin=str(self.path)) from None
         try:
             header = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             fh.close()
             raise SourceError("not a kvdoctor recording (no header line)", origin=str(self.path)) from None
         schema = str(header.get("schema", "")) if isinstance(header, dict) else ""
@@ -786,7 +792,7 @@ class RecordingFeed:
             _unknown_seen = self._unknown
             try:
                 got = self._decode_line(line)
-            except (ValueError, TypeError, KeyError, AttributeError) as e:
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
                 self._note_skip(f"line {self._line_no + 1}: {_describe_error(e)}")
                 continue
             if got is None:
@@ -840,7 +846,7 @@ class RecordingFeed:
                 try:
                     obj = loads_line(line)
                     self._apply_state(obj["$"])
-                except (ValueError, TypeError, KeyError, AttributeError) as e:
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
                     self._note_skip(f"line {self._line_no + 1}: {_describe_error(e)}")
                 continue
             if len(tail) == tail.maxlen:

@@ -73,7 +73,9 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
   reserved_unallocated = reserved_total − already_allocated). One event per distinct occurrence:
   the same message repeated in one traceback block, or re-raised by EngineCore / the API server,
   is kept once; different workers (ranks) stay separate. ``phase``: "weight_loading",
-  "profile_run", "kv_cache_init", "cuda_graph_capture", "sampler_warmup", "runtime" or "startup",
+  "profile_run", "kv_cache_init", "cuda_graph_capture", "sampler_warmup", "kv_sizing_warmup"
+  (0.34's warm-up frames ``run_kv_cache_sizing_warmup`` / ``warmup_kernels`` before serving),
+  "runtime" or "startup",
   from the events before it in the same process (globally for unprefixed lines) and the traceback.
   ``hints``: what the traceback around it mentions, a sorted subset of "logprobs" (logprobs /
   prompt_logprobs / log_softmax code), "sampler", "prefill" and "multimodal" (multimodal encoder /
@@ -91,7 +93,11 @@ Event kinds (``LogEvent.kind`` → ``values`` keys). "§" cites reference/vllm-f
 - ``invalid_kv_cache_dtype`` {value, valid}: pydantic "Invalid kv_cache_dtype: 'int8'. Valid values
   are: [...]" and argparse "argument --kv-cache-dtype: invalid choice: 'int8' (choose from …)" (§4.1).
 - ``engine_failed`` {reason}: "EngineCore failed to start", "Engine core initialization failed",
-  "EngineDeadError", "EngineCore encountered a fatal error" / "an issue" (§3.5).
+  "EngineDeadError", "EngineCore encountered a fatal error" / "an issue" (§3.5), V0's "Engine
+  process failed to start".
+- ``exception`` {exception, serving}: a traceback's exception line ("RuntimeError: NCCL error …",
+  the dotted class name in ``exception``; ``serving``: the server was up when it was raised); the
+  event's text is the line, redacted, at most 300 characters.
 - ``stats`` {engine, prompt_throughput, generation_throughput, running, waiting, swapped, pending,
   deferred, preemptions, kv_usage, cpu_kv_usage, prefix_cache_hit_rate, device, num_engines}: every
   periodic-line form of §3.4 (V0 with Swapped/Pending, 0.9–0.11, ≥0.12 with Preemptions, "N Engines
@@ -119,7 +125,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +136,7 @@ from kvdoctor.redact import MARK, is_secret_name, redact_text
 from kvdoctor.sources import log_catalogue2, log_v034
 from kvdoctor.sources.limits import (
     MAX_DIGITS,
+    MAX_GZIP_RATIO,
     MAX_LINE_CHARS,
     MAX_LOG_BYTES,
     guarded,
@@ -168,35 +175,93 @@ _PROMPT_END_RE = lazy_re(r", (?:params|sampling_params|prompt_token_ids|prompt_e
 _PROMPT_IDS_RE = lazy_re(r"(\bprompt_token_ids: )\[([^\]]*)\]?")
 
 
-def _redact_prompt(text: str) -> str:
-    i = text.find("prompt: ")
+# "Generated response X: output: '…', output_token_ids: [...], finish_reason: stop"
+# (--enable-log-outputs): the model's answer is user data as much as the prompt.
+_OUTPUT_END_RE = lazy_re(r", (?:output_token_ids|finish_reason)\b")
+_OUTPUT_IDS_RE = lazy_re(r"(\boutput_token_ids: )\[([^\]]*)\]?")
+
+
+def _redact_prompt(text: str, field: str = "prompt: ", end_re: Any = _PROMPT_END_RE) -> str:
+    i = text.find(field)
     if i < 0:
         return text
-    start = i + len("prompt: ")
+    start = i + len(field)
     q = text[start : start + 1]
     if q in ("'", '"'):
         # The prompt ends at its matching quote: an unescaped quote followed by the next field
         # (", params: …") or the end of the line — a prompt holding ", params: " (or an
         # apostrophe) cannot end it early. No such quote (a truncated line): everything goes.
-        j = start + 1
         n = len(text)
-        while j < n:
-            c = text[j]
-            if c == "\\":
-                j += 2
-                continue
-            if c == q and (j + 1 >= n or _PROMPT_END_RE.match(text, j + 1) or not text[j + 1 :].strip()):
-                break
-            j += 1
+        j = _closing_quote(text, start + 1, q, end_re)
         end = min(j + 1, n)
         body_len = max(0, min(j, n) - start - 1)
         return f"{text[:start]}'<redacted {body_len} chars>'{text[end:]}"
-    m = _PROMPT_END_RE.search(text, start)
+    m = end_re.search(text, start)
     end = m.start() if m else len(text)  # a truncated line: everything after "prompt: " goes
     body = text[start:end]
     if body in ("None", ""):
         return text
     return f"{text[:start]}'<redacted {len(body)} chars>'{text[end:]}"
+
+
+def _closing_quote(text: str, j: int, q: str, end_re: Any) -> int:
+    """The index of the quote ``q`` that closes a quoted field starting before ``j`` (one
+    followed by the next field, by ``end_re``, or by the end of the line); ``len(text)`` when
+    none does (the field goes on past the line)."""
+    n = len(text)
+    while j < n:
+        c = text[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == q and (j + 1 >= n or end_re.match(text, j + 1) or not text[j + 1 :].strip()):
+            return j
+        j += 1
+    return n
+
+
+def _open_field(text: str) -> tuple[str, Any] | None:
+    """(quote, end pattern) when a prompt or output field opens on this line and does not close
+    (a prompt logged with raw newlines: its next lines are prompt text too)."""
+    for name, end_re in (("prompt: ", _PROMPT_END_RE), ("output: ", _OUTPUT_END_RE)):
+        i = text.find(name)
+        if i < 0:
+            continue
+        start = i + len(name)
+        q = text[start : start + 1]
+        body = text.rstrip("\r\n")
+        if q in ("'", '"') and _closing_quote(body, start + 1, q, end_re) >= len(body):
+            return q, end_re
+    return None
+
+
+def redact_lines(lines: Iterable[str]) -> Iterator[str]:
+    """:func:`redact` over a log's lines (line ends kept), and the continuation lines of a prompt
+    or model output logged with raw newlines (a quoted field that does not close on its line)
+    replaced by "<redacted N chars>" up to the quote that closes it or the next log record."""
+    open_: tuple[str, Any] | None = None
+    for line in lines:
+        if open_ is not None:
+            body = line.rstrip("\r\n")
+            nl = line[len(body) :]
+            if parse_line(body).level is not None:
+                open_ = None  # a new log record: the field was cut short
+            else:
+                q, end_re = open_
+                j = _closing_quote(body, 0, q, end_re)
+                if j >= len(body):
+                    yield f"<redacted {len(body)} chars>{nl}"
+                    continue
+                open_ = None
+                rest = redact(body[j:])
+                for ids in (_PROMPT_IDS_RE, _OUTPUT_IDS_RE):
+                    rest = ids.sub(lambda m: f"{m.group(1)}[<redacted>]", rest)
+                yield f"<redacted {j} chars>{rest}{nl}"
+                continue
+        body = line.rstrip("\r\n")
+        yield redact(body) + line[len(body) :]
+        if "prompt: " in line or "output: " in line:
+            open_ = _open_field(body)
 
 
 # Cheap gate before the full redaction: every shape kvdoctor.redact handles contains one of these
@@ -209,7 +274,9 @@ _SECRET_NEEDLES = (
     "pwd",
     "credential",
     "auth",
+    "cookie",
     ":/",
+    "@",
     "hf_",
     "sk-",
     "xox",
@@ -237,11 +304,20 @@ def redact(text: str) -> str:
 
     Secrets (``--api-key X``, ``api_key='X'``, ``'api_key': 'X'``, ``*_TOKEN``/``*_KEY`` values,
     Authorization headers, token shapes) go through :func:`kvdoctor.redact.redact_text` → "***";
-    the prompt of vLLM's request log ("Received request …: prompt: '…'") becomes
-    "<redacted N chars>" and its token ids "<redacted N tokens>". Never raises.
+    the prompt of vLLM's request log ("Received request …: prompt: '…'") and the model's answer
+    ("Generated response …: output: '…'", --enable-log-outputs) become "<redacted N chars>" and
+    their token ids "<redacted N tokens>". Never raises.
     """
     if "prompt" in text:
         text = _redact_prompt(text)
+    if "output: " in text and "Generated response" in text:
+        text = _redact_prompt(text, "output: ", _OUTPUT_END_RE)
+        text = _OUTPUT_IDS_RE.sub(
+            lambda m: (
+                f"{m.group(1)}[<redacted {len([t for t in m.group(2).split(',') if t.strip()])} tokens>]"
+            ),
+            text,
+        )
     if "prompt_token_ids" in text:  # the regex's own words: most lines never run it
         text = _PROMPT_IDS_RE.sub(
             lambda m: (
@@ -467,6 +543,24 @@ def _redact_args(args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+#: args that name a server (the run identity kvdoctor compares across restarts): scalars only.
+_IDENTITY_ARGS = ("model", "model_tag", "served_model_name", "port", "host")
+
+
+def _scalar_identity(args: dict[str, Any]) -> dict[str, Any]:
+    """``served_model_name: ['qwen3', 'q']`` (vLLM's nargs='+') → its first name, the one vLLM
+    serves and labels metrics with; any other identity arg that is not a plain str/number (a
+    list, a dict from a garbled line) is dropped, so one odd line never breaks the comparison
+    of runs."""
+    for k in _IDENTITY_ARGS:
+        v = args.get(k)
+        if k == "served_model_name" and isinstance(v, (list, tuple)):
+            v = args[k] = v[0] if v else None
+        if v is not None and not isinstance(v, (str, int, float)):
+            del args[k]
+    return args
+
+
 # --------------------------------------------------------------------------- regexes
 
 
@@ -660,6 +754,11 @@ _RE: _LazyPatterns = _LazyPatterns(
             r"(Possibly too|Too) large swap space\. (\d+(?:\.\d+)?) GiB out of the (\d+(?:\.\d+)?) GiB total CPU memory"
         ),
         "hybrid_bs": _pattern(r"Setting attention block size to (\d+) tokens"),
+        # "RuntimeError: NCCL error …", "torch.distributed.DistBackendError: …": a dotted class
+        # name ending in Error/Exception at the start of a traceback line (bounded: ≤ 8 dots)
+        "exception_line": _pattern(
+            r"((?:[A-Za-z_]\w{0,60}\.){0,8}[A-Za-z_]\w{0,80}(?:Error|Exception))(?::|$)"
+        ),
         "mamba_pad": _pattern(r"Padding mamba page size by (\d+(?:\.\d+)?)%"),
         "pad_layers": _pattern(r"Add (\d+) padding layers, may waste at most (\d+(?:\.\d+)?)%"),
     }
@@ -677,6 +776,9 @@ _STATS_WORDS = {
     "st_preempt": "Preemptions: ",
     "st_prefix": "Prefix cache hit rate: ",
 }
+
+#: characters of a traceback's exception line kept in an ``exception`` event (redacted)
+_EXCEPTION_CHARS = 300
 
 _ERROR_KINDS = frozenset(
     {
@@ -843,6 +945,8 @@ _PARAMS_RE = lazy_re(
 #: traceback frames of an offline engine's run-time step (LLM.generate → engine step → model).
 _OFFLINE_FRAMES = (", in generate", ", in _run_engine", ", in chat", ", in encode", ", in embed")
 _STEP_FRAMES = (", in step", ", in execute_model")
+#: 0.34's warm-up before the extensible KV cache is sized (v1/worker/gpu/warmup.py, gpu_worker.py)
+_KV_SIZING_WARMUP_FRAMES = (", in run_kv_cache_sizing_warmup", ", in warmup_kernels")
 _CROSS_PROCESS_WINDOW = 2000  # lines within which a re-print by another process is the same failure
 
 
@@ -999,10 +1103,28 @@ class _Parser:
             self.log.engine_generation = "v1"
         try:
             self._match(pl, key, block)
+            if block is not None:
+                self._match_exception(pl, key)
         except Exception:
             # A half-written or mangled line costs that line, never the file: it gives no event.
             self.bad_lines += 1
         return self._new
+
+    def _match_exception(self, pl: ParsedLine, key: Any) -> None:
+        """The exception line of a traceback ("RuntimeError: NCCL error …"), after the line's
+        other events (an OOM is also a cuda_oom): engine-crashed quotes the last one."""
+        msg = pl.message
+        if len(msg) < 8 or msg[0] == " " or not ("Error" in msg[:120] or "Exception" in msg[:120]):
+            return
+        m = _RE["exception_line"].match(msg)
+        if m:
+            self._emit(
+                "exception",
+                pl,
+                key,
+                {"exception": m.group(1)[-120:], "serving": self._serving},
+                text=redact(msg[:_EXCEPTION_CHARS]),
+            )
 
     def feed_chunk(self, text: str) -> None:
         """Parse a chunk of whole lines ("\\n"-joined), the same as :meth:`feed` on each line,
@@ -1240,6 +1362,9 @@ class _Parser:
         low = text.lower()
         if not serving and ("_dummy_sampler_run" in text or "warming up sampler" in text):
             return "sampler_warmup"
+        if not serving and any(f in text for f in _KV_SIZING_WARMUP_FRAMES):
+            # 0.34's KV-sizing warm-up runs steps (execute_model) before the engine serves
+            return "kv_sizing_warmup"
         if serving:
             return "runtime"
         if state == "cuda_graph_capture" or any(h in low for h in _CAPTURE_HINTS):
@@ -1692,6 +1817,7 @@ class _Parser:
             ("EngineCore encountered a fatal error", "EngineCore encountered a fatal error"),
             ("EngineDeadError", "EngineDeadError"),
             ("EngineCore encountered an issue", "EngineDeadError"),
+            ("Engine process failed to start", "Engine process failed to start"),
         ):
             if needle in msg:
                 self._emit("engine_failed", pl, key, {"reason": reason})
@@ -1783,8 +1909,8 @@ class _Parser:
 
     def _set_version(self, version: str, gen: str | None, pl: ParsedLine, key: Any) -> None:
         version = version.lstrip("v").rstrip(",.")
-        if not version or not version[0].isdigit():
-            return
+        if not version or not version[0].isdigit() or version_tuple(version) is None:
+            return  # not a version kvdoctor can compare (e.g. a part of thousands of digits)
         self.log.vllm_version = version
         if not gen and not self._gen_strong and _version_tuple(version) >= (0, 11):
             self.log.engine_generation = "v1"  # the V0 engine was removed in 0.11
@@ -1796,7 +1922,7 @@ class _Parser:
         self._emit("version", pl, key, {"version": version})
 
     def _add_args(self, args: dict[str, Any], source: str, pl: ParsedLine, key: Any) -> None:
-        args = _redact_args(args)
+        args = _scalar_identity(_redact_args(args))
         if source != "engine_config":
             self._new_startup()
         self._emit("args", pl, key, {"args": args, "source": source})
@@ -2204,7 +2330,8 @@ def iter_log_chunks(
 
     Bytes are decoded as utf-8 with errors replaced; a line longer than :data:`MAX_LINE_CHARS`
     keeps its first part (the rest is skipped up to the next newline, never buffered). A gzip
-    log may decompress to at most :data:`MAX_LOG_BYTES`. ``on_bytes(n)`` is told the file
+    log may decompress to at most :data:`MAX_LOG_BYTES`, and past 8 MiB to at most
+    :data:`MAX_GZIP_RATIO` times its own size (a bomb). ``on_bytes(n)`` is told the file
     bytes consumed so far after each chunk (progress). Raises SourceError when the file cannot
     be read, is not a regular file, is binary, or its gzip data is corrupt or too large.
     """
@@ -2233,7 +2360,7 @@ def iter_log_chunks(
             return
         chunks: Iterator[bytes] = itertools.chain([first], source)
         if first[:2] == b"\x1f\x8b":
-            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin)
+            chunks = iter_gunzip(chunks, MAX_LOG_BYTES, origin, max_ratio=MAX_GZIP_RATIO)
         buf = b""
         overlong = False
         checked = False

@@ -22,7 +22,7 @@ from kvdoctor.breakdown import EngineStats, GpuBreakdown, engine_stats, gpu_brea
 from kvdoctor.facts import Snapshot, SourceStatus, Timeline
 from kvdoctor.findings import Finding
 from kvdoctor.pipeline import Pipeline
-from kvdoctor.report import Report
+from kvdoctor.report import Report, printable
 from kvdoctor.sampler import Cycle, LiveLoop
 
 #: seconds (snapshot clock) a finding that stopped firing stays listed as resolved.
@@ -358,6 +358,10 @@ class Controller:
             view.engines = engine_stats(cycle.timeline, report, self.pipeline.window_s)
             view.findings = self._track_findings(report.findings, now)
         view.sources = self._track_sources(report.sources if report is not None else snap.sources, now)
+        # what the screen shows, with control characters escaped (a metrics label or a
+        # directory name holding ESC would otherwise drive the terminal)
+        view.gpus, view.engines = printable(view.gpus), printable(view.engines)
+        view.findings, view.sources = printable(view.findings), printable(view.sources)
         for s in cycle.timeline.snapshots[-HISTORY_SAMPLES:]:
             for g in s.gpus:
                 if g.utilization_gpu is not None:

@@ -42,14 +42,14 @@ def test_a_max_num_seqs_already_in_effect_is_not_advised() -> None:
 
 
 def test_a_max_num_seqs_below_the_requests_running_before_the_trouble_is_not_advised() -> None:
-    # 41 requests ran in the log's first stats line: a cap of 33 would throttle the traffic.
-    f = _finding(V0)
+    # 41 requests ran before the KV cache filled: a cap of 33 would throttle the traffic.
+    f = _finding(V0, running_before_trouble=41)
     assert "--max-num-seqs" not in f.summary
     assert f.fixes == []
 
 
 def test_fp8_is_not_offered_for_a_kv_cache_already_fp8() -> None:
-    f = _finding(V0, kv_cache_dtype="fp8", fp8_supported=True, log_running_first=None)
+    f = _finding(V0, kv_cache_dtype="fp8", fp8_supported=True, running_before_trouble=None)
     assert "fp8" not in f.summary
     assert [fix.flags for fix in f.fixes] == [{"--max-num-seqs": "33"}]
 

@@ -64,3 +64,23 @@ def test_a_budget_that_cannot_spare_the_scratch_advises_no_gmu() -> None:
 def test_near_miss_a_budget_that_already_leaves_the_room_does_not_fire() -> None:
     # (72 GiB − 0.5 GiB) / 80 GiB floors to 0.89: not below a gmu of 0.89
     assert _findings(gmu=0.89) == []
+
+
+def test_v034_ext_startup_triton_oom_gets_no_gmu() -> None:
+    """triton-autotune-oom on vLLM 0.34's extensible KV cache: a startup autotune OOM comes
+    before the KV commit, where a lower gmu frees nothing; a run-time one keeps the formula."""
+    from pathlib import Path
+
+    from kvdoctor.pipeline import Pipeline
+    from kvdoctor.sources.bundle import load_bundle
+
+    bundles = Path(__file__).parent.parent / "data" / "bundles"
+
+    def fixes(name: str) -> list[dict[str, str]]:
+        report = Pipeline.load().evaluate(load_bundle(bundles / name).timeline, now=0)
+        (f,) = [f for f in report.findings if f.rule == "triton-autotune-oom"]
+        return [dict(x.flags) for x in f.fixes]
+
+    assert fixes("d2-v34-triton-autotune-oom-before-commit") == []
+    assert fixes("d2-v34-triton-autotune-oom-runtime-ext") == [{"--gpu-memory-utilization": "0.98"}]
+    assert fixes("c2-triton-autotune-oom-qwen3next-v017-a100") == [{"--gpu-memory-utilization": "0.89"}]

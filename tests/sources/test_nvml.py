@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from kvdoctor.facts import Gpu, SourceError
+from kvdoctor.facts import Gpu, SourceError, SourceUnavailable
 from kvdoctor.sources import nvml
 from kvdoctor.sources.nvml import NvmlReader, read_gpus
 from kvdoctor.units import GiB, MiB
@@ -215,7 +215,9 @@ def test_init_failure_from_fake() -> None:
     reader = NvmlReader(make_fake([], init_error=NVMLError_LibraryNotFound()))
     with pytest.raises(SourceError) as ei:
         reader.read()
-    assert str(ei.value) == "NVML unavailable: NVML Shared Library Not Found"
+    # no driver library: unavailable on this host, said in words (issue 27)
+    assert str(ei.value) == "NVML unavailable: NVML Shared Library Not Found (no NVIDIA driver on this host)"
+    assert isinstance(ei.value, SourceUnavailable)
     reader.close()  # nothing initialised: no shutdown, no error
 
 
@@ -234,7 +236,9 @@ def test_real_pynvml_without_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvml, "_default", None)
     with pytest.raises(SourceError) as ei:
         read_gpus()
-    assert str(ei.value) == "NVML unavailable: NVML Shared Library Not Found"
+    # no driver library: unavailable on this host, said in words (issue 27)
+    assert str(ei.value) == "NVML unavailable: NVML Shared Library Not Found (no NVIDIA driver on this host)"
+    assert isinstance(ei.value, SourceUnavailable)
     nvml.close()
 
 
