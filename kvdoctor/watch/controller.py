@@ -261,10 +261,12 @@ class Controller:
 
     def seek(self, index: int) -> None:
         """Replay: show snapshot ``index`` (clamped) with the Timeline rebuilt from the
-        snapshots before it, then go on playing unless paused. Blocks until done (call it off
-        the UI thread)."""
+        snapshots before it, then go on playing unless paused (a static input: shown there, not
+        played). Blocks until done (call it off the UI thread)."""
         if self.replay:
             self._seek(index, history=SEEK_HISTORY)
+        elif self.static:  # one state: shown at ``index`` with everything before it, not played
+            self._seek(index, history=len(self.feed))
 
     def _seek(self, index: int, history: int) -> None:
         with self._ctl:
@@ -273,6 +275,8 @@ class Controller:
             if n == 0:
                 return
             index = max(0, min(n - 1, index))
+            # the View posted below must not say "ended" for the position it shows
+            self.ended = False
             start = max(0, index - history)
             tl = Timeline(max_len=self.loop.timeline.max_len)
             self.feed.seek(start)
