@@ -389,6 +389,15 @@ class EngineStats:
     prefix_hit_rate: float | None = None
     ttft_p50: float | None = None
     ttft_p99: float | None = None
+    #: seconds; inter-token latency quantiles (vllm:inter_token_latency_seconds, before 0.10.2
+    #: vllm:time_per_output_token_seconds) over the window's histogram delta
+    itl_p50: float | None = None
+    itl_p99: float | None = None
+    #: tokens per second; rate(vllm:prompt_tokens_total) and rate(vllm:generation_tokens_total)
+    prompt_tps: float | None = None
+    gen_tps: float | None = None
+    #: finished requests per second; rate(vllm:request_success_total)
+    request_rate: float | None = None
     #: the /metrics ``engine`` label this engine's figures come from (None: no /metrics)
     metrics_label: str | None = None
     #: KV usage over the window, oldest first (for sparklines)
@@ -421,11 +430,25 @@ def _recent(timeline: Timeline, window_s: float) -> Timeline:
     return Timeline(snapshots=snaps[i:], max_len=timeline.max_len)
 
 
+def _latency(series: Any, name: str, window_s: float) -> tuple[float | None, float | None]:
+    """p50, p99 seconds of a latency histogram over the window (lifetime when the window saw
+    no request); (None, None) when the page has no such histogram."""
+    from kvdoctor import timeline as tl
+
+    h = tl.histogram_delta(series, name, window_s)
+    if h is None or h.count <= 0:
+        h = tl.histogram_latest(series, name)
+    if h is None or h.count <= 0:
+        return None, None
+    return tl.histogram_quantile(h, 0.5), tl.histogram_quantile(h, 0.99)
+
+
 def engine_stats(timeline: Timeline, report: Report, window_s: float = 60.0) -> list[EngineStats]:
     """One :class:`EngineStats` per ``report.engines`` entry, from the engine's /metrics series
     in ``timeline`` (vllm:kv_cache_usage_perc, num_requests_running/waiting,
-    rate(num_preemptions_total), request_prompt_tokens and time_to_first_token_seconds
-    histogram deltas, prefix_cache_hits/queries) and the report's config and KV figures.
+    rate(num_preemptions_total), rate(prompt_tokens_total / generation_tokens_total /
+    request_success_total), request_prompt_tokens, time_to_first_token_seconds and
+    inter_token_latency_seconds histogram deltas, prefix_cache_hits/queries) and the report's config and KV figures.
     Never raises."""
     from kvdoctor import timeline as tl
 
@@ -468,11 +491,11 @@ def engine_stats(timeline: Timeline, report: Report, window_s: float = 60.0) -> 
         life = tl.histogram_latest(series, "vllm:request_prompt_tokens")
         if life is not None and life.count > 0:
             st.longest_prompt = tl.histogram_max_bucket(life)
-        th = tl.histogram_delta(series, "vllm:time_to_first_token_seconds", window_s)
-        if th is None or th.count <= 0:
-            th = tl.histogram_latest(series, "vllm:time_to_first_token_seconds")
-        if th is not None and th.count > 0:
-            st.ttft_p50, st.ttft_p99 = tl.histogram_quantile(th, 0.5), tl.histogram_quantile(th, 0.99)
+        st.ttft_p50, st.ttft_p99 = _latency(series, "vllm:time_to_first_token_seconds", window_s)
+        st.itl_p50, st.itl_p99 = _latency(series, "vllm:inter_token_latency_seconds", window_s)
+        st.prompt_tps = tl.counter_rate(series, "prompt_tokens_total", window_s)
+        st.gen_tps = tl.counter_rate(series, "generation_tokens_total", window_s)
+        st.request_rate = tl.counter_rate(series, "request_success_total", window_s)
         q = tl.counter_increase(series, "prefix_cache_queries_total", window_s)
         h = tl.counter_increase(series, "prefix_cache_hits_total", window_s)
         if q and h is not None:

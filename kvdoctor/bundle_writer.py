@@ -644,7 +644,8 @@ def write_bundle(
     """Write a whole support bundle from what was read: the given input files copied (``opts``,
     :class:`kvdoctor.inputs.InputOptions`, redacted), the Timeline's facts rendered for what no
     file gave (``raw_metrics`` as in :func:`render_facts`), on a ``live`` host the tools of
-    :data:`LIVE_TOOLS`, the latest sources' errors, and ``manifest.json``; then moved to
+    :data:`LIVE_TOOLS`, the latest sources' errors (and sources missing with a reason, such as
+    NVML on a host without the driver), and ``manifest.json``; then moved to
     ``out`` (directory or ``.tar.gz``). Used by ``kvdoctor bundle`` and watch's ``b`` key.
     Returns the manifest. Raises OSError when ``out`` cannot be written."""
     manifest = Manifest(input=_redact_url(source))

@@ -65,6 +65,9 @@ class InputOptions:
     interval_s: float = 1.0
     #: per-source read timeout, seconds (live)
     timeout_s: float = 2.0
+    #: /metrics (live, bundle, files): also parse the latency histograms a screen shows (TTFT,
+    #: ITL; ``watch``)
+    display_histograms: bool = False
     #: one diagnosis (``diagnose``), not a watch: live statuses say nothing of retrying
     one_shot: bool = False
 
@@ -299,7 +302,18 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
         use_nvml=not opts.no_nvml,
         one_shot=opts.one_shot,
     )
+    live.histograms = _histograms(opts)
     return LiveFeed(live)
+
+
+def _histograms(opts: InputOptions) -> tuple[str, ...] | None:
+    """The /metrics histogram families to parse: the display set for ``watch`` (TTFT, ITL),
+    else None (the default set the rules read)."""
+    if not opts.display_histograms:
+        return None
+    from kvdoctor.sources.metrics import DISPLAY_HISTOGRAMS
+
+    return DISPLAY_HISTOGRAMS
 
 
 def _bundle_label(opts: InputOptions) -> str:
@@ -311,7 +325,7 @@ def _load_bundle(opts: InputOptions, raw_sink: Callable[[float, str, str], None]
 
     path = demo_bundle_dir() if opts.demo else opts.bundle
     assert path is not None
-    timeline = load_bundle(path).timeline
+    timeline = load_bundle(path, histograms=_histograms(opts)).timeline
     if opts.demo:
         _relabel(timeline, str(path), f"demo:{DEMO_CASE}")
     if opts.has_artifacts or opts.urls:
@@ -405,6 +419,7 @@ def _load_artifacts(
         env=opts.env_file,
         ps=opts.ps_file,
         dmesg=opts.dmesg_file,
+        histograms=_histograms(opts),
     )
     errors: list[SourceStatus] = []
     for url in opts.urls:

@@ -75,6 +75,9 @@ class LiveOptions:
     #: one diagnosis, not a watch: a source waiting out its backoff is reported by its last
     #: error, without "retrying in …" (nothing will retry it)
     one_shot: bool = False
+    #: /metrics histogram families parsed (None: ``sources.metrics.READ_HISTOGRAMS``; a screen
+    #: that shows latencies passes ``DISPLAY_HISTOGRAMS``)
+    histograms: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -283,9 +286,11 @@ class MetricsSource:
 
     kind = "metrics"
 
-    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0, histograms: tuple[str, ...] | None = None) -> None:
         self.origin = url
         self.timeout_s = timeout_s
+        #: histogram families parsed (None: the default ``READ_HISTOGRAMS``)
+        self.histograms = histograms
         # One HTTP client for every scrape of this endpoint: it keeps the connection alive and
         # its TLS context (~40 ms to build, more than the rest of a sidecar cycle).
         self._client: Any = None
@@ -313,7 +318,10 @@ class MetricsSource:
         from kvdoctor.sources.metrics import parse_metrics, scrape
 
         text, ts = scrape(self.origin, timeout=self.timeout_s, client=self._client)
-        ms = parse_metrics(text, origin=self.origin, timestamp=ts)
+        if self.histograms is None:
+            ms = parse_metrics(text, origin=self.origin, timestamp=ts)
+        else:
+            ms = parse_metrics(text, origin=self.origin, timestamp=ts, histograms=self.histograms)
         prev, self._prev = self._prev, {}
         for m in ms:
             before = prev.get(m.engine)
@@ -542,7 +550,7 @@ class Sampler:
             if opts.use_processes:
                 base.append(ProcessSource(opts.timeout_s))
             for url in self._fixed_urls:
-                base.append(MetricsSource(url, opts.timeout_s))
+                base.append(MetricsSource(url, opts.timeout_s, opts.histograms))
             if opts.log_path is not None:
                 self._log_source = LogSource(opts.log_path, opts.timeout_s)
                 base.append(self._log_source)
@@ -565,6 +573,9 @@ class Sampler:
 
     def _start(self, st: _State, now: float, statuses: dict[str, SourceStatus]) -> None:
         key = f"{st.source.kind}\0{st.source.origin}"
+        if st.unavailable is not None:
+            statuses[key] = SourceStatus(st.source.kind, st.source.origin, "missing", st.unavailable)
+            return
         if st.future is not None and not st.future.done():
             # The previous read still hangs: do not pile threads up behind it.
             self._fail(st, f"timed out after {st.source.timeout_s:g}s (still running)", now, None)
@@ -700,7 +711,9 @@ class Sampler:
         now = self._clock()
         for url in urls:
             if f"metrics\0{url}" not in self._states:
-                self._start(self._add(MetricsSource(url, self.opts.timeout_s)), now, statuses)
+                self._start(
+                    self._add(MetricsSource(url, self.opts.timeout_s, self.opts.histograms)), now, statuses
+                )
 
     def sample(self) -> Snapshot:
         """Read every live source once, concurrently; never raises for a source failure.

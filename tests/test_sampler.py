@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,28 @@ def test_nvml_that_fails_is_initialised_afresh_and_comes_back() -> None:
         src.read()
     got = src.read()
     assert got.values["gpus"][0].timestamp is not None and calls["n"] == 2
+
+
+def test_nvml_without_a_driver_is_said_once_and_not_retried() -> None:
+    """No libnvidia-ml on the host (SourceUnavailable): "missing" with why, and NVML is not
+    initialised again on later reads; a driver that fails (Driver Not Loaded) is retried."""
+    from kvdoctor.facts import SourceUnavailable
+
+    calls = {"n": 0}
+
+    def factory() -> Any:
+        calls["n"] += 1
+        raise SourceUnavailable("NVML unavailable: NVML Shared Library Not Found")
+
+    sampler = Sampler(LiveOptions(interval_s=0.01), sources=[NvmlSource(factory=factory)])
+    try:
+        for _ in range(5):
+            snap = sampler.sample()
+            [st] = snap.sources
+            assert st.status == "missing" and st.detail.startswith("NVML unavailable: NVML Shared Library")
+        assert calls["n"] == 1
+    finally:
+        sampler.close()
 
 
 def test_unchanged_gpu_processes_and_reasons_are_shared_between_readings() -> None:

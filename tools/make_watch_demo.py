@@ -38,7 +38,14 @@ CASE = ROOT / "tests" / "data" / "cases" / "b17-v1-preemption-thrash-long-prompt
 OUT = ROOT / "kvdoctor" / "data" / "demo" / "watch-demo.jsonl.gz"
 
 #: what the rules read, plus TTFT for the engine panel (the other latencies would only add bytes)
-HISTOGRAMS = (*READ_HISTOGRAMS, "vllm:time_to_first_token_seconds")
+#: the latencies watch shows; b17's page has the pre-0.10.2 name of the inter-token latency
+#: (time_per_output_token), which the parser files under vllm:inter_token_latency_seconds
+HISTOGRAMS = (
+    *READ_HISTOGRAMS,
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+)
 START = 1753785600.0  # 2025-07-29 10:40:00 UTC, after b17's log
 STEPS = 240
 MIB = 2**20
@@ -108,6 +115,8 @@ def build() -> list[Snapshot]:
     gen_tok = template.generation_tokens_total or 0.0
     success = template.request_success_total or 0.0
     hists = {k: copy.deepcopy(v) for k, v in template.histograms.items()}
+    # one inter-token latency series, under today's name
+    hists.pop("vllm:time_per_output_token_seconds", None)
     kv = 0.35
     waiting = 0.0
     snaps: list[Snapshot] = []
@@ -134,7 +143,8 @@ def build() -> list[Snapshot]:
             ttft = rng.uniform(0.1, 0.4)
         preempt += new_pre
         prompt_tok += prompt_len * n_done
-        gen_tok += running * rng.uniform(20, 40)
+        gen_step = running * rng.uniform(20, 40)
+        gen_tok += gen_step
         success += n_done
         for name, value in (
             ("vllm:request_prompt_tokens", prompt_len),
@@ -144,6 +154,14 @@ def build() -> list[Snapshot]:
             h = hists.get(name)
             if h is not None:
                 hists[name] = _scale_hist(h, _bucket_adds(h, value, n_done), value * n_done)
+        # Inter-token latency: one observation per generated token, slower while long prefills
+        # and preemptions share the steps (no random draw: the rest of the demo stays as it was).
+        itl = 0.018 + 0.004 * ttft
+        h = hists.get("vllm:inter_token_latency_seconds")
+        if h is not None:
+            hists["vllm:inter_token_latency_seconds"] = _scale_hist(
+                h, _bucket_adds(h, itl, gen_step), itl * gen_step
+            )
         m = dataclasses.replace(
             template,
             timestamp=ts,

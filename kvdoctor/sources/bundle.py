@@ -91,6 +91,9 @@ class Artifacts:
     dmesg: Path | None = None
     #: a bundle directory: ``--config`` must resolve inside it (set by :func:`artifacts_in_dir`)
     confine_to: Path | None = None
+    #: /metrics histogram families parsed (None: ``sources.metrics.READ_HISTOGRAMS``; ``watch``
+    #: passes ``DISPLAY_HISTOGRAMS`` to show TTFT and inter-token latency)
+    histograms: tuple[str, ...] | None = None
 
 
 @shared_methods
@@ -227,13 +230,14 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
     if art.log is not None:
         snap.log = _read(snap, "log", art.log, _parse_log, describe_log)
 
+    hist: dict[str, Any] = {} if art.histograms is None else {"histograms": art.histograms}
     for path in art.metrics:
         if path.is_dir():
             got = _guard(
                 snap,
                 "metrics",
                 str(path),
-                partial(metrics_src.load_metrics_dir, path, confine_to=art.confine_to),
+                partial(metrics_src.load_metrics_dir, path, confine_to=art.confine_to, **hist),
             )
             if got is not None:
                 series, errors = got
@@ -245,12 +249,16 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         else:
             ts = _metrics_timestamp(path)
             ms = _read(
-                snap, "metrics", path, partial(_parse_metrics_file, ts=ts), lambda m: f"{len(m)} engine(s)"
+                snap,
+                "metrics",
+                path,
+                partial(_parse_metrics_file, ts=ts, **hist),
+                lambda m: f"{len(m)} engine(s)",
             )
             if ms is not None:
                 scrapes.append((ts, ms))
     for text, ts, origin in art.metrics_texts:
-        ms = _guard(snap, "metrics", origin, partial(metrics_src.parse_metrics, text, origin, ts))
+        ms = _guard(snap, "metrics", origin, partial(metrics_src.parse_metrics, text, origin, ts, **hist))
         if ms is not None:
             scrapes.append((ts, ms))
             _status(snap, "metrics", origin, "ok", f"{len(ms)} engine(s)")
@@ -319,9 +327,13 @@ def _assemble(
     return Loaded(timeline=timeline, configs=configs)
 
 
-def _parse_metrics_file(path: Path, ts: float | None = None) -> list[EngineMetrics]:
+def _parse_metrics_file(
+    path: Path, ts: float | None = None, histograms: tuple[str, ...] | None = None
+) -> list[EngineMetrics]:
     from kvdoctor.sources.metrics import parse_metrics
 
+    if histograms is not None:
+        return parse_metrics(_read_text(path), origin=str(path), timestamp=ts, histograms=histograms)
     return parse_metrics(_read_text(path), origin=str(path), timestamp=ts)
 
 
@@ -476,7 +488,7 @@ def _cleanup_on_sigterm() -> Iterator[None]:
 
 
 @guarded("path", 0)
-def load_bundle(path: Path) -> Loaded:
+def load_bundle(path: Path, *, histograms: tuple[str, ...] | None = None) -> Loaded:
     """Read a bundle directory or ``.tar.gz`` (spec/bundle.md).
 
     Missing core files are reported as "missing"; unreadable ones as "error" with the reason.
@@ -484,16 +496,19 @@ def load_bundle(path: Path) -> Loaded:
     confined: symlinks out of it, FIFOs and devices are refused with a status, never opened; a
     ``--config`` must resolve inside it. From an archive only the files kvdoctor reads are
     extracted, each with its own size cap, to a temporary directory removed afterwards (also on
-    SIGINT/SIGTERM); an oversized, duplicate or unsafe member is skipped with a status. Raises
+    SIGINT/SIGTERM); an oversized, duplicate or unsafe member is skipped with a status.
+    ``histograms``: /metrics histogram families to parse (None: the default set). Raises
     SourceError only when ``path`` itself is neither a directory nor a readable tar archive.
     """
     path = Path(path)
+    # only when asked: _load_dir keeps its (root, label) call for everything else
+    kw: dict[str, Any] = {} if histograms is None else {"histograms": histograms}
     if path.is_file() and (path.name.endswith((".tar.gz", ".tgz", ".tar"))):
         import tempfile  # archives only: a bundle directory does not import it (nor shutil)
 
         with _cleanup_on_sigterm(), tempfile.TemporaryDirectory(prefix="kvdoctor-bundle-") as tmp:
             root, skipped = _extract_tar(path, Path(tmp))
-            loaded = _load_dir(root, label=str(path))
+            loaded = _load_dir(root, label=str(path), **kw)
             for origin, why in skipped:
                 _status(loaded.snapshot, "bundle", origin, "error", why)
             # Origins should name the archive, never the temporary directory.
@@ -506,7 +521,7 @@ def load_bundle(path: Path) -> Loaded:
         raise SourceError("no such bundle (expected a directory or a .tar.gz)", origin=str(path))
     if not path.is_dir():
         raise SourceError("not a bundle: expected a directory or a .tar.gz", origin=str(path))
-    return _load_dir(path, label=str(path))
+    return _load_dir(path, label=str(path), **kw)
 
 
 def _wanted(parts: tuple[str, ...]) -> bool:
@@ -624,9 +639,10 @@ def _archive_error(path: Path, exc: BaseException) -> str:
     return "not a gzip/tar archive (expected a bundle directory or a .tar.gz)"
 
 
-def _load_dir(root: Path, *, label: str) -> Loaded:
+def _load_dir(root: Path, *, label: str, histograms: tuple[str, ...] | None = None) -> Loaded:
     refused: list[tuple[str, str]] = []
     art = artifacts_in_dir(root, refused)
+    art.histograms = histograms
     loaded = load_artifacts(art, label=label)
     snap = loaded.snapshot
     for origin, why in refused:

@@ -41,9 +41,10 @@ def watch_command(
 ) -> None:
     """Live TUI: where each GPU's memory went, what each engine does, findings with their fix.
 
-    With no input option it reads the live machine (the same discovery as diagnose); --bundle,
-    single artifacts or --recording FILE (replay: space, ←/→, [/]) read files; --demo replays a
-    bundled incident on any machine. Keys: ? help, q quit.
+    With no input option it reads the live machine (the same discovery as diagnose); --bundle
+    or single artifacts show that one state; --recording FILE replays (space, ←/→, [/]);
+    --demo replays a bundled incident on any machine. Keys: ? help, t processes, b bundle
+    (the same as `kvdoctor bundle` from these inputs), q quit.
     """
     from kvdoctor.inputs import options_from_kwargs
 
@@ -57,13 +58,14 @@ def watch_command(
             _fail("--demo cannot be combined with other inputs")
         opts.demo, opts.recording = False, demo_recording_path()
         start_at, label = DEMO_START, "demo"
+    opts.display_histograms = True  # the engine panel shows TTFT and ITL
     pipeline = load_pipeline(rules_dirs, config_path)
     feed = open_feed_or_fail(opts)
     if label:
         feed.label = label
     from kvdoctor.watch.app import WatchApp
 
-    app = WatchApp(feed, pipeline, interval_s=interval_s, start_at=start_at)
+    app = WatchApp(feed, pipeline, interval_s=interval_s, start_at=start_at, opts=opts)
     app.run()
     if app.exit_message:
         click.echo(app.exit_message, err=True)

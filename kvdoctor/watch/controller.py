@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ SPEEDS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.25, 60.0
 #: snapshots replayed into the Timeline before a seek target, so windows have history.
 SEEK_HISTORY = 300
+#: live /metrics page texts kept for the ``b`` bundle (the newest; at 1 Hz two minutes)
+RAW_PAGES_KEPT = 120
 
 
 def finding_key(f: Finding) -> tuple[str, str, tuple[int, ...]]:
@@ -112,7 +115,11 @@ class Controller:
         self.pipeline = pipeline
         self.post = post
         self.clock = clock
-        self.replay = hasattr(feed, "seek") and not feed.live
+        #: a static input (a bundle, single artifacts): one state, shown at its end, no play/seek
+        self.static = is_static(feed)
+        self.replay = hasattr(feed, "seek") and not feed.live and not self.static
+        #: called (worker thread) when a finite input has ended, so the screen says so
+        self.on_end: Callable[[], None] | None = None
         #: recorded seconds between snapshots (replay speed 1× plays at this interval)
         rec = getattr(feed, "interval_s", None) if self.replay else None
         self.base_interval_s = float(rec) if rec else interval_s
@@ -129,6 +136,9 @@ class Controller:
         self.recording_path: Path | None = None
         self._rows: dict[tuple[str, str, tuple[int, ...]], FindingRow] = {}
         self._sources: dict[tuple[str, str], SourceRow] = {}
+        #: live: (unix seconds, URL, page text) of the newest scrapes, for the ``b`` bundle
+        self._raw: deque[tuple[float, str, str]] = deque(maxlen=RAW_PAGES_KEPT)
+        self._raw_last: dict[str, float] = {}
 
     # ------------------------------------------------------------------ state
 
@@ -155,7 +165,11 @@ class Controller:
     # ------------------------------------------------------------------ thread
 
     def start(self) -> None:
-        """Start reading (a replay with ``start_at`` first seeks there)."""
+        """Start reading (a replay with ``start_at`` first seeks there; a static input is read
+        to its end at once and evaluated there, as ``diagnose`` evaluates it)."""
+        if self.static:
+            self._show_end()
+            return
         if self.replay and self._start_at:
             self.seek(self._start_at)
             return
@@ -176,6 +190,8 @@ class Controller:
             self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if not stop.is_set():
             self.ended = not self.live
+            if self.ended and self.on_end is not None:
+                self.on_end()
 
     def _halt(self, wait: bool = True) -> None:
         self._stop.set()
@@ -234,19 +250,34 @@ class Controller:
             return None
         return max(0, int(self.feed.position) - 1)
 
+    def _show_end(self) -> None:
+        """Static input: evaluate at its last snapshot with every snapshot before it in the
+        Timeline (what ``diagnose --bundle`` evaluates), then mark the input ended."""
+        n = len(self.feed) if hasattr(self.feed, "__len__") else 0
+        if n == 0 or not hasattr(self.feed, "seek"):
+            self._launch()  # nothing to seek in: read it as it comes (it ends by itself)
+            return
+        self._seek(n - 1, history=n)
+
     def seek(self, index: int) -> None:
         """Replay: show snapshot ``index`` (clamped) with the Timeline rebuilt from the
-        snapshots before it, then go on playing unless paused. Blocks until done (call it off
-        the UI thread)."""
-        if not self.replay:
-            return
+        snapshots before it, then go on playing unless paused (a static input: shown there, not
+        played). Blocks until done (call it off the UI thread)."""
+        if self.replay:
+            self._seek(index, history=SEEK_HISTORY)
+        elif self.static:  # one state: shown at ``index`` with everything before it, not played
+            self._seek(index, history=len(self.feed))
+
+    def _seek(self, index: int, history: int) -> None:
         with self._ctl:
             self._halt()
             n = len(self.feed)
             if n == 0:
                 return
             index = max(0, min(n - 1, index))
-            start = max(0, index - SEEK_HISTORY)
+            # the View posted below must not say "ended" for the position it shows
+            self.ended = False
+            start = max(0, index - history)
             tl = Timeline(max_len=self.loop.timeline.max_len)
             self.feed.seek(start)
             for _ in range(index - start):
@@ -260,8 +291,10 @@ class Controller:
             if cycle is not None:
                 self._on_cycle(cycle)
             self.ended = self.feed.position >= n
-            if not self.paused and not self.ended:
+            if not self.paused and not self.ended and not self.static:
                 self._launch()
+        if self.ended and self.on_end is not None:
+            self.on_end()
 
     def seek_by(self, delta: int) -> None:
         """Replay: seek ``delta`` snapshots from the one shown."""
@@ -293,8 +326,22 @@ class Controller:
 
     # ------------------------------------------------------------------ per cycle
 
+    def raw_metrics(self) -> list[tuple[float, str, str]]:
+        """Live: the newest /metrics pages as scraped, (unix seconds, URL, text), oldest first
+        (what ``kvdoctor bundle`` writes as ``metrics/<ts>.txt``); [] for files."""
+        with self._wlock:
+            return list(self._raw)
+
+    def _keep_raw(self) -> None:
+        for url, (ts, text) in list(getattr(self.feed, "last_raw", {}).items()):
+            if self._raw_last.get(url) != ts:
+                self._raw_last[url] = ts
+                self._raw.append((ts, url, text))
+
     def _on_cycle(self, cycle: Cycle) -> None:
         with self._wlock:
+            if self.live:
+                self._keep_raw()
             if self._writer is not None:
                 try:
                     self._writer.write(cycle.snapshot)
@@ -369,18 +416,38 @@ class Controller:
         return rows
 
 
+def is_static(feed: Any) -> bool:
+    """True for a finite input that is one state rather than a recording to play: a bundle or
+    single artifacts (``kvdoctor.feeds.TimelineFeed``)."""
+    from kvdoctor.feeds import TimelineFeed
+
+    return isinstance(feed, TimelineFeed)
+
+
 def write_support_bundle(
-    timeline: Timeline, dest_dir: Path, source: str = "watch"
+    timeline: Timeline,
+    dest_dir: Path,
+    source: str = "watch",
+    *,
+    opts: Any = None,
+    raw_metrics: list[tuple[float, str, str]] | None = None,
+    live: bool = False,
 ) -> tuple[Path | None, str]:
     """Write a support bundle of what watch has read into ``dest_dir`` as
-    ``kvdoctor-bundle-<time>.tar.gz`` (``kvdoctor.bundle_writer.write_bundle``: redacted,
-    spec/bundle.md layout, manifest.json): (path, one-line message); (None, why) on failure."""
+    ``kvdoctor-bundle-<time>.tar.gz``, as ``kvdoctor bundle`` writes it from the same inputs
+    (``kvdoctor.bundle_writer.write_bundle``): ``opts``' files copied (the log bounded and
+    redacted, not re-rendered), ``raw_metrics`` pages as scraped, the Timeline's facts for the
+    rest, on a ``live`` host the tools' output; spec/bundle.md layout, manifest.json.
+    Returns (path, one-line message); (None, why) on failure."""
     from kvdoctor import bundle_writer
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = dest_dir / f"kvdoctor-bundle-{stamp}.tar.gz"
     try:
-        bundle_writer.write_bundle(timeline, path, source=source)
+        manifest = bundle_writer.write_bundle(
+            timeline, path, source=source, opts=opts, raw_metrics=raw_metrics, live=live
+        )
     except OSError as e:
         return None, f"bundle not written: {e.strerror or type(e).__name__}"
-    return path, f"bundle written: {path}"
+    n = sum(1 for e in manifest.entries if e.status == "ok")
+    return path, f"bundle written: {path} ({n} files)"

@@ -4,6 +4,8 @@ started paused at a fixed replay position (deterministic screens)."""
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,3 +52,33 @@ async def wait_for(pilot: Any, cond: Callable[[], bool], timeout: float = 20.0) 
             raise AssertionError("condition not reached in time")
         await pilot.pause(0.05)
     await asyncio.sleep(0)
+
+
+_SVG_TEXT = re.compile(
+    r'<text class="[^"]*" x="([\d.]+)" y="[\d.]+" textLength="([\d.]+)" '
+    r'clip-path="url\(#[\w-]*-line-(\d+)\)">([^<]*)</text>'
+)
+
+
+def screen_lines(svg: str) -> list[str]:
+    """The text of an ``export_screenshot`` SVG, one string per terminal row (each span put
+    at its column: Rich writes a cell as ``textLength / len`` units, spans may leave gaps)."""
+    rows: dict[int, list[str]] = {}
+    cell = None
+    spans = []
+    for x, length, line, raw in _SVG_TEXT.findall(svg):
+        text = html.unescape(raw).replace("\xa0", " ")
+        if text and cell is None:
+            cell = float(length) / len(text)
+        spans.append((float(x), int(line), text))
+    for x, line, text in spans:
+        col = round(x / (cell or 1))
+        row = rows.setdefault(line, [])
+        row.extend(" " * max(0, col + len(text) - len(row)))
+        row[col : col + len(text)] = list(text)
+    return ["".join(rows.get(i, [])).rstrip() for i in range(max(rows, default=-1) + 1)]
+
+
+def flat(text: str) -> str:
+    """Whitespace runs as one space (a wrapped line read back as one)."""
+    return " ".join(text.split())

@@ -152,3 +152,24 @@ def test_recording_writes_what_is_read(demo_feed, pipeline, tmp_path):
     got = open_recording(path)
     assert len(got) >= 5
     assert got.next().timestamp == views[0].snapshot.timestamp
+
+
+def test_a_bundle_read_for_watch_has_its_latencies(pipeline):
+    """watch parses the latency histograms of a bundle's scrapes (diagnose does not need them):
+    TTFT and inter-token latency p50/p99 per engine; the bundle is one state, shown at its end."""
+    from pathlib import Path
+
+    from kvdoctor.inputs import InputOptions, open_feed
+
+    bundle = Path(__file__).parents[1] / "data" / "bundles" / "healthy-idle-gmu092"
+    got = {}
+    for flag in (False, True):
+        views, _, post = _collect()
+        c = Controller(open_feed(InputOptions(bundle=bundle, display_histograms=flag)), pipeline, post)
+        c.start()
+        assert c.static and c.ended and len(views) == 1
+        e = views[-1].engines[0]
+        got[flag] = (e.ttft_p50, e.ttft_p99, e.itl_p50, e.itl_p99)
+    assert got[False] == (None, None, None, None)
+    ttft50, ttft99, itl50, itl99 = got[True]
+    assert 0 < ttft50 <= ttft99 and 0 < itl50 <= itl99

@@ -31,9 +31,22 @@ PART_SHORT = {
 }
 
 
+#: the word written inside a part's run of the bar (colour never carries meaning alone)
+PART_WORD = {
+    "weights": "weights",
+    "kv_cache": "KV",
+    "activation_and_graphs": "act",
+    "engine": "engine",
+    "other_engines": "other engine",
+    "foreign": "foreign",
+    "unlisted": "unlisted",
+}
+
+
 def memory_bar(b: GpuBreakdown, width: int) -> Text:
     """``width`` cells: each part a run of cells in proportion to its bytes (largest
-    remainder), free as "·"; the engine's gmu × total line drawn as "┃"."""
+    remainder), its word written inside when the run has room ("foreign", "KV", …), free as
+    "·"; the engine's gmu × total line drawn as "┃"."""
     total = b.total_bytes or sum(p.bytes for p in b.parts)
     text = Text()
     if width <= 0:
@@ -45,26 +58,41 @@ def memory_bar(b: GpuBreakdown, width: int) -> Text:
     order = sorted(range(len(shares)), key=lambda i: -(shares[i][1] - cells[i]))
     for i in order[: max(0, width - sum(cells))]:
         cells[i] += 1
-    runs: list[str] = []
+    chars: list[str] = []
+    styles: list[str] = []
     for (part, _), n in zip(shares, cells, strict=False):
-        runs.extend([part] * n)
-    runs = (runs + ["free"] * width)[:width]
-    mark = round(b.gmu * width) if b.gmu is not None else None
-    if mark is not None:
-        mark = min(width - 1, max(0, mark))
-    # One span per run of cells (not per cell): cheap to draw every second.
+        n = min(n, width - len(chars))
+        if n <= 0:
+            continue
+        colour = PART_STYLE.get(part, "")
+        if part == "free":
+            chars += ["·"] * n
+            styles += [colour] * n
+            continue
+        run = ["█"] * n
+        run_styles = [colour] * n
+        word = PART_WORD.get(part, "")
+        if word and n >= len(word) + 2:
+            at = (n - len(word)) // 2
+            run[at : at + len(word)] = list(word)
+            run_styles[at : at + len(word)] = [f"bold black on {colour}"] * len(word)
+        chars += run
+        styles += run_styles
+    chars += ["·"] * (width - len(chars))
+    styles += [PART_STYLE["free"]] * (width - len(styles))
+    if b.gmu is not None:
+        mark = min(width - 1, max(0, round(b.gmu * width)))
+        under = styles[mark]
+        bg = under.rsplit(" on ", 1)[-1] if " on " in under else under
+        styles[mark] = "bold bright_white" if chars[mark] == "·" else f"bold bright_white on {bg}"
+        chars[mark] = "┃"
+    # One span per run of equal style (not per cell): cheap to draw every second.
     i = 0
     while i < width:
-        part = runs[i]
         j = i
-        while j < width and runs[j] == part and j != mark:
+        while j < width and styles[j] == styles[i]:
             j += 1
-        style = PART_STYLE.get(part, "")
-        if j > i:
-            text.append(("·" if part == "free" else "█") * (j - i), style=style)
-        if j == mark:
-            text.append("┃", style=f"bold bright_white on {style}" if part != "free" else "bold bright_white")
-            j += 1
+        text.append("".join(chars[i:j]), style=styles[i])
         i = j
     return text
 
@@ -89,7 +117,7 @@ def _title(b: GpuBreakdown, view: View, width: int) -> Text:
     if g is not None:
         if g.temperature_c is not None:
             hot = g.temperature_c >= 85
-            t.append(f"{g.temperature_c:.0f}°C ", style="bold red" if hot else "")
+            t.append(f"{g.temperature_c:.0f}°C{' hot' if hot else ''} ", style="bold red" if hot else "")
         if g.power_w is not None:
             lim = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
             t.append(f"{g.power_w:.0f}{lim}W ")
@@ -131,12 +159,14 @@ def _legend(b: GpuBreakdown, width: int) -> Text:
     return t
 
 
-def _processes(b: GpuBreakdown, width: int) -> Text:
+def _processes(b: GpuBreakdown, width: int, orphans: set[int] | frozenset[int] = frozenset()) -> Text:
     t = Text(" ")
     if not b.processes:
         t.append("no processes", style="dim")
     for p, kind in sorted(b.processes, key=lambda pk: -(pk[0].used_bytes or 0)):
-        style = {"foreign": "red1", "other_engine": "orange1"}.get(kind, "")
+        if p.pid in orphans:
+            kind = "orphan"  # the report's word for it (orphaned-engine-processes)
+        style = {"foreign": "red1", "other_engine": "orange1", "orphan": "bold red1"}.get(kind, "")
         t.append(f"{p.pid} ", style="dim")
         t.append(f"{(p.name or '?')[:28]} ", style=style)
         t.append(f"{gib(p.used_bytes)}", style="bold")
@@ -152,18 +182,39 @@ def is_idle(b: GpuBreakdown) -> bool:
     return not b.processes and (b.used_bytes or 0) < 2**30
 
 
-def _idle_line(b: GpuBreakdown, view: View, width: int) -> Text:
+def _idle_line(group: list[GpuBreakdown], view: View, width: int) -> Text:
+    """One line for one idle GPU or a run of idle GPUs of one model ("GPU1,2,3 L40S idle")."""
+    b = group[0]
     g = next((g for g in view.snapshot.gpus if g.index == b.index), None)
-    t = Text(f"GPU{b.index} ", style="bold")
+    t = Text("GPU" + ",".join(str(x.index) for x in group) + " ", style="bold")
     t.append(f"{(b.name or '').replace('NVIDIA ', '')} ", style="dim")
     t.append("idle", style="grey62")
-    t.append(f" · {gib(b.used_bytes)}/{gib(b.total_bytes)} · no processes", style="dim")
-    if g is not None and g.utilization_gpu:
+    each = " each" if len(group) > 1 else ""
+    t.append(f" · {gib(b.used_bytes)}/{gib(b.total_bytes)}{each} · no processes", style="dim")
+    if len(group) == 1 and g is not None and g.utilization_gpu:
         t.append(f" · util {pct(g.utilization_gpu)}")
     if g is not None and g.temperature_c is not None:
         t.append(f" · {g.temperature_c:.0f}°C", style="dim")
     t.truncate(width, overflow="ellipsis")
     return t
+
+
+def groups(gpus: list[GpuBreakdown]) -> list[list[GpuBreakdown]]:
+    """The cards to draw: each busy GPU alone, runs of idle GPUs of one model and size
+    together (one line for all of them)."""
+    out: list[list[GpuBreakdown]] = []
+    for b in gpus:
+        prev = out[-1][0] if out else None
+        if (
+            prev is not None
+            and is_idle(b)
+            and is_idle(prev)
+            and (b.name, b.total_bytes) == (prev.name, prev.total_bytes)
+        ):
+            out[-1].append(b)
+        else:
+            out.append([b])
+    return out
 
 
 def card_lines(b: GpuBreakdown, lines: int) -> int:
@@ -175,7 +226,7 @@ def card(b: GpuBreakdown, view: View, width: int, lines: int) -> list[Text]:
     """One GPU card in ``lines`` lines (1: a bar line; 2: + title; 3: + legend; 4: + processes);
     an idle GPU in one line."""
     if is_idle(b):
-        return [_idle_line(b, view, width)]
+        return [_idle_line([b], view, width)]
     if lines <= 1:
         g = next((g for g in view.snapshot.gpus if g.index == b.index), None)
         line = _bar_line(b, max(20, width - 6), prefix=f"GPU{b.index}")
@@ -186,7 +237,9 @@ def card(b: GpuBreakdown, view: View, width: int, lines: int) -> list[Text]:
     if lines >= 3:
         out.append(_legend(b, width))
     if lines >= 4:
-        out.append(_processes(b, width))
+        from kvdoctor.watch.procs import orphan_pids
+
+        out.append(_processes(b, width, orphan_pids(view)))
     return out
 
 
@@ -199,7 +252,10 @@ def render(view: View | None, width: int, lines_per_card: int, columns: int = 1)
         why = src[0].status.detail if src and src[0].status.detail else "no GPU read"
         return Text(f"No GPUs: {why}", style="dim")
     col_w = max(20, (width - (columns - 1)) // columns)
-    cards = [card(b, view, col_w, lines_per_card) for b in view.gpus]
+    cards = [
+        card(g[0], view, col_w, lines_per_card) if len(g) == 1 else [_idle_line(g, view, col_w)]
+        for g in groups(view.gpus)
+    ]
     rows: list[Text] = []
     for start in range(0, len(cards), columns):
         group = cards[start : start + columns]
