@@ -63,3 +63,15 @@ def assert_words_match_fixes(f: Finding) -> None:
             assert any(_same(said, v) for v in fixed[flag]), f"{flag} {said} named, fixes hold {fixed[flag]}"
     for flag in fixed:
         assert flag in dict(words), f"{flag} fixed but not named: {f.summary}"
+
+
+def bundle_finding(rule: rulekit.Rule[Any], bundle: str, **changes: Any) -> Finding:
+    """The rule's one finding on the first engine context of ``bundle`` (tests.rule_contexts),
+    with some variables changed; a rule error, or no finding, fails the test."""
+    from tests.rule_contexts import all_contexts
+
+    eid, v, inputs = next((e, v, i) for b, e, v, i in all_contexts() if b == bundle)
+    ev = rulekit.evaluate([rule], [rulekit.RuleContext(eid, {**v, **changes}, set(inputs))])
+    assert not ev.errors, [str(e) for e in ev.errors]
+    (found,) = ev.findings
+    return found

@@ -6,17 +6,13 @@ from typing import Any
 
 from kvdoctor import rulekit
 from kvdoctor.units import GiB
-from tests.rule_contexts import all_contexts
+from tests.rules._words import bundle_finding
 
 
 def _finding(bundle: str, **changes: Any) -> Any:
     from rules.idle_preallocation import RULE
 
-    (eid, v, inputs) = next((e, v, i) for b, e, v, i in all_contexts() if b == bundle)
-    ev = rulekit.evaluate([RULE], [rulekit.RuleContext(eid, {**v, **changes}, set(inputs))])
-    assert not ev.errors
-    (finding,) = ev.findings
-    return finding
+    return bundle_finding(RULE, bundle, **changes)
 
 
 def test_an_idle_80_gb_card_gets_the_gmu_that_leaves_16_gib_free() -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvdoctor import rulekit
-from tests.rule_contexts import all_contexts
+from tests.rules._words import bundle_finding
 
 V0 = "r05-v0-063-pending-kv-saturated"  # vLLM 0.6.3, no fp8 on its GPU: 35,632 KV tokens, ~1,079 per request
 
@@ -13,11 +12,7 @@ V0 = "r05-v0-063-pending-kv-saturated"  # vLLM 0.6.3, no fp8 on its GPU: 35,632 
 def _finding(bundle: str, **changes: Any) -> Any:
     from rules.low_util_kv_saturated import RULE
 
-    (eid, v, inputs) = next((e, v, i) for b, e, v, i in all_contexts() if b == bundle)
-    ev = rulekit.evaluate([RULE], [rulekit.RuleContext(eid, {**v, **changes}, set(inputs))])
-    assert not ev.errors
-    (finding,) = ev.findings
-    return finding
+    return bundle_finding(RULE, bundle, **changes)
 
 
 def test_fp8_kv_is_the_first_alternative_where_the_gpu_has_fp8() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvdoctor import rulekit
-from tests.rule_contexts import all_contexts
+from tests.rules._words import bundle_finding
 
 PP2 = "k3-two-nodes-heavy-stage0"  # TP 2 × PP 2, stage 0 holds 5.47 GiB more
 
@@ -13,11 +13,7 @@ PP2 = "k3-two-nodes-heavy-stage0"  # TP 2 × PP 2, stage 0 holds 5.47 GiB more
 def _finding(bundle: str, **changes: Any) -> Any:
     from rules.parallel_rank_imbalance import RULE
 
-    (eid, v, inputs) = next((e, v, i) for b, e, v, i in all_contexts() if b == bundle)
-    ev = rulekit.evaluate([RULE], [rulekit.RuleContext(eid, {**v, **changes}, set(inputs))])
-    assert not ev.errors
-    (finding,) = ev.findings
-    return finding
+    return bundle_finding(RULE, bundle, **changes)
 
 
 def test_a_heavy_pipeline_stage_gets_the_layer_partition_that_is_its_fix() -> None:
