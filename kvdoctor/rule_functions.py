@@ -8,16 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvdoctor import kvmath
-
-
-def join(items: Iterable[Any] | None, sep: str = " ") -> str:
-    """``join([48211, 48212])`` → "48211 48212" (str.join without attribute access)."""
-    return sep.join(str(i) for i in (items or []))
-
-
-def fmt(value: Any, spec: str = "") -> str:
-    """``format(value, spec)``; "N/A" for None."""
-    return "N/A" if value is None else format(value, spec)
+from kvdoctor.units import na
 
 
 def gpus_under(
@@ -67,7 +58,7 @@ def pair_desc(names: Iterable[Any] | None, values: Iterable[Any] | None, spec: s
     ns, vs = list(names), list(values)
     if len(ns) != len(vs):
         return None
-    return ", ".join(f"{n} {fmt(x, spec)}" for n, x in zip(ns, vs, strict=True))
+    return ", ".join(f"{n} {na(x, spec)}" for n, x in zip(ns, vs, strict=True))
 
 
 def count_at_least(values: Iterable[float | None] | None, threshold: float | None) -> int:
@@ -250,7 +241,7 @@ def dp_desc(skew: dict[str, Any] | None, which: str) -> str:
         e = skew["last"].get(lab) or {}
         parts.append(
             f"engine {lab} (waiting {int(e.get('waiting') or 0)}, running {int(e.get('running') or 0)}, "
-            f"KV {fmt(e.get('kv'), '.2f')})"
+            f"KV {na(e.get('kv'), '.2f')})"
         )
     return ", ".join(parts)
 

@@ -51,6 +51,7 @@ from kvdoctor.findings import (
     sort_findings,
 )
 from kvdoctor.fix_validity import valid_fix
+from kvdoctor.units import na
 
 if TYPE_CHECKING:
     from kvdoctor.derive.facts_typed import Facts
@@ -318,11 +319,6 @@ def gib_text(nbytes: float | None, spec: str = ".2f") -> str:
     return "N/A" if nbytes is None else format(nbytes / 2**30, spec)
 
 
-def na(value: object, spec: str = "") -> str:
-    """``format(value, spec)``, "N/A" for None."""
-    return "N/A" if value is None else format(value, spec)
-
-
 def is_valid(f: Facts, flag: str, value: object) -> bool:
     """Whether ``flag value`` is a fix vLLM accepts and that changes something here
     (:func:`kvdoctor.fix_validity.valid_fix` over the context's variables)."""
@@ -361,15 +357,12 @@ class EvalError:
 
 @dataclass
 class Evaluation:
-    """Result of :func:`evaluate`; unpacks as ``findings, skipped = evaluate(...)``."""
+    """Result of :func:`evaluate`: the findings (worst first, causes linked), the rules skipped
+    for missing inputs, and the rules that failed."""
 
     findings: list[Finding] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[EvalError] = field(default_factory=list)
-
-    def __iter__(self) -> Any:
-        yield self.findings
-        yield self.skipped
 
 
 def _missing(rule: Rule[Any], inputs: set[str]) -> list[str]:

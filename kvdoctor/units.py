@@ -113,3 +113,8 @@ def ceil_to(value: float, step: float) -> float:
     """Round ``value`` up to a multiple of ``step``."""
     q = math.ceil(value / step - 1e-9)
     return round(q * step, 10)
+
+
+def na(value: object, spec: str = "") -> str:
+    """``format(value, spec)`` for a finding's words, "N/A" for None (a value not read)."""
+    return "N/A" if value is None else format(value, spec)

@@ -38,7 +38,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvdoctor.findings import Severity
-from kvdoctor.rule_functions import fmt
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, na
 from kvdoctor.units import GiB, fmt_bytes
 
@@ -69,7 +68,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         return None
     offload = f["cpu_offload_bytes"]
     g_gib = offload / GiB if offload is not None else None
-    g = fmt(g_gib, ".0f")
+    g = na(g_gib, ".0f")
     evidence_kinds = f["offload_evidence"] or []
     release, env, runner_line = f["vllm_release"], f["v2_runner_env"], f["v2_runner_line"]
     fix_env = _v1_runner_fix(f, evidence_kinds)

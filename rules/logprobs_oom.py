@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvdoctor.rule_functions import join
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 from kvdoctor.units import fmt_bytes
 
@@ -94,7 +93,9 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
             f"Tried to allocate {fmt_bytes(f['oom_requested_bytes'])}, {fmt_bytes(f['oom_free_bytes'])} free",
             f"vllm.log line {line}",
         ),
-        Evidence("traceback mentions", join(hints, ", "), f"vllm.log traceback around line {line}"),
+        Evidence(
+            "traceback mentions", ", ".join(map(str, hints or ())), f"vllm.log traceback around line {line}"
+        ),
     ]
     if mnbt:
         evidence.append(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvdoctor.rule_functions import join, proportional_layer_partition
+from kvdoctor.rule_functions import proportional_layer_partition
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, gib_text, is_valid
 
 _ENV = "VLLM_PP_LAYER_PARTITION"
@@ -59,7 +59,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         with_flags = " ".join(f"{k} {v}" for k, v in flags.items())
         how = (
             f": {with_flags + ' with ' if with_flags else ''}{_ENV}={partition} (one stage per GPU"
-            f" {join(f['engine_gpus'], ', ')}, in that order), so each card holds the layers its memory allows"
+            f" {', '.join(map(str, f['engine_gpus'] or ()))}, in that order), so each card holds the layers its memory allows"
         )
         fixes.append(
             Fix(flags=flags, env={_ENV: partition}, why="one pipeline stage per card, layers by card size")

@@ -36,7 +36,6 @@ import json
 from typing import NamedTuple
 
 from kvdoctor.findings import Severity
-from kvdoctor.rule_functions import join
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 
 
@@ -119,7 +118,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
 
     evidence: list[Evidence] = []
     if oom:
-        hints = join(f["oom_hints"], ", ")
+        hints = ", ".join(map(str, f["oom_hints"] or ()))
         evidence.append(
             Evidence(
                 "OOM during the KV-sizing warm-up (multimodal encoder)"

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvdoctor.rule_functions import join
 from kvdoctor.rulekit import Evidence, Facts, Fix, Hit, Rule, is_valid, na
 from kvdoctor.units import fmt_bytes
 from kvdoctor.vllm_flags import default_max_num_batched_tokens
@@ -103,7 +102,7 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         f["oom_step_tokens_estimate"],
     )
     if inferred:
-        frames = join(f["oom_forward_frames"], ", ")
+        frames = ", ".join(map(str, f["oom_forward_frames"] or ()))
         seen += (
             f": no batch is logged, but the OOM is in the model forward pass ({frames} frames), chunked"
             f" prefill is off so one step may hold up to {na(f['step_token_cap'], ',')} tokens, and"
@@ -175,7 +174,11 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
         )
     if hints:
         evidence.append(
-            Evidence("traceback mentions", join(hints, ", "), f"vllm.log traceback around line {line}")
+            Evidence(
+                "traceback mentions",
+                ", ".join(map(str, hints or ())),
+                f"vllm.log traceback around line {line}",
+            )
         )
     if step_max is not None:
         evidence.append(
