@@ -381,6 +381,9 @@ class VllmLog:
     #: engine-initialisation lines (``kvdoctor.sources.log_engines``); [] when it holds one or
     #: none that the log tells apart.
     engines: list[LogEngine] = field(default_factory=list)
+    #: what of the file was not parsed and why (a time budget ran out: line ranges counted, not
+    #: read), in one line; "" when every line was parsed.
+    cut: str = ""
 
     def of(self, kind: str) -> list[LogEvent]:
         """All events of one kind, in file order."""

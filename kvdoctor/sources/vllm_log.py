@@ -2403,27 +2403,111 @@ def iter_log_lines(
             yield line if len(line) <= limit else line[:limit]
 
 
+#: Past a time budget, the rest of a log is streamed and counted, and only these are parsed: the
+#: start of the last run found (its startup, up to this many characters from its banner) and the
+#: file's last characters. The state that matters is the current run's (issue 27 item 9).
+_CUT_HEAD_CHARS = 4 << 20
+_CUT_TAIL_CHARS = 32 << 20
+#: the lines that start a run of the server (a restart in one file): its banner, its arguments.
+_RUN_START_WORDS = ("vLLM API server version ", "non-default args: ", "args: Namespace(")
+
+
 @guarded("path", 0)
-def parse_log_file(path: str | os.PathLike[str], *, progress: bool | None = None) -> VllmLog:
+def parse_log_file(
+    path: str | os.PathLike[str], *, progress: bool | None = None, deadline: float | None = None
+) -> VllmLog:
     """Read and parse a vLLM log file (plain or gzip), streamed line by line: memory stays flat
     whatever the file size (see :func:`iter_log_lines`).
 
     An empty file gives a VllmLog with no events. Raises SourceError when the file cannot be
     read or is binary (mostly NUL or non-text bytes). ``progress`` (default: stderr is a
     terminal) shows how far reading got once it has taken more than two seconds.
+
+    ``deadline`` (a :func:`time.monotonic` time): once passed, the rest of the file is read and
+    its lines counted but only the latest run is parsed — from the last startup banner in the
+    rest (its first 4 MiB) and the file's last 32 MiB; the lines between are not parsed and
+    ``VllmLog.cut`` says which (line numbers stay exact).
     """
     origin = os.fspath(path)
     parser = _Parser(origin, bounded=True)
     meter = _Progress(origin) if (progress if progress is not None else _stderr_is_tty()) else None
     try:
-        for text in iter_log_chunks(origin, on_bytes=meter.update if meter else None):
+        chunks = iter_log_chunks(origin, on_bytes=meter.update if meter else None)
+        for text in chunks:
             parser.feed_chunk(text)
+            if deadline is not None and time.monotonic() > deadline:
+                _parse_latest_run(parser, chunks)
+                break
     finally:
         if meter is not None:
             meter.done()
     parser.finish()
     parser.log.events.sort(key=lambda e: e.line)
     return parser.log
+
+
+def _lines_in(chunks: Iterable[str]) -> int:
+    """Lines in chunks of :func:`iter_log_chunks` (whole lines, no trailing newline)."""
+    return sum(text.count("\n") + 1 for text in chunks)
+
+
+def _run_start(text: str) -> int:
+    """The start of the last line of ``text`` that starts a run (:data:`_RUN_START_WORDS`), or -1."""
+    at = max(text.rfind(word) for word in _RUN_START_WORDS)
+    return -1 if at < 0 else text.rfind("\n", 0, at) + 1
+
+
+def _parse_latest_run(parser: _Parser, chunks: Iterator[str]) -> None:
+    """Stream the rest of ``chunks`` keeping only the start of the last run that begins in them
+    (:data:`_CUT_HEAD_CHARS`) and the last :data:`_CUT_TAIL_CHARS`; parse those two in file
+    order and count the lines of the rest; say which lines in ``parser.log.cut``."""
+    first = parser.lineno + 1  # the first line not yet parsed
+    head: list[str] = []
+    head_chars = 0
+    tail: deque[str] = deque()
+    tail_chars = 0
+    before = 0  # lines before the head (earlier runs), or before the tail when no run starts
+    middle = 0  # lines between the head and the tail
+    for text in chunks:
+        at = _run_start(text)
+        if at >= 0:  # a run starts here: what came before it is an earlier run
+            before += _lines_in(head) + middle + _lines_in(tail) + text.count("\n", 0, at)
+            head, head_chars = [text[at:]], len(text) - at
+            tail, tail_chars, middle = deque(), 0, 0
+        elif head and head_chars < _CUT_HEAD_CHARS and not tail:
+            head.append(text)
+            head_chars += len(text)
+        else:
+            tail.append(text)
+            tail_chars += len(text)
+            while tail_chars > _CUT_TAIL_CHARS and len(tail) > 1:
+                old = tail.popleft()
+                tail_chars -= len(old)
+                if head:
+                    middle += old.count("\n") + 1
+                else:
+                    before += old.count("\n") + 1
+    parser.lineno += before
+    for text in head:
+        parser.feed_chunk(text)
+    cut_middle = parser.lineno + 1
+    parser.lineno += middle
+    for text in tail:
+        parser.feed_chunk(text)
+    parser.log.line_count = parser.lineno
+    parts = []
+    if before:
+        what = "earlier runs" if head else "the middle of the run"
+        parts.append(f"lines {first:,}-{first + before - 1:,} ({what})")
+    if middle:
+        parts.append(f"lines {cut_middle:,}-{cut_middle + middle - 1:,} (the middle of the last run)")
+    if parts:
+        parser.log.cut = (
+            "time budget ran out: "
+            + " and ".join(parts)
+            + " counted, not parsed; the last run's start and the file's last "
+            + f"{_CUT_TAIL_CHARS >> 20} MiB parsed in full"
+        )
 
 
 def _stderr_is_tty() -> bool:
