@@ -2458,37 +2458,59 @@ def _run_start(text: str) -> int:
 
 
 def _parse_latest_run(parser: _Parser, chunks: Iterator[str]) -> None:
-    """Stream the rest of ``chunks`` keeping only the start of the last run that begins in them
-    (:data:`_CUT_HEAD_CHARS`) and the last :data:`_CUT_TAIL_CHARS`; parse those two in file
-    order and count the lines of the rest; say which lines in ``parser.log.cut``."""
+    """Stream the rest of ``chunks`` keeping the start of the last run that begins in them
+    (:data:`_CUT_HEAD_CHARS`) and, within :data:`_CUT_TAIL_CHARS`, the file's end and the lines
+    just before that run; parse what was kept in file order and count the lines of the rest;
+    say which lines were not parsed in ``parser.log.cut``."""
     first = parser.lineno + 1  # the first line not yet parsed
-    head: list[str] = []
-    head_chars = 0
-    tail: deque[str] = deque()
-    tail_chars = 0
-    before = 0  # lines before the head (earlier runs), or before the tail when no run starts
-    middle = 0  # lines between the head and the tail
-    for text in chunks:
-        at = _run_start(text)
-        if at >= 0:  # a run starts here: what came before it is an earlier run
-            before += _lines_in(head) + middle + _lines_in(tail) + text.count("\n", 0, at)
-            head, head_chars = [text[at:]], len(text) - at
-            tail, tail_chars, middle = deque(), 0, 0
-        elif head and head_chars < _CUT_HEAD_CHARS and not tail:
-            head.append(text)
-            head_chars += len(text)
-        else:
-            tail.append(text)
-            tail_chars += len(text)
-            while tail_chars > _CUT_TAIL_CHARS and len(tail) > 1:
+    earlier: deque[str] = deque()  # the lines just before the head (earlier runs' ends)
+    head: list[str] = []  # the last run's start
+    tail: deque[str] = deque()  # the last lines read
+    kept = head_chars = 0  # characters in earlier + tail; in head
+    before = 0  # lines dropped before earlier + head (or before the tail when no run starts)
+    middle = 0  # lines dropped between the head and the tail
+
+    def trim() -> None:
+        nonlocal kept, before, middle
+        while kept > _CUT_TAIL_CHARS:
+            if earlier:  # earlier runs go first
+                old = earlier.popleft()
+                before += old.count("\n") + 1
+            elif len(tail) > 1:
                 old = tail.popleft()
-                tail_chars -= len(old)
                 if head:
                     middle += old.count("\n") + 1
                 else:
                     before += old.count("\n") + 1
+            else:
+                return
+            kept -= len(old)
+
+    for text in chunks:
+        at = _run_start(text)
+        if at >= 0:  # a run starts here: what came before it is an earlier run
+            if middle:  # the old head and tail are not contiguous: drop both
+                before += _lines_in(earlier) + _lines_in(head) + middle + _lines_in(tail)
+                earlier.clear()
+            else:
+                earlier.extend(head)
+                earlier.extend(tail)
+            if at:
+                earlier.append(text[: at - 1])
+            head, head_chars = [text[at:]], len(text) - at
+            tail.clear()
+            middle = 0
+            kept = sum(len(t) for t in earlier)
+        elif head and head_chars < _CUT_HEAD_CHARS and not tail:
+            head.append(text)
+            head_chars += len(text)
+            continue
+        else:
+            tail.append(text)
+            kept += len(text)
+        trim()
     parser.lineno += before
-    for text in head:
+    for text in (*earlier, *head):
         parser.feed_chunk(text)
     cut_middle = parser.lineno + 1
     parser.lineno += middle
