@@ -29,8 +29,8 @@ __all__ = [
     "split_engines",
 ]
 
-_PROMPT_IDS = "prompt_token_ids: ["
-_REDACTED_IDS_RE = lazy_re(r"<redacted (\d+) tokens>\]")
+PROMPT_IDS = "prompt_token_ids: ["
+_REDACTED_IDS_RE = lazy_re(r"<redacted (\d{1,12}) tokens>\]")
 
 
 def request_prompt_tokens(message: str) -> int | None:
@@ -40,10 +40,10 @@ def request_prompt_tokens(message: str) -> int | None:
 
     The list is counted by its commas at C speed (``str.find``/``str.count``, no regex over
     the ids), up to its "]" or the end of the (already length-capped) line."""
-    i = message.find(_PROMPT_IDS)
+    i = message.find(PROMPT_IDS)
     if i < 0:
         return None
-    start = i + len(_PROMPT_IDS)
+    start = i + len(PROMPT_IDS)
     if message.startswith("<redacted ", start):
         m = _REDACTED_IDS_RE.match(message, start)
         if m:

@@ -127,7 +127,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvdoctor.dcmethods import shared_methods
 from kvdoctor.facts import LogEvent, SourceError, VllmLog
@@ -144,6 +144,7 @@ from kvdoctor.sources.limits import (
     open_regular,
 )
 from kvdoctor.sources.log_engines import (
+    PROMPT_IDS,
     engine_pid_line,
     external_weights_line,
     oom_engine_pid,
@@ -848,6 +849,14 @@ _NOT_REQUEST_LINE_RE = lazy_re(rf"\n(?!{_BULK_BODY})")
 _BULK_LINE_RE = lazy_re(
     rf"(?P<proc>{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?P<tag>{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
 )
+#: A plain request-log line that gives a ``request`` event ("Received request …" / "Added request
+#: …" after the header), its header's parts captured: exactly what :func:`parse_line` takes from
+#: such a line (:data:`_PROC_RE`, :data:`_LEVEL_RE`, :data:`_UVICORN_RE` on the bulk form).
+_REQUEST_LINE_RE = lazy_re(
+    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d+)\) ?)?"
+    r"(?:(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
+    rf"(?:{_BULK_TAG}) |(?P<ulevel>DEBUG|INFO|WARNING):\s+)(?:Received|Added) request "
+)
 # The literal fast path's own pieces: each a subset of the general piece it stands before.
 _FAST_TIME = r"[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)? "
 _FAST_MSG = (
@@ -986,12 +995,12 @@ class _History:
 
     def __init__(self, head_max: int, tail_max: int) -> None:
         # (emission number, event): merging kinds back keeps the order events were made in
-        self.head: list[tuple[int, LogEvent]] = []
-        self.tail: deque[tuple[int, LogEvent]] = deque(maxlen=tail_max)
+        self.head: list[tuple[int, LogEvent | _Request]] = []
+        self.tail: deque[tuple[int, LogEvent | _Request]] = deque(maxlen=tail_max)
         self.head_max = head_max
         self.dropped = 0
 
-    def add(self, seq: int, ev: LogEvent) -> None:
+    def add(self, seq: int, ev: LogEvent | _Request) -> None:
         if len(self.head) < self.head_max:
             self.head.append((seq, ev))
             return
@@ -999,14 +1008,45 @@ class _History:
         if len(tail) == tail.maxlen:
             old = tail.popleft()[1]
             self.dropped += 1
-            pre = old.values.get("preemptions") if old.kind == "stats" else None
+            pre = old.values.get("preemptions") if isinstance(old, LogEvent) and old.kind == "stats" else None
             if pre and tail:
-                nxt = tail[0][1].values
+                nxt = tail[0][1].values  # type: ignore[union-attr]  # stats: LogEvents
                 nxt["preemptions"] = (nxt.get("preemptions") or 0) + pre
         tail.append((seq, ev))
 
-    def items(self) -> list[tuple[int, LogEvent]]:
+    def items(self) -> list[tuple[int, LogEvent | _Request]]:
         return self.head + list(self.tail)
+
+
+class _Request(NamedTuple):
+    """A ``request`` event not made yet: a serving log has millions of request lines and the
+    run's history keeps a thousand (:class:`_History`), so the prompt is counted and the
+    LogEvent made for those kept only (:meth:`_Parser._flush_history`). ``match`` is
+    :data:`_REQUEST_LINE_RE` on the line, whose header it read."""
+
+    line: int
+    match: re.Match[str]
+
+    def event(self) -> LogEvent:
+        """The ``request`` event: its prompt's length in tokens (the token-id list counted)."""
+        m = self.match
+        raw = m.string
+        n = request_prompt_tokens(raw if len(raw) <= MAX_LINE_CHARS else raw[:MAX_LINE_CHARS])
+        proc, pid, level, time_, ulevel = m.group("proc", "pid", "level", "time", "ulevel")
+        if level is None:
+            level = ulevel
+        elif level == "WARN":
+            level = "WARNING"
+        return LogEvent(
+            kind="request",
+            line=self.line,
+            values={"prompt_tokens": n},
+            text=f"request with a {n}-token prompt",
+            process=proc,
+            pid=int(pid) if pid is not None else None,
+            level=level,
+            time=time_,
+        )
 
 
 #: per run and kind, events kept in a bounded parse (head + tail); stats lines come every 10 s.
@@ -1193,24 +1233,32 @@ class _Parser:
     def _feed_request(self, raw: str) -> None:
         """:meth:`feed` for a plain INFO/DEBUG/WARNING request-log line (:data:`_BULK_LINE_RE`)
         with a ``prompt_token_ids`` list, while serving with no block open: all that line can
-        do is give its ``request`` event (the list's length), so only that is done."""
+        do is give its ``request`` event (the list's length), so only that is done — whether it
+        gives one told by one match (:data:`_REQUEST_LINE_RE`), and in a bounded parse the
+        event made only if the run's history keeps it (:class:`_Request`)."""
         self.lineno += 1
-        self.log.line_count = self.lineno
-        self._new = []
-        pl = parse_line(raw)
-        if pl.process and pl.process.startswith("EngineCore") and not self._gen_strong:
-            self.log.engine_generation = "v1"
-        msg = pl.message
-        if not msg.startswith(("Received request ", "Added request ")):
+        m = _REQUEST_LINE_RE.match(raw)
+        if m is None:
+            return  # "Finished request …", an access line: no event
+        if len(raw) > MAX_LINE_CHARS and PROMPT_IDS not in raw[:MAX_LINE_CHARS]:
+            return  # the list starts past the cut every line gets (parse_line): no event
+        req = _Request(self.lineno, m)
+        if not self.bounded:
+            self._new = []
+            ev = req.event()
+            self.log.events.append(ev)
+            self._new.append(ev)
+            self.emitted += 1
             return
-        try:
-            n = request_prompt_tokens(msg)
-        except Exception:
-            self.bad_lines += 1  # as feed() counts a line its matcher failed on
-            return
-        if n is not None:
-            key = (pl.process, pl.pid) if pl.process else None
-            self._emit("request", pl, key, {"prompt_tokens": n}, text=f"request with a {n}-token prompt")
+        hist = self._history.get("request")
+        if hist is None:
+            hist = self._history["request"] = _History(*_HISTORY_DEFAULT)
+        self._seq += 1
+        self.emitted += 1
+        if len(hist.head) < hist.head_max:
+            hist.head.append((self._seq, req))
+        else:
+            hist.tail.append((self._seq, req))  # a full deque drops its oldest
 
     def _skip(self, text: str, pos: int, stop: int) -> None:
         """Count the lines of ``text`` from ``pos`` to ``stop`` (a line start, or ``len(text) +
@@ -1332,7 +1380,7 @@ class _Parser:
         events = self.log.events
         kept = [item for hist in self._history.values() for item in hist.items()]
         kept.sort(key=lambda item: item[0])
-        events.extend(ev for _, ev in kept)
+        events.extend(ev if isinstance(ev, LogEvent) else ev.event() for _, ev in kept)
         self._history = {}
         if len(events) > _MAX_LOG_EVENTS:
             events.sort(key=lambda e: e.line)

@@ -152,6 +152,17 @@ _POOL = [
     "",
     "\x1b[31mERROR\x1b[0m something",
     "(APIServer pid=1) INFO 07-01 10:00:00 [a.py:1] Added request p.\r(APIServer pid=1) ERROR x",
+    # request lines with token ids in every header form the fast path reads
+    "(APIServer pid=2) DEBUG 07-01 10:00:00.123 [engine.py:317] Finished request x, prompt_token_ids: [1, 2].",
+    "(APIServer pid=1) WARN 07-01 10:00:00,5 [logger.py:43] Received request w: prompt_token_ids: [1, 2, 3]",
+    "INFO:     Received request u: prompt: 'x', prompt_token_ids: [9, 9]",
+    "(Worker[0] pid=3) INFO 07-01 10:00:00 logger.py:43] Added request a: prompt_token_ids: [<redacted 12 tokens>]",
+    "(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request big: prompt: '"
+    + "y" * 70_000
+    + "', prompt_token_ids: [1, 2]",
+    "(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request long: prompt_token_ids: ["
+    + ", ".join(["7"] * 20_000)
+    + "]",
 ]
 
 
@@ -336,3 +347,21 @@ def test_prompt_token_count_matches_the_regex_form(message: str) -> None:
     from kvdoctor.sources.log_engines import request_prompt_tokens
 
     assert request_prompt_tokens(message) == _ids_reference(message)
+
+
+def test_request_lines_past_the_history_are_kept_as_line_by_line() -> None:
+    # more request lines than a run's history keeps: the fast path keeps the same head and tail
+    lines = STARTUP.read_text(encoding="utf-8").splitlines()
+    for i in range(2500):
+        lines.append(_req(i, f"[{', '.join('1' * (1 + i % 5))}]"))
+        if i == 1700:
+            lines.append(
+                "(EngineCore_DP0 pid=277) ERROR 07-01 10:05:00 [core.py:700] torch.OutOfMemoryError: CUDA "
+                "out of memory. Tried to allocate 2.00 GiB."
+            )
+    text = "\n".join(lines) + "\n"
+    want, want_lines = _line_by_line(text)
+    got = vllm_log.parse_log(text)
+    assert _events(got.events) == want
+    assert got.line_count == want_lines
+    assert len(got.of("request")) == sum(vllm_log._HISTORY_DEFAULT) < 2500
