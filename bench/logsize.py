@@ -19,7 +19,10 @@ process time): on a shared, loaded machine wall times swing with the load, CPU t
 of vLLM's ``prompt_token_ids: None``.
 
 Budgets (issue 8): diagnose ≤ 10× the baseline, peak RSS ≤ 200 MB.
+``--no-request-log --engines 8``: a data-parallel server without request logging (access lines
+and eight stats lines every ten seconds).
 usage: .venv/bin/python bench/logsize.py [--mb 200] [--keep PATH] [--log PATH] [--ids]
+       [--no-request-log] [--engines N]
 """
 
 from __future__ import annotations
@@ -38,9 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 STARTUP = ROOT / "tests" / "data" / "vllm_log" / "b17-v1-preemption-thrash-long-prompts.log"
 
 
-def make_log(path: Path, mb: int, seed: int = 8, ids: bool = False) -> int:
+def make_log(
+    path: Path, mb: int, seed: int = 8, ids: bool = False, request_log: bool = True, engines: int = 1
+) -> int:
     """Write a ~``mb`` MB log to ``path``; returns its line count. ``ids``: request lines carry
-    a token-id list (20-400 ids) instead of ``prompt_token_ids: None``."""
+    a token-id list (20-400 ids) instead of ``prompt_token_ids: None``. ``request_log=False``:
+    no request-log lines (vLLM's default since ``--enable-log-requests``), access lines only.
+    ``engines``: data-parallel engines, each with its own stats line every ten seconds."""
     rng = random.Random(seed)
     startup = [ln for ln in STARTUP.read_text().splitlines() if "Engine 000" not in ln][:120]
     target = mb * 1_000_000
@@ -71,17 +78,18 @@ def make_log(path: Path, mb: int, seed: int = 8, ids: bool = False) -> int:
                         + ", ".join(str(rng.randint(1, 128000)) for _ in range(rng.randint(20, 400)))
                         + "]"
                     )
-                w(
-                    f"(APIServer pid=1) INFO {ts} [logger.py:43] Received request {rid}: prompt: 'Summarise the following document, focusing on the main claims', params: SamplingParams(n=1, temperature=0.7, max_tokens=512), prompt_token_ids: {tok}, lora_request: None."
-                )
-                w(f"(APIServer pid=1) INFO {ts} [engine.py:317] Added request {rid}.")
+                if request_log:
+                    w(
+                        f"(APIServer pid=1) INFO {ts} [logger.py:43] Received request {rid}: prompt: 'Summarise the following document, focusing on the main claims', params: SamplingParams(n=1, temperature=0.7, max_tokens=512), prompt_token_ids: {tok}, lora_request: None."
+                    )
+                    w(f"(APIServer pid=1) INFO {ts} [engine.py:317] Added request {rid}.")
                 w(
                     f'(APIServer pid=1) INFO:     10.0.{rng.randint(0, 255)}.{rng.randint(1, 254)}:{rng.randint(30000, 60000)} - "POST /v1/completions HTTP/1.1" 200 OK'
                 )
-            if t % 10 == 0:
+            for engine in range(engines if t % 10 == 0 else 0):
                 pre = rng.choice((0, 0, 0, 0, 3, 12))
                 w(
-                    f"(APIServer pid=1) INFO {ts} [loggers.py:123] Engine 000: Avg prompt throughput: {rng.uniform(500, 9000):.1f} tokens/s, Avg generation throughput: {rng.uniform(100, 900):.1f} tokens/s, Running: {rng.randint(5, 64)} reqs, Waiting: {rng.randint(0, 30)} reqs, GPU KV cache usage: {rng.uniform(60, 99.9):.1f}%, Prefix cache hit rate: {rng.uniform(0, 60):.1f}%, Preemptions: {pre}"
+                    f"(APIServer pid=1) INFO {ts} [loggers.py:123] Engine {engine:03d}: Avg prompt throughput: {rng.uniform(500, 9000):.1f} tokens/s, Avg generation throughput: {rng.uniform(100, 900):.1f} tokens/s, Running: {rng.randint(5, 64)} reqs, Waiting: {rng.randint(0, 30)} reqs, GPU KV cache usage: {rng.uniform(60, 99.9):.1f}%, Prefix cache hit rate: {rng.uniform(0, 60):.1f}%, Preemptions: {pre}"
                 )
             if not restarted and size > target // 2:
                 restarted = True
@@ -113,6 +121,8 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="write the log here and keep it")
     ap.add_argument("--log", type=Path, default=None, help="measure this existing log (made by --keep)")
     ap.add_argument("--ids", action="store_true", help="request lines with prompt_token_ids lists")
+    ap.add_argument("--no-request-log", action="store_true", help="access lines only (vLLM's default)")
+    ap.add_argument("--engines", type=int, default=1, help="data-parallel engines (a stats line each)")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="kvdoctor-bench-")
     if args.log is not None:
@@ -122,7 +132,7 @@ def main() -> None:
     else:
         path = args.keep or Path(tmp.name) / "vllm.log"
         t0 = time.perf_counter()
-        n = make_log(path, args.mb, ids=args.ids)
+        n = make_log(path, args.mb, ids=args.ids, request_log=not args.no_request_log, engines=args.engines)
         print(
             f"log: {path.stat().st_size / 1e6:.0f} MB, {n:,} lines (made in {time.perf_counter() - t0:.1f} s)"
         )

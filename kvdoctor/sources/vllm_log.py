@@ -836,7 +836,8 @@ _ACCESS_RE = lazy_re(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
 _BULK_PROC = r"\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?"
 _BULK_TAG = r"\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]"
 _BULK_MSG = (
-    r'(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - ")'
+    r'(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - "'
+    r"|(?:Engine \d+: )?Avg prompt throughput: )"
 )
 _BULK_LEVEL_TIME = r"(?:DEBUG|INFO|WARNING|WARN) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
 _BULK_BODY = rf"(?:{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?:{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
@@ -860,7 +861,8 @@ _REQUEST_LINE_RE = lazy_re(
 # The literal fast path's own pieces: each a subset of the general piece it stands before.
 _FAST_TIME = r"[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)? "
 _FAST_MSG = (
-    r'(?:Received request |Added request |Finished request |Aborted request |[0-9.]{7,15}:[0-9]{1,5} - ")'
+    r'(?:Received request |Added request |Finished request |Aborted request |[0-9.]{7,15}:[0-9]{1,5} - "'
+    r"|Engine [0-9]+: Avg prompt throughput: |Avg prompt throughput: )"
 )
 _SCAN_MAX_PROCS = 8
 _SCAN_MAX_TAGS = 16
@@ -988,33 +990,43 @@ class _Block:
 class _History:
     """The events of one kind in the current run, bounded: the first ``head`` and the last
     ``tail`` (a deque), so a days-long run of periodic lines keeps its start and its end.
-    Stats dropped from the middle hand their preemption count to the oldest kept tail event,
-    so the run's preemption total stays exact."""
+    Stats dropped from the middle hand their preemption count to the oldest kept tail event
+    (``carry``, added when the history is read), so the run's preemption total stays exact."""
 
-    __slots__ = ("head", "tail", "head_max", "dropped")
+    __slots__ = ("head", "tail", "head_max", "carry")
 
     def __init__(self, head_max: int, tail_max: int) -> None:
         # (emission number, event): merging kinds back keeps the order events were made in
-        self.head: list[tuple[int, LogEvent | _Request]] = []
-        self.tail: deque[tuple[int, LogEvent | _Request]] = deque(maxlen=tail_max)
+        self.head: list[tuple[int, LogEvent | _Request | _Stats]] = []
+        self.tail: deque[tuple[int, LogEvent | _Request | _Stats]] = deque(maxlen=tail_max)
         self.head_max = head_max
-        self.dropped = 0
+        self.carry = 0  # preemptions of the stats dropped so far
 
-    def add(self, seq: int, ev: LogEvent | _Request) -> None:
+    def add(self, seq: int, ev: LogEvent | _Request | _Stats) -> None:
         if len(self.head) < self.head_max:
             self.head.append((seq, ev))
             return
         tail = self.tail
-        if len(tail) == tail.maxlen:
-            old = tail.popleft()[1]
-            self.dropped += 1
-            pre = old.values.get("preemptions") if isinstance(old, LogEvent) and old.kind == "stats" else None
-            if pre and tail:
-                nxt = tail[0][1].values  # type: ignore[union-attr]  # stats: LogEvents
-                nxt["preemptions"] = (nxt.get("preemptions") or 0) + pre
+        if len(tail) == tail.maxlen:  # the append drops the oldest
+            old = tail[0][1]
+            if isinstance(old, _Stats):
+                pre = old.match.group(14)  # its own count: nothing is handed to a kept one yet
+                if pre is not None and pre != "0":
+                    self.carry += int(pre)
+            elif isinstance(old, LogEvent) and old.kind == "stats":
+                self.carry += old.values.get("preemptions") or 0
         tail.append((seq, ev))
 
-    def items(self) -> list[tuple[int, LogEvent | _Request]]:
+    def items(self) -> list[tuple[int, LogEvent | _Request | _Stats]]:
+        """Head and tail in order, the dropped stats' preemptions handed to the oldest tail
+        event (once: the carry is spent)."""
+        if self.carry and self.tail:
+            first = self.tail[0][1]
+            if isinstance(first, _Stats):
+                first.extra += self.carry
+            elif isinstance(first, LogEvent):
+                first.values["preemptions"] = (first.values.get("preemptions") or 0) + self.carry
+            self.carry = 0
         return self.head + list(self.tail)
 
 
@@ -1210,22 +1222,34 @@ class _Parser:
         # text); "prompt_token_ids: None" gives none, like every other request line.
         requests: set[int] = set()
         lines_with("prompt_token_ids: [", requests)
+        # the periodic stats line: each one is looked at, its usual form read by one match
+        stats: set[int] = set()
+        lines_with("Avg prompt throughput: ", stats)
         scan = self._scan.pattern(text, pos)
         if pos:  # text[pos - 1] is the newline before the line at pos
             starts.update(m.start() + 1 for m in scan.finditer(text, pos - 1))
         else:
             starts.update(m.start() for m in scan.finditer("\n" + text))
         plain_requests = requests - starts  # plain request-log lines holding a token-id list
-        for start in sorted(starts | requests):
+        for start in sorted(starts | requests | stats):
             if start < pos:
                 continue  # already fed while a block was open
             if pos < start:
-                self._skip(text, pos, start)
-            line, pos = line_at(start)
-            if start in plain_requests and self._serving and not self._blocks:
-                self._feed_request(line)
-            else:
-                feed(line)
+                if self._serving and not self._blocks:  # _skip's answer, without the call
+                    self.lineno += text.count("\n", pos, start)
+                else:
+                    self._skip(text, pos, start)
+            stop = find("\n", start)
+            if stop < 0:
+                stop = end
+            line, pos = text[start:stop], stop + 1
+            if self._serving and not self._blocks:
+                if start in plain_requests:
+                    self._feed_request(line)
+                    continue
+                if start in stats and self.bounded and self._feed_stats(line):
+                    continue
+            feed(line)
         if pos <= end:
             self._skip(text, pos, end + 1)
         self.log.line_count = self.lineno
@@ -1259,6 +1283,29 @@ class _Parser:
             hist.head.append((self._seq, req))
         else:
             hist.tail.append((self._seq, req))  # a full deque drops its oldest
+
+    def _feed_stats(self, raw: str) -> bool:
+        """:meth:`feed` for a periodic stats line in its usual form (:data:`_STATS_LINE_RE`,
+        whole) while serving with no block open, in a bounded parse: all such a line does is
+        give its ``stats`` event, made only if the run's history keeps it (:class:`_Stats`).
+        False (nothing done) for any other line."""
+        if len(raw) > _STATS_LINE_MAX:
+            return False
+        m = _STATS_LINE_RE.fullmatch(raw)
+        if m is None:
+            return False
+        self.lineno += 1
+        if not self._gen_strong and (
+            m.group(6) is not None or (m.group("proc") or "").startswith("EngineCore")
+        ):
+            self.log.engine_generation = "v1"
+        hist = self._history.get("stats")
+        if hist is None:
+            hist = self._history["stats"] = _History(*_HISTORY_LIMITS["stats"])
+        self._seq += 1
+        self.emitted += 1
+        hist.add(self._seq, _Stats(self.lineno, m))
+        return True
 
     def _skip(self, text: str, pos: int, stop: int) -> None:
         """Count the lines of ``text`` from ``pos`` to ``stop`` (a line start, or ``len(text) +
@@ -1380,7 +1427,7 @@ class _Parser:
         events = self.log.events
         kept = [item for hist in self._history.values() for item in hist.items()]
         kept.sort(key=lambda item: item[0])
-        events.extend(ev if isinstance(ev, LogEvent) else ev.event() for _, ev in kept)
+        events.extend(ev if isinstance(ev, LogEvent) else ev.event() for _, ev in kept)  # made now
         self._history = {}
         if len(events) > _MAX_LOG_EVENTS:
             events.sort(key=lambda e: e.line)
@@ -2300,12 +2347,73 @@ class _Parser:
 
 #: The usual ≥ 0.12 periodic line, whole: each group is the pattern of its field regex
 #: (``_RE["st_*"]``); the device only GPU or CPU (so the text holds nothing to redact).
-_STATS_FAST_RE = lazy_re(
+_STATS_FAST_BODY = (
     r"(?:Engine (\d+): )?Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s, "
     r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
     r"(GPU|CPU) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"
     r"(?:, Prefix cache hit rate: (\d+(?:\.\d+)?)%)?(?:, Preemptions: (\d+))?"
 )
+_STATS_FAST_RE = lazy_re(_STATS_FAST_BODY)
+#: A whole line holding that stats message after vLLM's usual header, the header's parts
+#: captured: exactly what :func:`parse_line` takes from it (:data:`_PROC_RE`, :data:`_LEVEL_RE`).
+#: The body's groups follow the header's, in :data:`_STATS_FAST_RE`'s order.
+_STATS_LINE_RE = lazy_re(
+    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d+)\) ?)?"
+    r"(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
+    rf"(?:{_BULK_TAG}) (?P<msg>{_STATS_FAST_BODY})"
+)
+#: a usual stats line is ~250 characters; longer ones take the general path.
+_STATS_LINE_MAX = 600
+
+
+class _Stats:
+    """A ``stats`` event not made yet (:class:`_Request`'s reason: a long run has hundreds of
+    thousands of stats lines and its history keeps ten thousand). ``match`` is
+    :data:`_STATS_LINE_RE` on the line; ``extra`` the preemptions handed on by dropped
+    stats (:class:`_History`)."""
+
+    __slots__ = ("line", "match", "extra")
+
+    def __init__(self, line: int, match: re.Match[str]) -> None:
+        self.line = line
+        self.match = match
+        self.extra = 0
+
+    def preemptions(self) -> int | None:
+        pre = self.match.group(14)
+        own = int(pre) if pre is not None else None
+        return (own or 0) + self.extra if self.extra else own
+
+    def event(self) -> LogEvent:
+        """The event :meth:`_Parser._match_stats_fast` makes of this line."""
+        m = self.match
+        proc, pid, level, time_, msg = m.group("proc", "pid", "level", "time", "msg")
+        eng, prompt, gen, running, waiting, device, kv, prefix, _ = m.groups()[5:]
+        return LogEvent(
+            kind="stats",
+            line=self.line,
+            values={
+                "engine": str(int(eng)) if eng is not None else None,
+                "prompt_throughput": float(prompt),
+                "generation_throughput": float(gen),
+                "running": int(running),
+                "waiting": int(waiting),
+                "swapped": None,
+                "pending": None,
+                "deferred": None,
+                "preemptions": self.preemptions(),
+                "kv_usage": _frac(kv),
+                "cpu_kv_usage": None,
+                "prefix_cache_hit_rate": _frac(prefix) if prefix is not None else None,
+                "device": device,
+                "num_engines": None,
+            },
+            text=msg[:4000],
+            process=proc,
+            pid=int(pid) if pid is not None else None,
+            level="WARNING" if level == "WARN" else level,
+            time=time_,
+        )
 
 
 # --------------------------------------------------------------------------- public API

@@ -160,6 +160,21 @@ _POOL = [
     "(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request big: prompt: '"
     + "y" * 70_000
     + "', prompt_token_ids: [1, 2]",
+    # periodic stats lines in the usual form and near it
+    "(APIServer pid=1) INFO 07-01 10:00:01 [loggers.py:123] Engine 001: Avg prompt throughput: 1.5 tokens/s, "
+    "Avg generation throughput: 2.0 tokens/s, Running: 3 reqs, Waiting: 1 reqs, GPU KV cache usage: 51.5%, "
+    "Prefix cache hit rate: 3.0%, Preemptions: 4",
+    "(EngineCore_DP0 pid=9) WARN 07-01 10:00:01.25 [loggers.py:123] Avg prompt throughput: 0.0 tokens/s, "
+    "Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, CPU KV cache usage: 0.0%",
+    "INFO 07-01 10:00:02 loggers.py:123] Avg prompt throughput: 9 tokens/s, Avg generation throughput: 1 "
+    "tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 100%, Preemptions: 0",
+    "(APIServer pid=1) INFO 07-01 10:00:03 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
+    "Avg generation throughput: 1.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 5.0%, "
+    "Preemptions: 2 extra",
+    "(APIServer pid=1) INFO 07-01 10:00:04 [loggers.py:123] Engine 000: Avg prompt throughput: "
+    + "9" * 700
+    + " tokens/s, Avg generation throughput: 1.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache "
+    "usage: 5.0%",
     "(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request long: prompt_token_ids: ["
     + ", ".join(["7"] * 20_000)
     + "]",
@@ -365,3 +380,26 @@ def test_request_lines_past_the_history_are_kept_as_line_by_line() -> None:
     assert _events(got.events) == want
     assert got.line_count == want_lines
     assert len(got.of("request")) == sum(vllm_log._HISTORY_DEFAULT) < 2500
+
+
+def test_stats_lines_past_the_history_are_kept_as_line_by_line() -> None:
+    # more stats lines than a run's history keeps, preemptions among them: the fast path keeps
+    # the same head and tail and hands the dropped lines' preemptions on the same way
+    lines = STARTUP.read_text(encoding="utf-8").splitlines()
+    n = sum(vllm_log._HISTORY_LIMITS["stats"]) + 2500
+    for i in range(n):
+        lines.append(
+            f"(APIServer pid=1) INFO 07-01 10:{i % 60:02d}:00 [loggers.py:123] Engine 00{i % 2}: Avg prompt "
+            f"throughput: {i}.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: {i % 9} reqs, "
+            f"Waiting: 0 reqs, GPU KV cache usage: 50.0%, Prefix cache hit rate: 1.0%"
+            + (f", Preemptions: {i % 4}" if i % 3 else "")
+        )
+    text = "\n".join(lines) + "\n"
+    want, want_lines = _line_by_line(text)
+    got = vllm_log.parse_log(text)
+    assert _events(got.events) == want
+    assert got.line_count == want_lines
+    stats = got.of("stats")
+    assert len(stats) == sum(vllm_log._HISTORY_LIMITS["stats"]) < n
+    startup = sum(e.values["preemptions"] or 0 for e in vllm_log.parse_log(STARTUP.read_text()).of("stats"))
+    assert sum(e.values["preemptions"] or 0 for e in stats) == startup + sum(i % 4 for i in range(n) if i % 3)
