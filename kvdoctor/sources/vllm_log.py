@@ -1007,9 +1007,7 @@ class _History:
 
     def _drop(self, old: LogEvent | _Request | _Stats) -> None:
         if isinstance(old, _Stats):
-            pre = old.match.group(14)  # its own count: nothing is handed to a kept one yet
-            if pre is not None and pre != "0":
-                self.carry += int(pre)
+            self.carry += old.own_preemptions()  # nothing is handed to a kept one yet
         elif isinstance(old, LogEvent) and old.kind == "stats":
             self.carry += old.values.get("preemptions") or 0
 
@@ -1313,10 +1311,13 @@ class _Parser:
         if m is None:
             return False
         self.lineno += 1
-        if not self._gen_strong and (
-            m.group(6) is not None or (m.group("proc") or "").startswith("EngineCore")
-        ):
-            self.log.engine_generation = "v1"
+        if not self._gen_strong:  # as feed() and _match_stats_fast set it
+            if m.group(_STATS_LINE_BODY + 5) is not None:  # Swapped: a V0 line
+                self.log.engine_generation = "v0"
+            elif m.group(_STATS_LINE_BODY + 1) is not None or (m.group("proc") or "").startswith(
+                "EngineCore"
+            ):
+                self.log.engine_generation = "v1"
         hist = self._history.get("stats")
         if hist is None:
             hist = self._history["stats"] = _History(*_HISTORY_LIMITS["stats"])
@@ -2330,53 +2331,38 @@ class _Parser:
             },
         )
 
+    def _set_generation(self, gen: str) -> None:
+        self.log.engine_generation = gen
+
     def _match_stats_fast(self, pl: ParsedLine, key: Any, msg: str) -> bool:
-        """The periodic line of vLLM ≥ 0.12 (vllm-facts §3.4) in its exact usual form
-        (:data:`_STATS_FAST_RE`, every field once, in order): the same event as the field-by-
-        field path, from one match. Its text needs no redaction (fixed words and numbers)."""
+        """The periodic line in one of its usual forms (:data:`_STATS_FAST_RE`, every field
+        once, in order; vllm-facts §3.4): the same event as the field-by-field path, from one
+        match. Its text needs no redaction (fixed words and numbers)."""
         m = _STATS_FAST_RE.fullmatch(msg)
         if m is None:
             return False
-        eng, prompt, gen, running, waiting, device, kv, prefix, pre = m.groups()
-        # conversions in the field-by-field path's order: an error leaves the same state
-        engine = str(int(eng)) if eng is not None else None
-        kv_usage = _frac(kv)
-        if eng is not None and not self._gen_strong:
-            self.log.engine_generation = "v1"
-        self._emit(
-            "stats",
-            pl,
-            key,
-            {
-                "engine": engine,
-                "prompt_throughput": float(prompt),
-                "generation_throughput": float(gen),
-                "running": int(running),
-                "waiting": int(waiting),
-                "swapped": None,
-                "pending": None,
-                "deferred": None,
-                "preemptions": int(pre) if pre is not None else None,
-                "kv_usage": kv_usage,
-                "cpu_kv_usage": None,
-                "prefix_cache_hit_rate": _frac(prefix) if prefix is not None else None,
-                "device": device,
-                "num_engines": None,
-            },
-            text=msg[:4000],
-        )
+        values = _stats_values(m.groups(), None if self._gen_strong else self._set_generation)
+        self._emit("stats", pl, key, values, text=msg[:4000])
         return True
 
 
-#: The usual ≥ 0.12 periodic line, whole: each group is the pattern of its field regex
-#: (``_RE["st_*"]``); the device only GPU or CPU (so the text holds nothing to redact).
+#: The periodic line, whole, in the forms vLLM has printed: V1 (≥ 0.12: "Engine N: … Running,
+#: Waiting, GPU KV cache usage, Prefix cache hit rate[, Preemptions]"), V1 of 0.8-0.11
+#: ("… Waiting: N reqs, Preemptions: N, GPU KV cache usage …") and V0 ("… Running, Swapped,
+#: Pending, GPU KV cache usage, CPU KV cache usage."). Each group is the pattern of its field
+#: regex (``_RE["st_*"]``); the device only GPU or CPU (so the text holds nothing to redact).
+#: Groups: engine, prompt, generation, running, swapped, pending, waiting, preemptions (after
+#: waiting), device, kv, cpu kv, prefix hit rate, preemptions (at the end).
 _STATS_FAST_BODY = (
     r"(?:Engine (\d+): )?Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s, "
-    r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
-    r"(GPU|CPU) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%"
-    r"(?:, Prefix cache hit rate: (\d+(?:\.\d+)?)%)?(?:, Preemptions: (\d+))?"
+    r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s, Running: (\d+) reqs, "
+    r"(?:Swapped: (\d+) reqs, Pending: (\d+) reqs, |Waiting: (\d+) reqs, (?:Preemptions: (\d+), )?)"
+    r"(GPU|CPU) KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%(?:, CPU KV cache usage: (\d{1,20}(?:\.\d{1,20})?)%)?"
+    r"(?:, Prefix cache hit rate: (\d+(?:\.\d+)?)%)?(?:, Preemptions: (\d+))?\.?"
 )
 _STATS_FAST_RE = lazy_re(_STATS_FAST_BODY)
+#: the preemption groups of :data:`_STATS_FAST_BODY` (1-based), either of which a line has
+_STATS_PRE_GROUPS = (8, 13)
 #: A whole line holding that stats message after vLLM's usual header, the header's parts
 #: captured: exactly what :func:`parse_line` takes from it (:data:`_PROC_RE`, :data:`_LEVEL_RE`).
 #: The body's groups follow the header's, in :data:`_STATS_FAST_RE`'s order.
@@ -2385,6 +2371,45 @@ _STATS_LINE_RE = lazy_re(
     r"(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
     rf"(?:{_BULK_TAG}) (?P<msg>{_STATS_FAST_BODY})"
 )
+
+
+def _stats_values(
+    g: tuple[str | Any, ...], set_generation: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The ``stats`` event's values from :data:`_STATS_FAST_BODY`'s groups ``g``, converted in
+    the field-by-field path's order; ``set_generation`` told "v0"/"v1" where that path sets the
+    engine generation (so an error in a conversion leaves the same state)."""
+    eng, prompt, gen, running, swapped, pending, waiting, pre_mid, device, kv, cpu_kv, prefix, pre_end = g
+    engine = str(int(eng)) if eng is not None else None
+    kv_usage = _frac(kv)
+    cpu_kv_usage = _frac(cpu_kv) if cpu_kv is not None else None
+    n_swapped = int(swapped) if swapped is not None else None
+    if set_generation is not None:
+        if n_swapped is not None:
+            set_generation("v0")
+        elif eng is not None:
+            set_generation("v1")
+    pre = pre_mid if pre_mid is not None else pre_end
+    return {
+        "engine": engine,
+        "prompt_throughput": float(prompt),
+        "generation_throughput": float(gen),
+        "running": int(running),
+        "waiting": int(waiting) if waiting is not None else None,
+        "swapped": n_swapped,
+        "pending": int(pending) if pending is not None else None,
+        "deferred": None,
+        "preemptions": int(pre) if pre is not None else None,
+        "kv_usage": kv_usage,
+        "cpu_kv_usage": cpu_kv_usage,
+        "prefix_cache_hit_rate": _frac(prefix) if prefix is not None else None,
+        "device": device,
+        "num_engines": None,
+    }
+
+
+#: groups of :data:`_STATS_LINE_RE` before its body's
+_STATS_LINE_BODY = 5
 #: a usual stats line is ~250 characters; longer ones take the general path.
 _STATS_LINE_MAX = 600
 
@@ -2402,35 +2427,24 @@ class _Stats:
         self.match = match
         self.extra = 0
 
-    def preemptions(self) -> int | None:
-        pre = self.match.group(14)
-        own = int(pre) if pre is not None else None
-        return (own or 0) + self.extra if self.extra else own
+    def own_preemptions(self) -> int:
+        """The line's own preemption count (0 when it has none)."""
+        m = self.match
+        mid, end = (_STATS_LINE_BODY + g for g in _STATS_PRE_GROUPS)
+        pre = m.group(mid) or m.group(end)
+        return int(pre) if pre else 0
 
     def event(self) -> LogEvent:
         """The event :meth:`_Parser._match_stats_fast` makes of this line."""
         m = self.match
         proc, pid, level, time_, msg = m.group("proc", "pid", "level", "time", "msg")
-        eng, prompt, gen, running, waiting, device, kv, prefix, _ = m.groups()[5:]
+        values = _stats_values(m.groups()[_STATS_LINE_BODY:])
+        if self.extra:
+            values["preemptions"] = (values["preemptions"] or 0) + self.extra
         return LogEvent(
             kind="stats",
             line=self.line,
-            values={
-                "engine": str(int(eng)) if eng is not None else None,
-                "prompt_throughput": float(prompt),
-                "generation_throughput": float(gen),
-                "running": int(running),
-                "waiting": int(waiting),
-                "swapped": None,
-                "pending": None,
-                "deferred": None,
-                "preemptions": self.preemptions(),
-                "kv_usage": _frac(kv),
-                "cpu_kv_usage": None,
-                "prefix_cache_hit_rate": _frac(prefix) if prefix is not None else None,
-                "device": device,
-                "num_engines": None,
-            },
+            values=values,
             text=msg[:4000],
             process=proc,
             pid=int(pid) if pid is not None else None,

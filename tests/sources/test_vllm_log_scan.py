@@ -290,36 +290,84 @@ _STAT_NUMS = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
     st.one_of(st.none(), st.sampled_from(["000", "1", "12"])),
-    st.lists(_STAT_NUMS, min_size=7, max_size=7),
+    st.lists(_STAT_NUMS, min_size=9, max_size=9),
     st.sampled_from(["GPU", "CPU", "XPU"]),
+    st.sampled_from(["v1", "v1-preemptions-mid", "v0"]),
     st.booleans(),
     st.booleans(),
-    st.sampled_from(["", ", Preemptions: 3, ", " extra"]),
+    st.booleans(),
+    st.sampled_from(["", ", Preemptions: 3, ", " extra", "."]),
+    st.booleans(),
 )
 def test_fast_stats_path_gives_the_field_by_field_event(
-    eng: str | None, n: list[str], device: str, prefix: bool, pre: bool, tail: str
+    eng: str | None,
+    n: list[str],
+    device: str,
+    form: str,
+    cpu_kv: bool,
+    prefix: bool,
+    pre: bool,
+    tail: str,
+    chunked: bool,
 ) -> None:
+    def i(x: str) -> str:
+        return x.split(".")[0]
+
+    middle = (
+        f"Swapped: {i(n[7])} reqs, Pending: {i(n[8])} reqs, "
+        if form == "v0"
+        else f"Waiting: {i(n[3])} reqs, "
+        + (f"Preemptions: {i(n[6])}, " if form == "v1-preemptions-mid" else "")
+    )
     msg = (
         (f"Engine {eng}: " if eng is not None else "")
         + f"Avg prompt throughput: {n[0]} tokens/s, Avg generation throughput: {n[1]} tokens/s, "
-        + f"Running: {n[2].split('.')[0]} reqs, Waiting: {n[3].split('.')[0]} reqs, {device} KV cache usage: {n[4]}%"
+        + f"Running: {i(n[2])} reqs, {middle}{device} KV cache usage: {n[4]}%"
+        + (f", CPU KV cache usage: {n[7]}%" if cpu_kv else "")
         + (f", Prefix cache hit rate: {n[5]}%" if prefix else "")
-        + (f", Preemptions: {n[6].split('.')[0]}" if pre else "")
-        + (tail if tail != "" else "")
+        + (f", Preemptions: {i(n[6])}" if pre else "")
+        + tail
     )
     line = f"(APIServer pid=1) INFO 07-01 10:00:00 [loggers.py:1] {msg}"
-    fast = vllm_log._Parser("x")
-    fast.feed(line)
     # no fast path at all: the line goes through the whole matcher chain to the stats branch
     slow = vllm_log._Parser("x")
     slow._match_stats_fast = lambda *a: False  # type: ignore[method-assign]
     slow.feed(line)
+    if chunked:  # the chunk path of a serving log: the line read by one match, made lazily
+        serving = "(APIServer pid=1) INFO 07-01 10:00:00 [api_server.py:1] Application startup complete."
+        fast = vllm_log._Parser("x", bounded=True)
+        fast.feed_chunk(serving + "\n" + line)
+        fast.finish()
+        slow2 = vllm_log._Parser("x", bounded=True)
+        slow2._match_stats_fast = lambda *a: False  # type: ignore[method-assign]
+        slow2.feed(serving)
+        slow2.feed(line)
+        slow2.finish()
+        assert _events(fast.log.events) == _events(slow2.log.events)
+        assert fast.log.engine_generation == slow2.log.engine_generation
+        return
+    fast = vllm_log._Parser("x")
+    fast.feed(line)
     assert _events(fast.log.events) == _events(slow.log.events)
     assert fast.log.engine_generation == slow.log.engine_generation
     assert len(fast.log.events) == 1
+
+
+def test_every_stats_form_of_the_tests_takes_the_fast_path() -> None:
+    # the forms real logs have (V1 >= 0.12, V1 0.8-0.11 with Preemptions after Waiting, V0):
+    # each is read by one match
+    lines = [
+        ln.split("] ", 1)[1]
+        for p in sorted((DATA / "vllm_log").glob("*.log")) + sorted((DATA / "bundles").glob("*/vllm.log"))
+        for ln in p.read_text(encoding="utf-8", errors="replace").splitlines()
+        if "Avg prompt throughput" in ln and "] " in ln
+    ]
+    assert len(lines) > 100
+    slow = [m for m in lines if vllm_log._STATS_FAST_RE.fullmatch(m) is None]
+    assert len(slow) <= len(lines) // 50, slow[:3]
 
 
 _IDS_REFERENCE_RE = re.compile(r"prompt_token_ids: \[(?:<redacted (\d+) tokens>\]|([^\]]*)\]?)")
