@@ -989,18 +989,29 @@ class _Block:
 
 class _History:
     """The events of one kind in the current run, bounded: the first ``head`` and the last
-    ``tail`` (a deque), so a days-long run of periodic lines keeps its start and its end.
-    Stats dropped from the middle hand their preemption count to the oldest kept tail event
-    (``carry``, added when the history is read), so the run's preemption total stays exact."""
+    ``tail`` (a deque), so a days-long run of periodic lines keeps its start and its end, and
+    those ``pinned`` before an error (:meth:`pin`), so what led up to it stays whatever follows.
+    Stats dropped hand their preemption count to the oldest kept tail event (``carry``, added
+    when the history is read), so the run's preemption total stays exact."""
 
-    __slots__ = ("head", "tail", "head_max", "carry")
+    __slots__ = ("head", "tail", "pinned", "head_max", "carry", "fresh")
 
     def __init__(self, head_max: int, tail_max: int) -> None:
         # (emission number, event): merging kinds back keeps the order events were made in
         self.head: list[tuple[int, LogEvent | _Request | _Stats]] = []
         self.tail: deque[tuple[int, LogEvent | _Request | _Stats]] = deque(maxlen=tail_max)
+        self.pinned: deque[tuple[int, LogEvent | _Request | _Stats]] = deque()
         self.head_max = head_max
         self.carry = 0  # preemptions of the stats dropped so far
+        self.fresh = 0  # tail events added since the last pin
+
+    def _drop(self, old: LogEvent | _Request | _Stats) -> None:
+        if isinstance(old, _Stats):
+            pre = old.match.group(14)  # its own count: nothing is handed to a kept one yet
+            if pre is not None and pre != "0":
+                self.carry += int(pre)
+        elif isinstance(old, LogEvent) and old.kind == "stats":
+            self.carry += old.values.get("preemptions") or 0
 
     def add(self, seq: int, ev: LogEvent | _Request | _Stats) -> None:
         if len(self.head) < self.head_max:
@@ -1008,26 +1019,36 @@ class _History:
             return
         tail = self.tail
         if len(tail) == tail.maxlen:  # the append drops the oldest
-            old = tail[0][1]
-            if isinstance(old, _Stats):
-                pre = old.match.group(14)  # its own count: nothing is handed to a kept one yet
-                if pre is not None and pre != "0":
-                    self.carry += int(pre)
-            elif isinstance(old, LogEvent) and old.kind == "stats":
-                self.carry += old.values.get("preemptions") or 0
+            self._drop(tail[0][1])
         tail.append((seq, ev))
+        self.fresh += 1
+
+    def pin(self, n: int) -> None:
+        """Keep the last ``n`` events of the tail for good (an error follows them), those added
+        since the last pin only; at most :data:`_MAX_PINNED`, the oldest pins going first."""
+        moved = [self.tail.pop() for _ in range(min(n, len(self.tail), self.fresh))]
+        self.fresh = 0
+        self.pinned.extend(reversed(moved))
+        while len(self.pinned) > _MAX_PINNED:
+            self._drop(self.pinned.popleft()[1])
 
     def items(self) -> list[tuple[int, LogEvent | _Request | _Stats]]:
-        """Head and tail in order, the dropped stats' preemptions handed to the oldest tail
-        event (once: the carry is spent)."""
-        if self.carry and self.tail:
-            first = self.tail[0][1]
+        """Head, pins and tail in order, the dropped stats' preemptions handed to the oldest
+        tail event (once: the carry is spent)."""
+        if self.carry and (self.tail or self.pinned):
+            first = self.tail[0][1] if self.tail else self.pinned[-1][1]
             if isinstance(first, _Stats):
                 first.extra += self.carry
             elif isinstance(first, LogEvent):
                 first.values["preemptions"] = (first.values.get("preemptions") or 0) + self.carry
             self.carry = 0
-        return self.head + list(self.tail)
+        return self.head + list(self.pinned) + list(self.tail)
+
+
+#: events of these kinds kept from just before each error (request: derive's in-flight and
+#: 5-second burst look-back; stats: the engines' last lines before it), and pins kept per kind.
+_PINNED_BEFORE_ERROR = {"request": 256, "stats": 64}
+_MAX_PINNED = 4096
 
 
 class _Request(NamedTuple):
@@ -1279,10 +1300,7 @@ class _Parser:
             hist = self._history["request"] = _History(*_HISTORY_DEFAULT)
         self._seq += 1
         self.emitted += 1
-        if len(hist.head) < hist.head_max:
-            hist.head.append((self._seq, req))
-        else:
-            hist.tail.append((self._seq, req))  # a full deque drops its oldest
+        hist.add(self._seq, req)
 
     def _feed_stats(self, raw: str) -> bool:
         """:meth:`feed` for a periodic stats line in its usual form (:data:`_STATS_LINE_RE`,
@@ -1380,6 +1398,11 @@ class _Parser:
                 hist = self._history[kind] = _History(*_HISTORY_LIMITS.get(kind, _HISTORY_DEFAULT))
             self._seq += 1
             hist.add(self._seq, ev)
+            if kind in _ERROR_KINDS:  # what led up to an error stays, however long the run goes on
+                for pinned_kind, n in _PINNED_BEFORE_ERROR.items():
+                    led = self._history.get(pinned_kind)
+                    if led is not None:
+                        led.pin(n)
         else:
             self.log.events.append(ev)
         self._new.append(ev)

@@ -379,7 +379,12 @@ def test_request_lines_past_the_history_are_kept_as_line_by_line() -> None:
     got = vllm_log.parse_log(text)
     assert _events(got.events) == want
     assert got.line_count == want_lines
-    assert len(got.of("request")) == sum(vllm_log._HISTORY_DEFAULT) < 2500
+    pinned = vllm_log._PINNED_BEFORE_ERROR["request"]
+    assert len(got.of("request")) == sum(vllm_log._HISTORY_DEFAULT) + pinned < 2500
+    # the requests that led up to the OOM are kept although 800 more followed it
+    oom = got.of("cuda_oom")[0].line
+    before = [e.line for e in got.of("request") if e.line < oom]
+    assert before[-pinned:] == list(range(oom - pinned, oom))
 
 
 def test_stats_lines_past_the_history_are_kept_as_line_by_line() -> None:
