@@ -719,7 +719,14 @@ def render_text(report: Report, console: Console) -> None:
         depth = depth_of(f, report.findings)
         # Consequences sit indented under their root cause: one fix to read, not four symptoms.
         console.print(Padding(_finding_panel(f), (0, 0, 0, 4 * depth)) if depth else _finding_panel(f))
-    if unknown:
+    if unknown and cut:
+        console.print(
+            Text(
+                "Nothing was read before the time budget ran out: give --time-budget more seconds (0: no limit).",
+                style="yellow",
+            )
+        )
+    elif unknown:
         console.print(
             Text(
                 "Nothing to diagnose here. Point kvdoctor at a vLLM server (--metrics URL, --log FILE), a support "

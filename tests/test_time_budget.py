@@ -217,8 +217,22 @@ def test_a_url_beside_files_is_not_scraped_past_the_budget(tmp_path: Path, fake_
     url = next(s for s in report["sources"] if s["origin"] == fake_metrics_server.url)
     assert (url["status"], url["cut"]) == ("error", NOT_READ_OUT_OF_TIME)
     assert fake_metrics_server.hits == 0
-    # nothing was read: UNKNOWN (3), and the header says why
+    # nothing was read: UNKNOWN (3), and the text says why
     assert result.exit_code == 3 == report["exit_code"]
+    args = [
+        "diagnose",
+        "--nvidia-smi",
+        str(smi),
+        "--metrics",
+        fake_metrics_server.url,
+        "--time-budget",
+        SPENT,
+    ]
+    result = CliRunner().invoke(cli, [*args, "--format", "text"])
+    flat = " ".join(result.stdout.split())
+    assert result.exit_code == 3 and "UNKNOWN" in flat and "2 sources not read" in flat
+    assert "Nothing was read before the time budget ran out" in flat
+    assert fake_metrics_server.hits == 0
 
 
 def test_bundle_o_copies_every_file_whole_past_the_budget(tmp_path: Path) -> None:
