@@ -20,6 +20,9 @@ from kvdoctor.cli import cli
 from kvdoctor.sources import bundle as bundle_src
 from kvdoctor.sources.bundle import NOT_READ_OUT_OF_TIME, load_bundle
 
+#: logs cut at a test's scale (tests/conftest.py): chunks of 4 KiB, 16 KiB kept at the end
+pytestmark = pytest.mark.usefixtures("small_cut")
+
 BUNDLES = Path(__file__).parent / "data" / "bundles"
 #: a run-time OOM deep into a long context (its latest run in vllm.log, six files in all)
 CASE = BUNDLES / "c2-long-context-prefill-oom-gh200"
@@ -35,10 +38,10 @@ _STATS = (
 )
 
 
-def long_log_bundle(dest: Path, case: Path = CASE, earlier_mib: int = 3) -> Path:
+def long_log_bundle(dest: Path, case: Path = CASE, earlier_kib: int = 64) -> Path:
     """A copy of ``case`` whose vllm.log starts with an earlier run of the same server (its
-    startup lines, then ``earlier_mib`` MiB of stats lines) before the case's own log: more
-    than one 1 MiB chunk, so a spent budget cuts the earlier run and parses the latest whole."""
+    startup lines, then ``earlier_kib`` KiB of stats lines) before the case's own log: with
+    ``small_cut``'s sizes a spent budget cuts the earlier run and parses the latest whole."""
     shutil.copytree(case, dest)
     (dest / "expected.json").unlink(missing_ok=True)
     log = dest / "vllm.log"
@@ -47,7 +50,7 @@ def long_log_bundle(dest: Path, case: Path = CASE, earlier_mib: int = 3) -> Path
         line.replace("pid=51", "pid=41").replace("12-01", "11-30") for line in latest.splitlines(True)[:2]
     ]
     lines, size, i = list(start), sum(map(len, start)), 0
-    while size < earlier_mib << 20:
+    while size < earlier_kib << 10:
         lines.append(_STATS.format(m=(i // 60) % 60, s=i % 60))
         size += len(lines[-1])
         i += 1
