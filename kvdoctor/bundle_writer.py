@@ -659,6 +659,8 @@ def write_bundle(
             run_tools(root, manifest)
         latest = timeline.latest
         for st in latest.sources if latest is not None else []:
+            if st.cut and not st.origin.lower().startswith(("http://", "https://")):
+                continue  # only parsing was cut (--time-budget): the file was copied whole
             if st.status == "error" or (live and st.status == "missing"):
                 # what failed, and what this host cannot have (no NVIDIA driver), and why
                 manifest.add("", st.kind, st.origin, st.status, st.detail)

@@ -62,7 +62,8 @@ class SourceUnavailable(SourceError):
 @dataclass(repr=False, eq=False)
 class SourceStatus:
     """What one input gave: ``kind`` (spec/report.md ``sources[].kind``), ``origin`` (file path,
-    URL or "NVML"), ``status`` ok|missing|error and a one-line ``detail``."""
+    URL or "NVML"), ``status`` ok|missing|error and a one-line ``detail``; ``cut`` says what of
+    it the time budget for offline inputs (``--time-budget``) left unread."""
 
     kind: str
     origin: str
@@ -72,6 +73,11 @@ class SourceStatus:
     duration_s: float | None = None
     #: unix seconds of the source's last successful read (live sources), None when unknown.
     last_success: float | None = None
+    #: what of this source was not read because the time budget for reading offline inputs
+    #: ran out, in one line: with "ok", a log's line ranges counted but not parsed
+    #: (``VllmLog.cut``); with "error", that the source was not read at all. "" when nothing
+    #: was cut.
+    cut: str = ""
 
     def __post_init__(self) -> None:
         # the origin is what the user typed (--metrics http://user:pw@…): every face, the

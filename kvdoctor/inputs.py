@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -23,6 +24,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: the bundled real incident behind ``--demo`` (a copy of a case from the project's cases).
 DEMO_CASE = "b26-orphaned-enginecore-workers"
+
+#: ``--time-budget`` default, seconds: reading a bundle or files of any size ends about then (a
+#: 200 MB log is read whole well within it; 1 GiB of log lines is cut to its latest run)
+DEFAULT_TIME_BUDGET_S = 60.0
 
 
 class InputError(Exception):
@@ -70,6 +75,9 @@ class InputOptions:
     display_histograms: bool = False
     #: one diagnosis (``diagnose``), not a watch: live statuses say nothing of retrying
     one_shot: bool = False
+    #: seconds for reading offline inputs (bundle, files) all together; 0: no limit
+    #: (:func:`open_feed`)
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S
 
     @property
     def urls(self) -> list[str]:
@@ -235,6 +243,17 @@ def input_options(fn: F) -> F:
             show_default=True,
             help="Per-source read timeout in seconds (live): a slower source is an error for that read.",
         ),
+        click.option(
+            "--time-budget",
+            "time_budget_s",
+            type=click.FloatRange(min=0),
+            default=DEFAULT_TIME_BUDGET_S,
+            show_default=True,
+            help="Seconds for reading a bundle or files (not live reads) all together; 0: no limit. "
+            "Past it a vLLM log's latest run and last 32 MiB are still parsed, its other lines "
+            "only counted, and files not yet read are reported as not read: the report says what "
+            "was cut.",
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -265,8 +284,12 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
     given beside a bundle are merged in (:func:`merge_timelines`); beside a recording they are
     refused. ``raw_sink(unix_seconds, url, page_text)`` receives the text of each ``--metrics
     URL`` scraped while opening offline inputs (``kvdoctor bundle`` keeps it; live feeds keep
-    theirs in ``LiveFeed.last_raw``). Raises :class:`InputError` for inputs that cannot be
-    opened at all (one line, no input bytes)."""
+    theirs in ``LiveFeed.last_raw``). Offline inputs are read within ``opts.time_budget_s``
+    seconds (0: no limit) from here: one deadline for the bundle and every file beside it
+    (``sources.bundle.load_bundle``); what it cut is in the sources' statuses. A recording is
+    replayed as it streams, and live reads have their own ``timeout_s``: neither is budgeted.
+    Raises :class:`InputError` for inputs that cannot be opened at all (one line, no input
+    bytes)."""
     from kvdoctor.feeds import TimelineFeed  # not kvdoctor.sampler: an offline run needs none of it
 
     chosen = [
@@ -279,16 +302,18 @@ def open_feed(opts: InputOptions, *, raw_sink: Callable[[float, str, str], None]
     if opts.recording is not None and (opts.has_artifacts or opts.urls):
         # A recording replays on its own; an artifact beside it would be silently unused.
         raise InputError("--recording replays on its own: give other artifacts without it")
+    # One deadline for everything read offline below (bundle, artifacts beside it, a URL among them).
+    deadline = time.monotonic() + opts.time_budget_s if opts.time_budget_s > 0 else None
     try:
         if opts.recording is not None:
             from kvdoctor.sources.recording import open_recording
 
             return open_recording(opts.recording)
         if opts.bundle is not None or opts.demo:
-            timeline = _load_bundle(opts, raw_sink)
+            timeline = _load_bundle(opts, raw_sink, deadline)
             return TimelineFeed(timeline.snapshots, label=_bundle_label(opts))
         if opts.has_artifacts and not opts.is_live:
-            timeline = _load_artifacts(opts, raw_sink)
+            timeline = _load_artifacts(opts, raw_sink, deadline)
             return TimelineFeed(timeline.snapshots, label="artifacts")
     except SourceError as e:
         raise InputError(str(e).splitlines()[0] if str(e) else "cannot read input") from None
@@ -320,17 +345,21 @@ def _bundle_label(opts: InputOptions) -> str:
     return f"demo:{DEMO_CASE}" if opts.demo else f"bundle {opts.bundle}"
 
 
-def _load_bundle(opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None) -> Timeline:
+def _load_bundle(
+    opts: InputOptions,
+    raw_sink: Callable[[float, str, str], None] | None = None,
+    deadline: float | None = None,
+) -> Timeline:
     from kvdoctor.sources.bundle import load_bundle
 
     path = demo_bundle_dir() if opts.demo else opts.bundle
     assert path is not None
-    timeline = load_bundle(path, histograms=_histograms(opts)).timeline
+    timeline = load_bundle(path, histograms=_histograms(opts), deadline=deadline).timeline
     if opts.demo:
         _relabel(timeline, str(path), f"demo:{DEMO_CASE}")
     if opts.has_artifacts or opts.urls:
         # Artifacts given beside the bundle are merged in, never dropped.
-        timeline = merge_timelines(timeline, _load_artifacts(opts, raw_sink))
+        timeline = merge_timelines(timeline, _load_artifacts(opts, raw_sink, deadline))
     return timeline
 
 
@@ -405,9 +434,11 @@ def _relabel(timeline: Timeline, prefix: str, label: str) -> None:
 
 
 def _load_artifacts(
-    opts: InputOptions, raw_sink: Callable[[float, str, str], None] | None = None
+    opts: InputOptions,
+    raw_sink: Callable[[float, str, str], None] | None = None,
+    deadline: float | None = None,
 ) -> Timeline:
-    from kvdoctor.sources.bundle import Artifacts, load_artifacts
+    from kvdoctor.sources.bundle import NOT_READ_OUT_OF_TIME, Artifacts, budget_spent, load_artifacts
 
     art = Artifacts(
         nvidia_smi=list(opts.nvidia_smi),
@@ -426,6 +457,11 @@ def _load_artifacts(
         # A URL among offline artifacts is scraped once.
         from kvdoctor.sources.metrics import scrape
 
+        if budget_spent(deadline):
+            errors.append(
+                SourceStatus("metrics", url, "error", NOT_READ_OUT_OF_TIME, cut=NOT_READ_OUT_OF_TIME)
+            )
+            continue
         try:
             text, ts = scrape(url, timeout=opts.timeout_s)
             art.metrics_texts.append((text, ts, url))
@@ -433,7 +469,7 @@ def _load_artifacts(
                 raw_sink(ts, url, text)
         except SourceError as e:
             errors.append(SourceStatus("metrics", url, "error", str(e).splitlines()[0]))
-    timeline = load_artifacts(art).timeline
+    timeline = load_artifacts(art, deadline=deadline).timeline
     if timeline.latest is not None:
         timeline.latest.sources.extend(errors)
     return timeline

@@ -58,6 +58,8 @@ EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "bold cyan", "ok": "bold green"}
 _STATUS_MARK = {"ok": ("✓", "green"), "missing": ("–", "dim"), "error": ("✗", "red")}
+#: the mark of a source read in part ("ok" with a ``cut``: the time budget ran out in it)
+_PART_MARK = ("◐", "yellow")
 
 
 @shared_methods
@@ -92,7 +94,7 @@ class Report:
             "generated_at": self.generated_at,
             "health": self.health,
             "sources": [
-                {"kind": s.kind, "origin": s.origin, "status": s.status, "detail": s.detail}
+                {"kind": s.kind, "origin": s.origin, "status": s.status, "detail": s.detail, "cut": s.cut}
                 for s in self.sources
             ],
             "gpus": self.gpus,
@@ -188,7 +190,8 @@ def build_report(
     # The last line of defence for "secrets never leave": whatever a source echoed back
     # (an unparsable command line, a URL with credentials) is redacted here too.
     sources = [
-        SourceStatus(s.kind, _redacted(s.origin), s.status, _redacted(s.detail)) for s in snapshot.sources
+        SourceStatus(s.kind, _redacted(s.origin), s.status, _redacted(s.detail), cut=s.cut)
+        for s in snapshot.sources
     ]
     shown = [_redact_owned(f) for f in findings] if owned else [_shown(f) for f in findings]
     return Report(
@@ -335,7 +338,31 @@ def fix_lines(finding: Finding) -> list[str]:
 
 def _source_line(s: SourceStatus) -> str:
     detail = f" — {s.detail}" if s.detail else ""
-    return f"{s.kind} {s.origin}: {s.status}{detail}"
+    return f"{s.kind} {s.origin}: {status_word(s)}{detail}"
+
+
+def status_word(s: SourceStatus) -> str:
+    """A source's status as faces show it: "ok (in part)" when the time budget cut it."""
+    return f"{s.status} (in part)" if s.cut and s.status == "ok" else s.status
+
+
+def cut_text(sources: list[SourceStatus]) -> str | None:
+    """The report's note when the time budget for reading offline inputs cut any source
+    (``sources[].cut``): "Partial evidence: the time budget for reading the inputs ran out (log
+    b/vllm.log read in part, 2 sources not read); the findings rest on what was read
+    (--time-budget 0: no limit)". None when nothing was cut."""
+    part = [s for s in sources if s.cut and s.status == "ok"]
+    unread = [s for s in sources if s.cut and s.status != "ok"]
+    if not part and not unread:
+        return None
+    said = [f"{s.kind} {s.origin} read in part" for s in part]
+    if unread:
+        said.append(f"{len(unread)} source{'s' if len(unread) != 1 else ''} not read")
+    return (
+        "Partial evidence: the time budget for reading the inputs ran out ("
+        + ", ".join(said)
+        + "); the findings rest on what was read (--time-budget 0: no limit)"
+    )
 
 
 #: rule input names (rules/*.yaml ``needs``) in the words of the artifacts that provide them.
@@ -440,6 +467,9 @@ def render_markdown(report: Report) -> str:
         f"{n} finding{'s' if n != 1 else ''} · generated {report.generated_at} · `{report.schema}`",
         "",
     ]
+    cut = cut_text(report.sources)
+    if cut:
+        lines += [f"> ⚠ **{_md_cell(cut)}**", ""]
     configured = config_text(report.config)
     if configured:
         lines += [f"Thresholds and rules changed by the user {_md_cell(configured)}", ""]
@@ -481,7 +511,7 @@ def render_markdown(report: Report) -> str:
         lines += ["No findings.", ""]
     lines += ["### Sources", "", "| kind | origin | status | detail |", "|---|---|---|---|"]
     lines += [
-        f"| {_md_cell(s.kind)} | {_md_cell(s.origin)} | {_md_cell(s.status)} | {_md_cell(s.detail)} |"
+        f"| {_md_cell(s.kind)} | {_md_cell(s.origin)} | {_md_cell(status_word(s))} | {_md_cell(s.detail)} |"
         for s in report.sources
     ]
     lines.append("")
@@ -643,8 +673,11 @@ def render_text(report: Report, console: Console) -> None:
     else:
         head.append(" — no findings")
     console.print(head)
+    cut = cut_text(report.sources)
+    if cut:
+        console.print(Text(f"  ⚠ {cut}", style="yellow"), overflow="fold")
     for s in report.sources:
-        mark, style = _STATUS_MARK.get(s.status, ("?", ""))
+        mark, style = _PART_MARK if s.cut and s.status == "ok" else _STATUS_MARK.get(s.status, ("?", ""))
         line = Text(f"  {mark} ", style=style)
         line.append(_source_line(s), style="dim" if s.status == "missing" else "")
         console.print(line, overflow="fold")
@@ -686,7 +719,14 @@ def render_text(report: Report, console: Console) -> None:
         depth = depth_of(f, report.findings)
         # Consequences sit indented under their root cause: one fix to read, not four symptoms.
         console.print(Padding(_finding_panel(f), (0, 0, 0, 4 * depth)) if depth else _finding_panel(f))
-    if unknown:
+    if unknown and cut:
+        console.print(
+            Text(
+                "Nothing was read before the time budget ran out: give --time-budget more seconds (0: no limit).",
+                style="yellow",
+            )
+        )
+    elif unknown:
         console.print(
             Text(
                 "Nothing to diagnose here. Point kvdoctor at a vLLM server (--metrics URL, --log FILE), a support "

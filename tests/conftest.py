@@ -100,3 +100,15 @@ def all_flags(finding: Any) -> dict[str, str]:
 def alternatives(finding: Any) -> list[dict[str, str]]:
     """Each alternative fix's flags and environment, the recommended first."""
     return [{**fix.flags, **fix.env} for fix in finding.fixes]
+
+
+# --------------------------------------------------------------------------- a log cut small
+@pytest.fixture
+def small_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``parse_log_file`` past its deadline at a test's scale: 4 KiB chunks, the last run's
+    first 8 KiB and the last 16 KiB kept (32 MiB in use), so a log of tens of KiB is cut."""
+    from kvdoctor.sources import vllm_log
+
+    monkeypatch.setattr(vllm_log, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(vllm_log, "_CUT_HEAD_CHARS", 8192)
+    monkeypatch.setattr(vllm_log, "_CUT_TAIL_CHARS", 16384)

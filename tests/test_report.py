@@ -103,6 +103,7 @@ def test_json_shape_matches_spec() -> None:
         "origin": "bundle/metrics",
         "status": "missing",
         "detail": "not in bundle",
+        "cut": "",  # added within report/2: what the time budget left unread
     }
     assert doc["gpus"] == [
         {

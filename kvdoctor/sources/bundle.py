@@ -15,6 +15,7 @@ import re
 import signal
 import stat
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -113,10 +114,20 @@ class Loaded:
         return snap
 
 
-def _status(snap: Snapshot, kind: str, origin: str, status: str, detail: str = "") -> None:
+#: the detail (and ``SourceStatus.cut``) of a source not read because the time budget for reading
+#: the inputs ran out before it started
+NOT_READ_OUT_OF_TIME = "not read: the time budget for reading the inputs ran out before it (--time-budget)"
+
+
+def budget_spent(deadline: float | None) -> bool:
+    """True once ``deadline`` (a :func:`time.monotonic` instant) has passed; never without one."""
+    return deadline is not None and time.monotonic() > deadline
+
+
+def _status(snap: Snapshot, kind: str, origin: str, status: str, detail: str = "", *, cut: str = "") -> None:
     # An origin may be a URL given in any spelling (ftp://user:pw@…, HTTP://…): never its password.
     origin, detail = redact_url_credentials(origin), redact_url_credentials(detail)
-    snap.sources.append(SourceStatus(kind=kind, origin=origin, status=status, detail=detail))  # type: ignore[arg-type]
+    snap.sources.append(SourceStatus(kind=kind, origin=origin, status=status, detail=detail, cut=cut))  # type: ignore[arg-type]
 
 
 def _one_line(err: BaseException) -> str:
@@ -124,8 +135,15 @@ def _one_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-def _guard(snap: Snapshot, kind: str, origin: str, fn: Callable[[], Any]) -> Any:
-    """Run one source's parser; any failure becomes an "error" SourceStatus, never an exception."""
+def _guard(
+    snap: Snapshot, kind: str, origin: str, fn: Callable[[], Any], deadline: float | None = None
+) -> Any:
+    """Run one source's parser; any failure becomes an "error" SourceStatus, never an exception.
+    Past ``deadline`` (:func:`budget_spent`) the parser is not started: an "error" status says
+    so (:data:`NOT_READ_OUT_OF_TIME`, also its ``cut``) and None is returned."""
+    if budget_spent(deadline):
+        _status(snap, kind, origin, "error", NOT_READ_OUT_OF_TIME, cut=NOT_READ_OUT_OF_TIME)
+        return None
     try:
         return fn()
     except SourceError as e:
@@ -146,31 +164,55 @@ def _metrics_timestamp(path: Path) -> float | None:
 
 
 def _read(
-    snap: Snapshot, kind: str, path: Path, parse: Callable[[Path], Any], describe: Callable[[Any], str]
+    snap: Snapshot,
+    kind: str,
+    path: Path,
+    parse: Callable[[Path], Any],
+    describe: Callable[[Any], str],
+    deadline: float | None = None,
 ) -> Any:
-    """Parse one file; record "ok" with ``describe(result)`` or the error. Returns the result or None."""
-    result = _guard(snap, kind, str(path), partial(parse, path))
+    """Parse one file; record "ok" with ``describe(result)`` or the error (or that the time
+    budget ran out before it, see :func:`_guard`). Returns the result or None."""
+    result = _guard(snap, kind, str(path), partial(parse, path), deadline)
     if result is not None:
         _status(snap, kind, str(path), "ok", describe(result))
     return result
 
 
-def _parse_log(path: Path) -> VllmLog:
+def _parse_log(path: Path, deadline: float | None = None) -> VllmLog:
     from kvdoctor.sources.vllm_log import parse_log_file
 
-    log = parse_log_file(path)
+    return parse_log_file(path, deadline=deadline)
+
+
+def _read_log(snap: Snapshot, path: Path, deadline: float | None) -> VllmLog | None:
+    """Parse a vLLM log and record its SourceStatus: "ok" with :func:`describe_log`, or "error".
+
+    Started even past ``deadline``: :func:`~kvdoctor.sources.vllm_log.parse_log_file` then
+    parses the latest run and the file's end only, and counts the other lines; what it did not
+    parse (``VllmLog.cut``) is in the status's detail and ``cut``. Returns the log or None."""
+    log = _guard(snap, "log", str(path), partial(_parse_log, path, deadline))
+    if log is None:
+        return None
     # An empty file, or one with no line vLLM writes, is no evidence of a healthy server.
     if log.line_count == 0:
-        raise SourceError("empty log", origin=str(path))
+        _status(snap, "log", str(path), "error", f"{path}: empty log")
+        return None
     if not log.events:
-        raise SourceError(f"no vLLM log line recognised in {log.line_count} lines", origin=str(path))
+        cut = f"; {log.cut}" if log.cut else ""
+        why = f"{path}: no vLLM log line recognised in {log.line_count} lines{cut}"
+        _status(snap, "log", str(path), "error", why, cut=log.cut)
+        return None
+    _status(snap, "log", str(path), "ok", describe_log(log), cut=log.cut)
     return log
 
 
 def describe_log(log: VllmLog) -> str:
-    """One-line summary of a parsed log for its SourceStatus."""
+    """One-line summary of a parsed log for its SourceStatus (with ``VllmLog.cut`` when the time
+    budget left lines unparsed)."""
     detail = f"{log.line_count} lines, {len(log.events)} events"
-    return detail + (f", vLLM {log.vllm_version}" if log.vllm_version else "")
+    detail += f", vLLM {log.vllm_version}" if log.vllm_version else ""
+    return detail + (f"; {log.cut}" if log.cut else "")
 
 
 def _parse_model(path: Path) -> Any:
@@ -197,9 +239,14 @@ def _parse_apps(path: Path) -> Any:
     return parse_compute_apps_csv(_read_text(path), origin=str(path))
 
 
-def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
+def load_artifacts(art: Artifacts, *, label: str = "", deadline: float | None = None) -> Loaded:
     """Read single artifacts into a Timeline. Never raises for bad input: each problem becomes a
-    SourceStatus (kind, origin, "error", one-line reason)."""
+    SourceStatus (kind, origin, "error", one-line reason).
+
+    ``deadline`` (a :func:`time.monotonic` instant; None: no limit) bounds the time spent: a
+    source not started by then is "error" with :data:`NOT_READ_OUT_OF_TIME` (and that as its
+    ``cut``). The log is read last (the one input that can take long) and always: past the
+    deadline only its latest run and its end are parsed (:func:`_read_log`)."""
     from kvdoctor.sources import metrics as metrics_src
     from kvdoctor.sources.nvidia_smi import attach_processes, latest_gpus
 
@@ -209,7 +256,7 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
 
     # GPUs: every nvidia-smi file (table, CSV, XML) fills the same Gpu facts.
     for path in art.nvidia_smi:
-        moments = _guard(snap, "nvidia-smi", str(path), partial(_parse_smi, path))
+        moments = _guard(snap, "nvidia-smi", str(path), partial(_parse_smi, path), deadline)
         if moments is None:
             continue
         got = latest_gpus(moments)
@@ -223,12 +270,11 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         else:
             _status(snap, "nvidia-smi", str(path), "error", f"{path}: no GPU rows found")
     if art.compute_apps is not None:
-        procs = _read(snap, "nvidia-smi", art.compute_apps, _parse_apps, lambda p: f"{len(p)} compute app(s)")
+        procs = _read(
+            snap, "nvidia-smi", art.compute_apps, _parse_apps, lambda p: f"{len(p)} compute app(s)", deadline
+        )
         if procs is not None:
             attach_processes(snap.gpus, procs)
-
-    if art.log is not None:
-        snap.log = _read(snap, "log", art.log, _parse_log, describe_log)
 
     hist: dict[str, Any] = {} if art.histograms is None else {"histograms": art.histograms}
     for path in art.metrics:
@@ -238,6 +284,7 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
                 "metrics",
                 str(path),
                 partial(metrics_src.load_metrics_dir, path, confine_to=art.confine_to, **hist),
+                deadline,
             )
             if got is not None:
                 series, errors = got
@@ -254,11 +301,14 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
                 path,
                 partial(_parse_metrics_file, ts=ts, **hist),
                 lambda m: f"{len(m)} engine(s)",
+                deadline,
             )
             if ms is not None:
                 scrapes.append((ts, ms))
     for text, ts, origin in art.metrics_texts:
-        ms = _guard(snap, "metrics", origin, partial(metrics_src.parse_metrics, text, origin, ts, **hist))
+        ms = _guard(
+            snap, "metrics", origin, partial(metrics_src.parse_metrics, text, origin, ts, **hist), deadline
+        )
         if ms is not None:
             scrapes.append((ts, ms))
             _status(snap, "metrics", origin, "ok", f"{len(ms)} engine(s)")
@@ -268,7 +318,11 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
         is_file = len(art.cmdline) < 4096 and "\n" not in art.cmdline and Path(art.cmdline).is_file()
         origin = art.cmdline if is_file else "--cmdline"
         got = _guard(
-            snap, "cmdline", origin, partial(_parse_cmdline, art.cmdline, art.cmdline_base, art.confine_to)
+            snap,
+            "cmdline",
+            origin,
+            partial(_parse_cmdline, art.cmdline, art.cmdline_base, art.confine_to),
+            deadline,
         )
         if got is not None:
             cfgs, origin = got
@@ -289,18 +343,27 @@ def load_artifacts(art: Artifacts, *, label: str = "") -> Loaded:
             art.model_config,
             _parse_model,
             lambda a: f"{a.model_type or 'model'}: {a.num_hidden_layers} layers",
+            deadline,
         )
     if art.env is not None:
-        snap.env = _read(snap, "env", art.env, _parse_env, lambda e: f"{len(e)} variable(s)") or {}
+        env = _read(snap, "env", art.env, _parse_env, lambda e: f"{len(e)} variable(s)", deadline)
+        snap.env = env or {}
     if art.ps is not None:
-        procs = _read(snap, "processes", art.ps, _parse_ps, lambda p: f"{len(p)} process(es)")
+        procs = _read(snap, "processes", art.ps, _parse_ps, lambda p: f"{len(p)} process(es)", deadline)
         if procs is not None:
             snap.processes, snap.process_table_known = procs, True
 
     if art.dmesg is not None:
-        xids = _read(snap, "log", art.dmesg, _parse_dmesg, lambda x: f"{len(x)} NVIDIA XID event(s)")
+        xids = _read(
+            snap, "log", art.dmesg, _parse_dmesg, lambda x: f"{len(x)} NVIDIA XID event(s)", deadline
+        )
         if xids is not None:
             snap.xid_events = xids
+
+    # Last: the other inputs are small and capped, a log can take long (and past the deadline
+    # it is still read, in part), so that it never leaves them unread.
+    if art.log is not None:
+        snap.log = _read_log(snap, art.log, deadline)
 
     return _assemble(snap, scrapes, configs)
 
@@ -488,7 +551,9 @@ def _cleanup_on_sigterm() -> Iterator[None]:
 
 
 @guarded("path", 0)
-def load_bundle(path: Path, *, histograms: tuple[str, ...] | None = None) -> Loaded:
+def load_bundle(
+    path: Path, *, histograms: tuple[str, ...] | None = None, deadline: float | None = None
+) -> Loaded:
     """Read a bundle directory or ``.tar.gz`` (spec/bundle.md).
 
     Missing core files are reported as "missing"; unreadable ones as "error" with the reason.
@@ -497,12 +562,17 @@ def load_bundle(path: Path, *, histograms: tuple[str, ...] | None = None) -> Loa
     ``--config`` must resolve inside it. From an archive only the files kvdoctor reads are
     extracted, each with its own size cap, to a temporary directory removed afterwards (also on
     SIGINT/SIGTERM); an oversized, duplicate or unsafe member is skipped with a status.
-    ``histograms``: /metrics histogram families to parse (None: the default set). Raises
+    ``histograms``: /metrics histogram families to parse (None: the default set). ``deadline``
+    (a :func:`time.monotonic` instant; None: no limit) bounds reading: every file but the logs
+    is read first, a file not started by then is reported "error" (not read, and why), and the
+    logs are read last, past the deadline in part (:func:`load_artifacts`). Raises
     SourceError only when ``path`` itself is neither a directory nor a readable tar archive.
     """
     path = Path(path)
     # only when asked: _load_dir keeps its (root, label) call for everything else
     kw: dict[str, Any] = {} if histograms is None else {"histograms": histograms}
+    if deadline is not None:
+        kw["deadline"] = deadline
     if path.is_file() and (path.name.endswith((".tar.gz", ".tgz", ".tar"))):
         import tempfile  # archives only: a bundle directory does not import it (nor shutil)
 
@@ -639,11 +709,17 @@ def _archive_error(path: Path, exc: BaseException) -> str:
     return "not a gzip/tar archive (expected a bundle directory or a .tar.gz)"
 
 
-def _load_dir(root: Path, *, label: str, histograms: tuple[str, ...] | None = None) -> Loaded:
+def _load_dir(
+    root: Path, *, label: str, histograms: tuple[str, ...] | None = None, deadline: float | None = None
+) -> Loaded:
     refused: list[tuple[str, str]] = []
     art = artifacts_in_dir(root, refused)
     art.histograms = histograms
-    loaded = load_artifacts(art, label=label)
+    # Every node's small files first, the logs last (the bundle's, then each node's): a log can
+    # take long, and past the deadline it is still read in part; a file after it would not be.
+    log_path, art.log = art.log, None
+    node_logs: list[tuple[str, Path]] = []
+    loaded = load_artifacts(art, label=label, deadline=deadline)
     snap = loaded.snapshot
     for origin, why in refused:
         _status(snap, "bundle", origin, "error", why)
@@ -653,7 +729,7 @@ def _load_dir(root: Path, *, label: str, histograms: tuple[str, ...] | None = No
             present = True
         if name == "nvidia-smi.txt" and art.nvidia_smi:
             present = True
-        if name == "vllm.log" and art.log is not None:
+        if name == "vllm.log" and log_path is not None:
             present = True
         if not present:
             _status(snap, BUNDLE_FILES[name], str(root / name), "missing", f"{name} not in bundle")
@@ -671,17 +747,24 @@ def _load_dir(root: Path, *, label: str, histograms: tuple[str, ...] | None = No
             node_refused: list[tuple[str, str]] = []
             node_art = artifacts_in_dir(node_dir, node_refused)
             node_art.confine_to = root
-            sub = load_artifacts(node_art, label=str(node_dir))
+            if node_art.log is not None:
+                node_logs.append((node_dir.name, node_art.log))
+                node_art.log = None
+            sub = load_artifacts(node_art, label=str(node_dir), deadline=deadline)
             sub_snap = sub.snapshot
             for origin, why in node_refused:
                 _status(sub_snap, "bundle", origin, "error", why)
             _merge_node(snap, sub_snap, node_dir.name, tables_known)
-            if snap.log is None and sub_snap.log is not None:
-                snap.log = sub_snap.log
-            elif snap.log is not None and sub_snap.log is not None:
-                _add_node_worker_figures(snap.log, sub_snap.log, node_dir.name)
             loaded.configs.extend(sub.configs)
         snap.process_table_known = top_known or (all(tables_known) and bool(snap.processes))
+    if log_path is not None:
+        snap.log = _read_log(snap, log_path, deadline)
+    for node, path in node_logs:
+        node_log = _read_log(snap, path, deadline)
+        if snap.log is None and node_log is not None:
+            snap.log = node_log
+        elif snap.log is not None and node_log is not None:
+            _add_node_worker_figures(snap.log, node_log, node)
     return loaded
 
 

@@ -296,8 +296,12 @@ class DetailScreen(Screen[None]):
             src = Table(title="Sources", title_justify="left", show_header=False, box=None)
             src.add_column(no_wrap=True)
             src.add_column(overflow="fold")
+            from kvdoctor.report import status_word
+
             for s in self.view_.report.sources:
-                src.add_row(f"{s.kind} {s.status}", f"{s.origin}" + (f" — {s.detail}" if s.detail else ""))
+                src.add_row(
+                    f"{s.kind} {status_word(s)}", f"{s.origin}" + (f" — {s.detail}" if s.detail else "")
+                )
             parts += [Text(""), src]
         if self.rule is not None:
             from kvdoctor.rules_cli import explain_renderables

@@ -39,13 +39,6 @@ def _log(tmp_path: Path, runs: int, serving: int, oom_at_end: bool = True) -> Pa
     return f
 
 
-@pytest.fixture
-def small_cut(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_log, "_CHUNK_BYTES", 4096)
-    monkeypatch.setattr(vllm_log, "_CUT_HEAD_CHARS", 8192)
-    monkeypatch.setattr(vllm_log, "_CUT_TAIL_CHARS", 16384)
-
-
 def test_past_the_budget_the_last_run_and_the_end_are_parsed(tmp_path: Path, small_cut: None) -> None:
     f = _log(tmp_path, runs=3, serving=400)
     full = vllm_log.parse_log_file(f, progress=False)

@@ -95,3 +95,26 @@ def test_detail_lists_every_fix_alternative():
     ]
     text = "\n".join(str(p) for p in DetailScreen(FindingRow(f, 0.0), None, None)._parts())
     assert "Fix: --max-num-seqs 26  — fewer sequences" in text and "  or --kv-cache-dtype fp8" in text
+
+
+def test_header_marks_a_source_read_in_part():
+    """A bundle whose log the time budget cut (``SourceStatus.cut`` with "ok"): the header says
+    it was read in part, beside a file not read at all and one read whole."""
+    from kvdoctor.facts import Snapshot, SourceStatus
+    from kvdoctor.sources.bundle import NOT_READ_OUT_OF_TIME
+    from kvdoctor.watch.controller import SourceRow, View
+    from kvdoctor.watch.panels.header import Mode, render
+
+    sources = [
+        SourceStatus("nvidia-smi", "b/nvidia-smi.txt", "ok", "1 GPU(s)"),
+        SourceStatus("cmdline", "b/cmdline.txt", "error", NOT_READ_OUT_OF_TIME, cut=NOT_READ_OUT_OF_TIME),
+        SourceStatus(
+            "log", "b/vllm.log", "ok", "9 lines; time budget ran out: …", cut="time budget ran out: …"
+        ),
+    ]
+    view = View(index=1, now=0.0, snapshot=Snapshot(), report=None, sources=[SourceRow(s) for s in sources])
+    mode = Mode(live=False, replay=False, paused=False, recording=False, interval_s=1.0, static=True)
+    text = render(view, mode, "host", 200).plain
+    assert "✓ nvidia-smi" in text
+    assert "◐ log (read in part: the time budget ran out)" in text
+    assert "✗ cmdline" in text and "not read: the time budget" in text

@@ -12,6 +12,8 @@ from kvdoctor.watch.controller import View
 from kvdoctor.watch.panels import SEVERITY_STYLE
 
 _MARK = {"ok": ("✓", "green3"), "missing": ("–", "grey50"), "error": ("✗", "bold red1")}
+#: a source read in part ("ok" with a ``cut``: the time budget for a bundle's files ran out in it)
+_PART_MARK = ("◐", "yellow")
 
 
 @dataclass
@@ -113,10 +115,13 @@ def render(
     if view is not None:
         rows = sorted(view.sources, key=lambda r: r.status.status != "error") if width < 120 else view.sources
         for r in rows:
-            mark, style = _MARK.get(r.status.status, ("?", ""))
+            part = bool(r.status.cut) and r.status.status == "ok"
+            mark, style = _PART_MARK if part else _MARK.get(r.status.status, ("?", ""))
             s.append(f"{mark} ", style=style)
             s.append(f"{r.status.kind} ", style="bold" if r.status.status == "error" else "")
-            if r.status.status == "error":
+            if part:
+                s.append("(read in part: the time budget ran out) ", style="yellow")
+            elif r.status.status == "error":
                 s.append(f"{_short_origin(r.status.origin)}: {r.status.detail} ", style="red1")
             elif r.status.status == "missing" and r.status.kind in ("nvml", "nvidia-smi") and r.status.detail:
                 s.append(f"({r.status.detail[:60]}) ", style="dim")  # said once, not retried
