@@ -2410,6 +2410,8 @@ def _stats_values(
 
 #: groups of :data:`_STATS_LINE_RE` before its body's
 _STATS_LINE_BODY = 5
+#: its preemption groups (:data:`_STATS_PRE_GROUPS`)
+_STATS_LINE_PRE_MID, _STATS_LINE_PRE_END = (_STATS_LINE_BODY + g for g in _STATS_PRE_GROUPS)
 #: a usual stats line is ~250 characters; longer ones take the general path.
 _STATS_LINE_MAX = 600
 
@@ -2430,9 +2432,8 @@ class _Stats:
     def own_preemptions(self) -> int:
         """The line's own preemption count (0 when it has none)."""
         m = self.match
-        mid, end = (_STATS_LINE_BODY + g for g in _STATS_PRE_GROUPS)
-        pre = m.group(mid) or m.group(end)
-        return int(pre) if pre else 0
+        pre = m.group(_STATS_LINE_PRE_MID) or m.group(_STATS_LINE_PRE_END)
+        return int(pre) if pre and pre != "0" else 0
 
     def event(self) -> LogEvent:
         """The event :meth:`_Parser._match_stats_fast` makes of this line."""
