@@ -2,7 +2,10 @@
 The launch command asks for something vLLM rejects before it loads the model: a
 `--max-model-len` above the model's maximum, a `--tensor-parallel-size` that does not divide the
 attention heads, or a flag the vLLM version does not have.
-The engine will not start (or, when it ran, did not).
+The engine will not start (or, when it ran, did not). A length the log shows the engine ran
+with (it sized its KV cache for it: "Maximum concurrency for L tokens per request") is not
+reported: the model maximum in hand (the catalogue's, a config.json of another revision) is
+then not the one that ran.
 
 ## Why
 vLLM checks the configuration first: `_get_and_verify_max_len` refuses a max_model_len above the
@@ -50,7 +53,14 @@ def check(f: Facts, t: Thresholds) -> Hit | None:
     tp_fixes: list[int] = []
     evidence: list[Evidence] = []
     mml, limit = f["launch_max_model_len"], f["model_max_model_len"]
-    if mml is not None and limit is not None and mml > limit and not f["long_max_model_len_allowed"]:
+    ran = f["log_kv_concurrency_len"]  # vLLM sized the KV cache for this length: it accepted it
+    if (
+        mml is not None
+        and limit is not None
+        and mml > limit
+        and not f["long_max_model_len_allowed"]
+        and not (ran is not None and ran >= mml)
+    ):
         text = (
             f"max_model_len {mml:,} is above the {limit:,} tokens the model supports"
             f" (vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which risks wrong output)"

@@ -85,3 +85,31 @@ def test_bundles(bundle: str, fires: bool) -> None:
     code, report = diagnose_json(DATA / "bundles" / bundle)
     assert any(x["rule"] == "launch-rejected" for x in report["findings"]) is fires
     assert (code != 0) is fires
+
+
+def test_a_length_the_engine_ran_with_is_not_rejected() -> None:
+    # near miss: the log shows vLLM sized the KV cache for 65,536 tokens, so it accepted the
+    # length whatever the model maximum in hand says (another revision, the catalogue's)
+    ran = facts(
+        launch_max_model_len=65536,
+        model_max_model_len=40960,
+        max_model_len=65536,
+        long_max_model_len_allowed=False,
+        tp=1,
+        log_kv_concurrency_len=65536,
+    )
+    assert finding(RULE, ran) is None
+    # a shorter length in that line is no evidence for this one
+    assert finding(RULE, {**ran, "log_kv_concurrency_len": 32768}) is not None
+
+
+def test_bundle_whose_config_was_not_read_and_that_ran(tmp_path: Path) -> None:
+    # the catalogue says Qwen/Qwen3-4B supports 40,960 tokens; this engine ran with 262,144
+    # (its config.json, here left out, says so): the log's KV line is the evidence it ran
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(DATA / "bundles" / "c2-long-context-prefill-oom-gh200", bundle)
+    (bundle / "config.json").unlink()
+    _code, report = diagnose_json(bundle)
+    assert all(x["rule"] != "launch-rejected" for x in report["findings"])
