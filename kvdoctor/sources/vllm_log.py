@@ -1023,10 +1023,13 @@ class _History:
 
     def pin(self, n: int) -> None:
         """Keep the last ``n`` events of the tail for good (an error follows them), those added
-        since the last pin only; at most :data:`_MAX_PINNED`, the oldest pins going first."""
+        since the last pin only; at most :data:`_MAX_PINNED`, the oldest pins going first.
+        They are made now, so a pin holds no line text (a request line may be 64 KiB)."""
         moved = [self.tail.pop() for _ in range(min(n, len(self.tail), self.fresh))]
         self.fresh = 0
-        self.pinned.extend(reversed(moved))
+        self.pinned.extend(
+            (seq, ev if isinstance(ev, LogEvent) else ev.event()) for seq, ev in reversed(moved)
+        )
         while len(self.pinned) > _MAX_PINNED:
             self._drop(self.pinned.popleft()[1])
 

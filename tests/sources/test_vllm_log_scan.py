@@ -456,3 +456,27 @@ def test_stats_lines_past_the_history_are_kept_as_line_by_line() -> None:
     assert len(stats) == sum(vllm_log._HISTORY_LIMITS["stats"]) < n
     startup = sum(e.values["preemptions"] or 0 for e in vllm_log.parse_log(STARTUP.read_text()).of("stats"))
     assert sum(e.values["preemptions"] or 0 for e in stats) == startup + sum(i % 4 for i in range(n) if i % 3)
+
+
+def test_pinned_requests_hold_no_line_text() -> None:
+    # a request line may be 64 KiB (the prompt's text is logged): the history's tail holds a
+    # thousand of them at most, and a pin (thousands over a run) holds the event alone
+    lines = STARTUP.read_text(encoding="utf-8").splitlines()
+    prompt = "p" * 60_000
+    for i in range(1200):
+        lines.append(
+            f"(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request r{i}: prompt: '{prompt}', "
+            f"prompt_token_ids: [1, 2, {i}]"
+        )
+        if i % 100 == 99:
+            lines.append(
+                f"(EngineCore_DP0 pid=277) ERROR 07-01 10:05:00 [core.py:700] torch.OutOfMemoryError: CUDA out "
+                f"of memory. Tried to allocate {i}.00 MiB."
+            )
+            lines.append("(EngineCore_DP0 pid=277) INFO 07-01 10:05:01 [core.py:1] the engine goes on")
+    parser = vllm_log._Parser("x", bounded=True)
+    parser.feed_chunk("\n".join(lines))
+    hist = parser._history["request"]
+    assert len(hist.pinned) > 500
+    assert all(isinstance(ev, vllm_log.LogEvent) for _, ev in hist.pinned)
+    assert all(len(ev.text) < 100 for _, ev in hist.pinned)
