@@ -44,6 +44,7 @@ from kvdoctor.redact import redact_text
 from kvdoctor.sampler import Cycle, LiveLoop, SnapshotFeed, error_status
 from kvdoctor.sidecar.exposition import SidecarCollector, SourceHealthTracker, View, exposition_text
 from kvdoctor.sidecar.transitions import Transitions, event_line, iso, rule_timings
+from kvdoctor.sources.limits import reason_of
 
 if TYPE_CHECKING:
     from kvdoctor.report import Report
@@ -389,15 +390,22 @@ class Sidecar:
         """Bind the server and start the HTTP and loop threads. Raises OSError when the address
         cannot be bound and ValueError for a malformed --listen."""
         host, port = parse_listen(self.listen)
-        if ":" in host:
+        sidecar = self
 
-            class V6Server(ThreadingHTTPServer):
-                address_family = socket.AF_INET6
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
 
-            self._server = V6Server((host, port), self._handler())
-        else:
-            self._server = ThreadingHTTPServer((host, port), self._handler())
-        self._server.daemon_threads = True
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                """A request that failed: one JSON line on stdout, never a traceback on stderr
+                (socketserver's default); a client that went away (a probe's reset, a scrape
+                cancelled) is no error at all."""
+                exc = sys.exc_info()[1]
+                if exc is None or isinstance(exc, (ConnectionError, TimeoutError)):
+                    return
+                sidecar.log({"event": "http_error", "reason": reason_of(exc)})
+
+        self._server = Server((host, port), self._handler())
         self._wake = socket.socketpair()
         h, p = self.address
         self.log(

@@ -341,3 +341,37 @@ def test_an_idle_http_thread_sleeps_until_a_client_or_stop(start_sidecar: Callab
     sc.stop()
     http.join(2.0)
     assert not http.is_alive()
+
+
+def test_a_client_that_resets_leaves_no_traceback(
+    start_sidecar: Callable[..., Sidecar], capfd: pytest.CaptureFixture[str]
+) -> None:
+    # a TCP probe or a cancelled scrape resets the connection mid-request: socketserver's
+    # default printed a traceback on stderr for each; the sidecar goes on serving
+    import struct
+
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
+    host, port = sc.address
+    for _ in range(3):
+        s = socket.create_connection((host, port))
+        s.send(b"GET /metr")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    assert get(sc.base + "/healthz").status_code == 200  # type: ignore[attr-defined]
+    time.sleep(0.2)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err
+
+
+def test_a_failing_request_is_one_log_line(start_sidecar: Callable[..., Sidecar]) -> None:
+    sc = start_sidecar(open_feed(InputOptions(bundle=B05)))
+    lines: list[str] = []
+    sc.log = lambda event: lines.append(json.dumps(event))  # type: ignore[method-assign]
+    server = sc._server
+    assert server is not None
+    try:
+        raise ValueError("a handler bug quoting input: secret-token")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    (line,) = lines
+    assert '"http_error"' in line and "ValueError" in line and "secret-token" not in line
