@@ -1266,8 +1266,7 @@ class _Parser:
                 stop = end
             line, pos = text[start:stop], stop + 1
             if self._serving and not self._blocks:
-                if start in plain_requests:
-                    self._feed_request(line)
+                if start in plain_requests and self._feed_request(line):
                     continue
                 if start in stats and self.bounded and self._feed_stats(line):
                     continue
@@ -1276,18 +1275,19 @@ class _Parser:
             self._skip(text, pos, end + 1)
         self.log.line_count = self.lineno
 
-    def _feed_request(self, raw: str) -> None:
+    def _feed_request(self, raw: str) -> bool:
         """:meth:`feed` for a plain INFO/DEBUG/WARNING request-log line (:data:`_BULK_LINE_RE`)
         with a ``prompt_token_ids`` list, while serving with no block open: all that line can
         do is give its ``request`` event (the list's length), so only that is done — whether it
         gives one told by one match (:data:`_REQUEST_LINE_RE`), and in a bounded parse the
-        event made only if the run's history keeps it (:class:`_Request`)."""
-        self.lineno += 1
+        event made only if the run's history keeps it (:class:`_Request`). False (nothing
+        done) for a line that match does not read: :meth:`feed` reads it."""
         m = _REQUEST_LINE_RE.match(raw)
         if m is None:
-            return  # "Finished request …", an access line: no event
+            return False  # "Finished request …", a mangled line: the general path reads it
+        self.lineno += 1
         if len(raw) > MAX_LINE_CHARS and PROMPT_IDS not in raw[:MAX_LINE_CHARS]:
-            return  # the list starts past the cut every line gets (parse_line): no event
+            return True  # the list starts past the cut every line gets (parse_line): no event
         req = _Request(self.lineno, m)
         if not self.bounded:
             self._new = []
@@ -1295,13 +1295,14 @@ class _Parser:
             self.log.events.append(ev)
             self._new.append(ev)
             self.emitted += 1
-            return
+            return True
         hist = self._history.get("request")
         if hist is None:
             hist = self._history["request"] = _History(*_HISTORY_DEFAULT)
         self._seq += 1
         self.emitted += 1
         hist.add(self._seq, req)
+        return True
 
     def _feed_stats(self, raw: str) -> bool:
         """:meth:`feed` for a periodic stats line in its usual form (:data:`_STATS_LINE_RE`,

@@ -160,6 +160,11 @@ _POOL = [
     "(APIServer pid=1) INFO 07-01 10:00:00 [logger.py:43] Received request big: prompt: '"
     + "y" * 70_000
     + "', prompt_token_ids: [1, 2]",
+    # a stats line cut short by a request line written over it (two processes, one file)
+    "(APIServer pid=1) INFO 07-01 10:00:00 [loggers.py:1] Avg prompt throughput: 1.0 tokens/s, Avg "
+    "generation throughput: 1.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 5.0%, "
+    "Prefix(APIServer pid=1) INFO 07-01 10:02:00 [logger.py:43] Received request c: prompt: 'x', "
+    "prompt_token_ids: [1, 2]",
     # periodic stats lines in the usual form and near it
     "(APIServer pid=1) INFO 07-01 10:00:01 [loggers.py:123] Engine 001: Avg prompt throughput: 1.5 tokens/s, "
     "Avg generation throughput: 2.0 tokens/s, Running: 3 reqs, Waiting: 1 reqs, GPU KV cache usage: 51.5%, "
@@ -480,3 +485,30 @@ def test_pinned_requests_hold_no_line_text() -> None:
     assert len(hist.pinned) > 500
     assert all(isinstance(ev, vllm_log.LogEvent) for _, ev in hist.pinned)
     assert all(len(ev.text) < 100 for _, ev in hist.pinned)
+
+
+def test_mutated_real_logs_parse_as_line_by_line() -> None:
+    # a differential fuzz: real logs with serving traffic, mutated by the fuzz harness (glued
+    # lines, cut lines, inserted vocabulary), read by the chunk path and line by line
+    import random
+
+    from tests import fuzz_harness
+
+    seeds = [
+        p.read_text(encoding="utf-8", errors="replace") for p in sorted((DATA / "vllm_log").glob("*.log"))
+    ]
+    words = [w.encode() for w in _POOL if len(w) < 2000] + [
+        b"\n",
+        b"Avg prompt throughput: ",
+        b"prompt_token_ids: [1, 2]",
+        b"Preemptions: 3",
+        b"Swapped: 1 reqs, Pending: 2 reqs, ",
+    ]
+    rng = random.Random(27)
+    for _ in range(150):
+        base = rng.choice(seeds) + "\n".join(_serving(rng.randint(5, 60))) + "\n"
+        text = fuzz_harness.mutate(rng, base.encode(), words).decode("utf-8", "replace")
+        want, want_lines = _line_by_line(text)
+        got = vllm_log.parse_log(text)
+        assert _events(got.events) == want
+        assert got.line_count == want_lines
