@@ -112,6 +112,18 @@ def test_version_of_thousands_of_digits_is_no_version() -> None:
     assert next(s for s in sources_of(out) if s["kind"] == "log")["status"] == "ok"
 
 
+def test_a_pid_of_thousands_of_digits_costs_its_line() -> None:
+    # "(APIServer pid=999…) …": int() of it raised outside the matcher's guard and the whole log
+    # was "unreadable input"
+    from kvdoctor.sources.vllm_log import parse_log
+
+    text = (HOSTILE / "pid-5000-digits.log").read_text()
+    log = parse_log(text)
+    assert log.line_count == text.count("\n") and any(e.kind == "args" for e in log.events)
+    code, out, _ = run("diagnose", "--log", str(HOSTILE / "pid-5000-digits.log"), "--format", "json")
+    assert next(s for s in sources_of(out) if s["kind"] == "log")["status"] == "ok"
+
+
 def test_plan_refuses_a_version_it_cannot_compare() -> None:
     code, _, err = run("plan", "Qwen/Qwen3-8B", "--gpu", "H100", "--vllm-version", "0." + "9" * 5000)
     assert code != 0 and ("not a vLLM version" in err or "unknown --vllm-version" in err)

@@ -34,7 +34,7 @@ _JOURNALD_RE = lazy_re(
     r" ([\w.\-]+) [\w.@\-/]+(?:\[\d+\])?: "
 )
 # Ray: "(RayWorkerWrapper pid=380, ip=10.0.0.2) " / "(pid=380, ip=10.0.0.2) ".
-_RAY_RE = lazy_re(r"^\((?:([A-Za-z][\w.\-\[\]]*) )?pid=(\d+), ip=([\w.\-:]+)\) ?")
+_RAY_RE = lazy_re(r"^\((?:([A-Za-z][\w.\-\[\]]*) )?pid=(\d{1,10}), ip=([\w.\-:]+)\) ?")
 # A timestamp after a compose column (docker compose logs --timestamps).
 _ISO_RE = lazy_re(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
 

@@ -164,7 +164,7 @@ _ANSI_RE = lazy_re(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _TS_PREFIX_RE = lazy_re(
     r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})? (?:(?:stdout|stderr) [FP] )?"
 )
-_PROC_RE = lazy_re(r"^\(([A-Za-z][\w.\-\[\]]*) pid=(\d+)\) ?")
+_PROC_RE = lazy_re(r"^\(([A-Za-z][\w.\-\[\]]*) pid=(\d{1,10})\) ?")
 _LEVEL_RE = lazy_re(
     r"^(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
     r"(?:\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\])(?: |$)"
@@ -833,7 +833,7 @@ _ACCESS_RE = lazy_re(r'[\w.:\[\]-]{1,64}:\d{1,5} - "')
 # A plain INFO/DEBUG/WARNING request-log or access-log line (vllm-facts §3.1 header, then one of
 # the messages above), in pieces: the chunk scanner puts a file's own literal process prefixes
 # and file tags in front of the general pieces (_scan_re).
-_BULK_PROC = r"\([A-Za-z][\w.\-\[\]]* pid=\d+\) ?"
+_BULK_PROC = r"\([A-Za-z][\w.\-\[\]]* pid=\d{1,10}\) ?"
 _BULK_TAG = r"\[[^\]\s]+:\d+\]|[^\s\]]+:\d+\]"
 _BULK_MSG = (
     r'(?:Received request |Added request |Finished request |Aborted request |[\w.:\[\]-]{1,64}:\d{1,5} - "'
@@ -854,7 +854,7 @@ _BULK_LINE_RE = lazy_re(
 #: …" after the header), its header's parts captured: exactly what :func:`parse_line` takes from
 #: such a line (:data:`_PROC_RE`, :data:`_LEVEL_RE`, :data:`_UVICORN_RE` on the bulk form).
 _REQUEST_LINE_RE = lazy_re(
-    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d+)\) ?)?"
+    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d{1,10})\) ?)?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
     rf"(?:{_BULK_TAG}) |(?P<ulevel>DEBUG|INFO|WARNING):\s+)(?:Received|Added) request "
 )
@@ -1155,7 +1155,11 @@ class _Parser:
             self._pending_v0.clear()
             self._capturing.clear()
         self._new = []
-        pl = parse_line(raw)
+        try:
+            pl = parse_line(raw)
+        except Exception:
+            self.bad_lines += 1  # a line its header parse failed on costs that line
+            return self._new
         key = (pl.process, pl.pid) if pl.process else None
         # Tracebacks are ERROR lines or unprefixed raw lines; a normal line ends the block.
         normal = pl.level in ("DEBUG", "INFO", "WARNING")
@@ -2371,7 +2375,7 @@ _STATS_PRE_GROUPS = (8, 13)
 #: captured: exactly what :func:`parse_line` takes from it (:data:`_PROC_RE`, :data:`_LEVEL_RE`).
 #: The body's groups follow the header's, in :data:`_STATS_FAST_RE`'s order.
 _STATS_LINE_RE = lazy_re(
-    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d+)\) ?)?"
+    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d{1,10})\) ?)?"
     r"(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
     rf"(?:{_BULK_TAG}) (?P<msg>{_STATS_FAST_BODY})"
 )
