@@ -210,7 +210,7 @@ def _read_log(snap: Snapshot, path: Path, deadline: float | None) -> VllmLog | N
 def describe_log(log: VllmLog) -> str:
     """One-line summary of a parsed log for its SourceStatus (with ``VllmLog.cut`` when the time
     budget left lines unparsed)."""
-    detail = f"{log.line_count} lines, {len(log.events)} events"
+    detail = f"{log.line_count:,} lines, {len(log.events):,} events"
     detail += f", vLLM {log.vllm_version}" if log.vllm_version else ""
     return detail + (f"; {log.cut}" if log.cut else "")
 
