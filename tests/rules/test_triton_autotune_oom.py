@@ -6,16 +6,14 @@ from typing import Any
 
 from kvdoctor.rules.triton_autotune_oom import RULE
 
-from kvdoctor import rulekit
-from kvdoctor.derive.facts_typed import Facts
 from kvdoctor.findings import Finding
 from kvdoctor.units import GiB
+from tests.rules._words import facts, finding
 from tests.test_words_and_fixes import _problems
 
 
 def _findings(**values: Any) -> list[Finding]:
-    variables: dict[str, Any] = dict.fromkeys(Facts.__annotations__)
-    variables.update(
+    variables = facts(
         triton_oom=True,
         triton_oom_line=21,
         triton_oom_phase="runtime",
@@ -31,12 +29,9 @@ def _findings(**values: Any) -> list[Finding]:
         idle_headroom_bytes=4 * GiB,
         engine_gpus=[0, 1],
     )
-    variables.update(values)
-    ev = rulekit.evaluate([RULE], [rulekit.RuleContext("e0", variables, {"log"})])
-    assert not ev.errors
-    for finding in ev.findings:
-        assert _problems(finding) == []
-    return ev.findings
+    found = finding(RULE, {**variables, **values})
+    assert found is None or _problems(found) == []
+    return [found] if found is not None else []
 
 
 def test_the_budget_less_the_scratch_is_the_fix_and_the_upgrade_is_advised() -> None:

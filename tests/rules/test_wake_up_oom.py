@@ -6,18 +6,16 @@ from typing import Any
 
 from kvdoctor.rules.wake_up_oom import RULE
 
-from kvdoctor import rulekit
-from kvdoctor.derive.facts_typed import Facts
 from kvdoctor.findings import Finding
 from kvdoctor.units import GiB
+from tests.rules._words import facts, finding
 from tests.test_words_and_fixes import _problems
 
 NEIGHBOUR = {"pid": 5120, "name": "VLLM::EngineCore", "bytes": 60 * GiB, "asleep": None}
 
 
 def _findings(**values: Any) -> list[Finding]:
-    variables: dict[str, Any] = dict.fromkeys(Facts.__annotations__)
-    variables.update(
+    variables = facts(
         wake_oom=True,
         wake_oom_line=15,
         wake_tags=[],
@@ -30,12 +28,9 @@ def _findings(**values: Any) -> list[Finding]:
         wake_neighbours_desc="pid 5120 (VLLM::EngineCore) 60.00 GiB",
         engine_gpus=[0],
     )
-    variables.update(values)
-    ev = rulekit.evaluate([RULE], [rulekit.RuleContext("e0", variables, {"log"})])
-    assert not ev.errors
-    for finding in ev.findings:
-        assert _problems(finding) == []
-    return ev.findings
+    found = finding(RULE, {**variables, **values})
+    assert found is None or _problems(found) == []
+    return [found] if found is not None else []
 
 
 def test_the_awake_neighbour_is_named_and_the_gmu_that_fits_beside_it_is_the_fix() -> None:
