@@ -850,13 +850,16 @@ _NOT_REQUEST_LINE_RE = lazy_re(rf"\n(?!{_BULK_BODY})")
 _BULK_LINE_RE = lazy_re(
     rf"(?P<proc>{_BULK_PROC})?(?:{_BULK_LEVEL_TIME}(?P<tag>{_BULK_TAG}) |(?:DEBUG|INFO|WARNING):\s+){_BULK_MSG}"
 )
+#: vLLM's line header in pieces, its parts captured as :func:`parse_line` takes them
+#: (:data:`_PROC_RE`, :data:`_LEVEL_RE`): the optional "(NAME pid=N) " and "LEVEL MM-DD HH:MM:SS ".
+_HEAD_PROC = r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d{1,10})\) ?)?"
+_HEAD_LEVEL_TIME = r"(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
 #: A plain request-log line that gives a ``request`` event ("Received request …" / "Added request
 #: …" after the header), its header's parts captured: exactly what :func:`parse_line` takes from
 #: such a line (:data:`_PROC_RE`, :data:`_LEVEL_RE`, :data:`_UVICORN_RE` on the bulk form).
 _REQUEST_LINE_RE = lazy_re(
-    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d{1,10})\) ?)?"
-    r"(?:(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
-    rf"(?:{_BULK_TAG}) |(?P<ulevel>DEBUG|INFO|WARNING):\s+)(?:Received|Added) request "
+    rf"{_HEAD_PROC}(?:{_HEAD_LEVEL_TIME}(?:{_BULK_TAG}) |(?P<ulevel>DEBUG|INFO|WARNING):\s+)"
+    r"(?:Received|Added) request "
 )
 # The literal fast path's own pieces: each a subset of the general piece it stands before.
 _FAST_TIME = r"[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)? "
@@ -2374,11 +2377,7 @@ _STATS_PRE_GROUPS = (8, 13)
 #: A whole line holding that stats message after vLLM's usual header, the header's parts
 #: captured: exactly what :func:`parse_line` takes from it (:data:`_PROC_RE`, :data:`_LEVEL_RE`).
 #: The body's groups follow the header's, in :data:`_STATS_FAST_RE`'s order.
-_STATS_LINE_RE = lazy_re(
-    r"(?:\((?P<proc>[A-Za-z][\w.\-\[\]]*) pid=(?P<pid>\d{1,10})\) ?)?"
-    r"(?P<level>DEBUG|INFO|WARNING|WARN) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? "
-    rf"(?:{_BULK_TAG}) (?P<msg>{_STATS_FAST_BODY})"
-)
+_STATS_LINE_RE = lazy_re(rf"{_HEAD_PROC}{_HEAD_LEVEL_TIME}(?:{_BULK_TAG}) (?P<msg>{_STATS_FAST_BODY})")
 
 
 def _stats_values(
